@@ -1,0 +1,710 @@
+"""
+nanoToST model: Token Statistics Self-Attention (TSSA) and the Token Statistics Transformer.
+
+One file, read top to bottom:
+  1. the TSSA operator as plain functions (non-causal, causal, recurrent step) and the
+     variational compression objective R_var it is one gradient step on;
+  2. attention modules (TSSA, causal TSSA, softmax baseline through SDPA);
+  3. ToST-GPT, a GPT-2 skeleton with TSSA (language);
+  4. ToST-ViT, an XCiT skeleton with TSSA (vision).
+
+Shapes: B batch, T tokens, C = H * p model width, H heads, p head width.
+Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; ../shared/TOST_NOTES.md.
+
+    python -c "import model; print(model.GPT.from_preset('tost-base'))"
+"""
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+try:  # optional fused kernels (fast_tssa.py); the readable math below is the reference
+    import fast_tssa
+except ImportError:  # pragma: no cover - the file ships with the repo
+    fast_tssa = None
+
+EPS_NORM = 1e-12  # guards the token-normalisation of features inside Pi (all-zero input)
+EPS_STAT = 1e-8  # guards the Pi-weighted mean (a head no token belongs to)
+
+# -----------------------------------------------------------------------------
+# 1. The operator as plain functions
+#
+# Each takes w = U^T z, the per-head projected features of shape (B, H, T, p), and returns
+# the per-head update -Pi * w / (1 + s) of the same shape (before the output projection).
+
+
+def _check_w(w, temp):
+    if w.dim() != 4:
+        raise ValueError(f"w must have shape (B, H, T, p), got {tuple(w.shape)}")
+    H = w.shape[1]
+    if temp.numel() != H:
+        raise ValueError(f"temp must have one value per head ({H}), got shape {tuple(temp.shape)}")
+    return temp.reshape(1, H, 1).float()  # (1, H, 1) broadcasts over batch and tokens
+
+
+def _apply_pi_mode(logits, pi_mode):
+    """Pi over heads from logits (B, H, T): softmax over H, or the uniform 1/H ablation."""
+    if pi_mode == "uniform":
+        return torch.full_like(logits, 1.0 / logits.shape[1])
+    return logits.softmax(dim=1)  # fp32: logits are fp32
+
+
+def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax", impl="auto"):
+    """Non-causal TSSA (notes §3). w: (B, H, T, p); temp: (H,) or (H, 1);
+    mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
+    statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T)].
+    impl: "reference" runs the lines below; "auto" uses fast_tssa.py where it applies."""
+    temp = _check_w(w, temp)
+    if impl != "reference" and fast_tssa is not None and fast_tssa.applies(w, pi_mode, impl):
+        return fast_tssa.tssa(w, temp.view(-1), return_pi, mask)
+    w32 = w.float()  # statistics in fp32 whatever the input dtype
+    if mask is not None:
+        if mask.shape != (w.shape[0], w.shape[2]):
+            raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
+        w32 = w32 * mask[:, None, :, None]  # padded tokens contribute nothing
+    w_sq = w32.square()  # (B, H, T, p)
+    # Pi: each feature normalised over the tokens, squared norm per head, softmax over heads
+    w_sq_normed = w_sq / (w_sq.sum(dim=2, keepdim=True) + EPS_NORM)  # (B, H, T, p)
+    logits = temp * w_sq_normed.sum(dim=-1)  # (B, H, T)
+    pi = _apply_pi_mode(logits, pi_mode)  # (B, H, T), sums to 1 over H
+    if mask is not None:
+        pi = pi * mask[:, None, :]
+    # token statistic: Pi-weighted second moment of each feature, per head
+    n_k = pi.sum(dim=2)  # (B, H)
+    s = (pi.unsqueeze(-1) * w_sq).sum(dim=2) / (n_k.unsqueeze(-1) + EPS_STAT)  # (B, H, p)
+    # one gradient step on R_var with f = log(1 + x): scale by -Pi f'(s) = -Pi / (1 + s)
+    out = -pi.unsqueeze(-1) * w32 / (1.0 + s.unsqueeze(2))  # (B, H, T, p)
+    out = out.to(w.dtype)
+    return (out, pi) if return_pi else out
+
+
+def _check_pos_bias(pos_bias, H, T):
+    if pos_bias.dim() == 3:
+        pos_bias = pos_bias.squeeze(-1)
+    if pos_bias.dim() != 2 or pos_bias.shape[0] != H:
+        raise ValueError(f"pos_bias must have shape (H, T_max) or (H, T_max, 1) with H={H}, got {tuple(pos_bias.shape)}")
+    if T > pos_bias.shape[1]:
+        raise ValueError(f"sequence length {T} exceeds the position bias length (block_size) {pos_bias.shape[1]}")
+    return pos_bias.float()  # (H, T_max)
+
+
+def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", impl="auto"):
+    """Causal TSSA (notes §4): token j uses statistics of tokens 1..j only, via cumulative
+    sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
+    added per feature before the sum. Returns out (B, H, T, p) [and Pi (B, H, T)].
+    impl: "reference" runs the lines below; "auto" uses fast_tssa.py where it applies."""
+    temp = _check_w(w, temp)
+    B, H, T, p = w.shape
+    bias = _check_pos_bias(pos_bias, H, T)[:, :T]  # (H, T)
+    if impl != "reference" and fast_tssa is not None and fast_tssa.applies(w, pi_mode, impl):
+        return fast_tssa.causal_tssa(w, temp.view(H), bias, return_pi)
+    w32 = w.float()
+    w_sq = w32.square()  # (B, H, T, p)
+    # Pi[j] from the prefix: features normalised by their running sum of squares
+    w_sq_normed = w_sq / (w_sq.cumsum(dim=2) + EPS_NORM)  # (B, H, T, p)
+    logits = temp * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
+    pi = _apply_pi_mode(logits, pi_mode)  # (B, H, T)
+    # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
+    s = (pi.unsqueeze(-1) * w_sq).cumsum(dim=2) / (pi.cumsum(dim=2).unsqueeze(-1) + EPS_STAT)
+    out = -pi.unsqueeze(-1) * w32 / (1.0 + s)  # (B, H, T, p)
+    out = out.to(w.dtype)
+    return (out, pi) if return_pi else out
+
+
+@dataclass
+class TSSAState:
+    """Everything causal TSSA remembers of the past: constant size, whatever the length."""
+
+    sum_sq: torch.Tensor  # (B, H, p) running sum of w^2
+    sum_pi_sq: torch.Tensor  # (B, H, p) running sum of Pi * w^2
+    sum_pi: torch.Tensor  # (B, H) running sum of Pi
+    pos: int = 0  # tokens seen so far
+
+    @classmethod
+    def zeros(cls, B, H, p, device=None):
+        z = lambda *shape: torch.zeros(*shape, device=device, dtype=torch.float32)
+        return cls(z(B, H, p), z(B, H, p), z(B, H), 0)
+
+    @classmethod
+    def from_sequence(cls, w, pi):
+        """The state after the whole of w (B, H, T, p) with its Pi (B, H, T) (prefill)."""
+        w_sq = w.float().square()
+        return cls(w_sq.sum(2), (pi.unsqueeze(-1) * w_sq).sum(2), pi.sum(2), w.shape[2])
+
+
+def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, pi_mode="softmax"):
+    """One token of causal TSSA in O(H p): w_t (B, H, p) -> out_t (B, H, p), and the state
+    advanced by one token (updated in place and returned). Past the end of pos_bias (the
+    block size) the last learned bias is reused; the statistics keep accumulating."""
+    H = w_t.shape[1]
+    temp = temp.reshape(1, H).float()
+    bias = pos_bias.reshape(H, -1)[:, min(state.pos, pos_bias.reshape(H, -1).shape[1] - 1)].float()  # (H,)
+    w32 = w_t.float()
+    w_sq = w32.square()  # (B, H, p)
+    state.sum_sq += w_sq
+    logits = temp * (w_sq / (state.sum_sq + EPS_NORM) + bias[None, :, None]).sum(-1)  # (B, H)
+    pi = _apply_pi_mode(logits.unsqueeze(-1), pi_mode).squeeze(-1)  # (B, H)
+    state.sum_pi_sq += pi.unsqueeze(-1) * w_sq
+    state.sum_pi += pi
+    state.pos += 1
+    s = state.sum_pi_sq / (state.sum_pi.unsqueeze(-1) + EPS_STAT)  # (B, H, p)
+    out = (-pi.unsqueeze(-1) * w32 / (1.0 + s)).to(w_t.dtype)
+    return (out, state, pi) if return_pi else (out, state)
+
+
+def compression_objective(w, pi, mask=None, f=torch.log1p):
+    """Variational compression term R_var(Z | Pi, U) of notes §1 (eq. 4), per sample.
+    w = U^T z: (B, H, T, p) features in each head's basis; pi: (B, H, T) memberships;
+    mask: optional (B, T) bool of real tokens; f: concave spectral function (log(1+x)).
+        R_var = 1/2 sum_k (n_k / n) sum_i f(s_ki),  s_ki = (1/n_k) sum_j Pi[j,k] w[j,i]^2
+    Returns (B,) in the dtype of w (use float64 for finite differences)."""
+    if mask is None:
+        mask = torch.ones(w.shape[0], w.shape[2], dtype=torch.bool, device=w.device)
+    m = mask.to(w.dtype)  # (B, T)
+    pi = pi.to(w.dtype) * m[:, None, :]  # (B, H, T)
+    n = m.sum(dim=1)  # (B,)
+    n_k = pi.sum(dim=2)  # (B, H)
+    s = (pi.unsqueeze(-1) * w.square()).sum(dim=2) / n_k.clamp_min(EPS_STAT).unsqueeze(-1)  # (B, H, p)
+    return 0.5 * ((n_k / n[:, None]) * f(s).sum(dim=-1)).sum(dim=-1)  # (B,)
+
+
+# -----------------------------------------------------------------------------
+# 2. Attention modules: x (B, T, C) -> (B, T, C)
+
+
+def _split_heads(x, H):  # (B, T, C) -> (B, H, T, C // H)
+    B, T, C = x.shape
+    return x.view(B, T, H, C // H).transpose(1, 2)
+
+
+def _merge_heads(x):  # (B, H, T, p) -> (B, T, H * p)
+    B, H, T, p = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * p)
+
+
+class TSSA(nn.Module):
+    """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
+    heads stacked), the operator, a free output projection. causal=True adds the learned
+    per-head position bias of the causal form (which fixes the block size)."""
+
+    def __init__(self, *, n_embd, n_head, causal=False, block_size=None, bias=False, dropout=0.0, pi="softmax"):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        if pi not in ("softmax", "uniform"):
+            raise ValueError(f"pi must be 'softmax' or 'uniform', got {pi!r}")
+        self.n_head, self.causal, self.pi_mode = n_head, causal, pi
+        self.c_in = nn.Linear(n_embd, n_embd, bias=bias)  # w = U^T z for all heads at once
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # replaces (tau / n) [U_1 .. U_K]
+        self.temp = nn.Parameter(torch.ones(n_head))  # per-head temperature of Pi
+        if causal:
+            if block_size is None:
+                raise ValueError("causal TSSA needs block_size (the length of the position bias)")
+            self.pos_bias = nn.Parameter(torch.zeros(n_head, block_size))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, mask=None, state=None, return_maps=False):
+        """x: (B, T, C). state: a TSSAState to continue from (decoding) or None.
+        Returns y (B, T, C), plus the updated state when one was given."""
+        w = _split_heads(self.c_in(x), self.n_head)  # (B, H, T, p)
+        if not self.causal:
+            out, pi = tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=self.pi_mode)
+        elif state is None:
+            out, pi = causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=self.pi_mode)
+        elif state.pos == 0 and w.shape[2] > 1:  # prefill: parallel form, then the sums
+            out, pi = causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=self.pi_mode)
+            state = TSSAState.from_sequence(w, pi)
+        else:  # one token (or a few) at a time from the recurrent state
+            steps = [causal_tssa_step(w[:, :, t], self.temp, self.pos_bias, state, True, self.pi_mode)
+                     for t in range(w.shape[2])]
+            out = torch.stack([o for o, _, _ in steps], dim=2)
+            pi = torch.stack([q for _, _, q in steps], dim=2)
+        y = self.dropout(self.c_proj(_merge_heads(out)))  # (B, T, C)
+        if return_maps:
+            self.maps = {"z": x, "w": w, "pi": pi, "out": y}  # read by ToSTViT for analysis
+        return y if state is None else (y, state)
+
+    def init_state(self, B, device=None):
+        return TSSAState.zeros(B, self.n_head, self.c_in.out_features // self.n_head, device)
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention through F.scaled_dot_product_attention (the baseline:
+    flash / memory-efficient kernels where available). Causal decoding uses a KV cache."""
+
+    def __init__(self, *, n_embd, n_head, causal=False, block_size=None, bias=False, dropout=0.0, pi=None):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.n_head, self.causal, self.dropout_p = n_head, causal, dropout
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, mask=None, state=None, return_maps=False):
+        """state: a dict {"k": (B, H, T, p), "v": ...} KV cache, or None."""
+        q, k, v = (_split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))
+        is_causal = self.causal
+        if state is not None:
+            if "k" in state:
+                k, v = torch.cat([state["k"], k], 2), torch.cat([state["v"], v], 2)
+                is_causal = self.causal and q.shape[2] > 1  # one new query sees the whole cache
+                if is_causal:
+                    raise ValueError("the KV cache takes one token at a time after the prefill")
+            state["k"], state["v"] = k, v
+        attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T) keys to keep
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                           dropout_p=self.dropout_p if self.training else 0.0)
+        y = self.dropout(self.c_proj(_merge_heads(y)))
+        return y if state is None else (y, state)
+
+    def init_state(self, B, device=None):
+        return {}
+
+
+ATTENTION = {"tssa": TSSA, "softmax": SoftmaxAttention}
+
+
+def make_attention(attn, **kw):
+    if attn not in ATTENTION:
+        raise ValueError(f"attn must be one of {sorted(ATTENTION)}, got {attn!r}")
+    return ATTENTION[attn](**kw)
+
+
+class MLP(nn.Module):
+    def __init__(self, *, n_embd, hidden, bias=False, dropout=0.0):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, hidden, bias=bias)
+        self.c_proj = nn.Linear(hidden, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class LayerScale(nn.Module):
+    """Per-channel learned scale of a residual branch (init 1e-5 or 1.0); identity if None."""
+
+    def __init__(self, n_embd, init):
+        super().__init__()
+        self.gamma = None if init is None else nn.Parameter(torch.full((n_embd,), float(init)))
+
+    def forward(self, x):
+        return x if self.gamma is None else self.gamma * x
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample while training."""
+
+    def __init__(self, p=0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        keep = torch.empty(x.shape[0], *([1] * (x.dim() - 1)), device=x.device).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + g1 * Attn(LN(x)), then x + g2 * MLP(LN(x))."""
+
+    def __init__(self, *, n_embd, n_head, attn, causal, block_size=None, bias=False, dropout=0.0,
+                 mlp_ratio=4.0, layer_scale_init=None, drop_path=0.0, pi="softmax"):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = make_attention(attn, n_embd=n_embd, n_head=n_head, causal=causal,
+                                   block_size=block_size, bias=bias, dropout=dropout, pi=pi)
+        self.ls_1 = LayerScale(n_embd, layer_scale_init)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP(n_embd=n_embd, hidden=int(mlp_ratio * n_embd), bias=bias, dropout=dropout)
+        self.ls_2 = LayerScale(n_embd, layer_scale_init)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x, mask=None, state=None, return_maps=False):
+        a = self.attn(self.ln_1(x), mask=mask, state=state, return_maps=return_maps)
+        if state is not None:
+            a, state = a
+        x = x + self.drop_path(self.ls_1(a))
+        x = x + self.drop_path(self.ls_2(self.mlp(self.ln_2(x))))
+        return x if state is None else (x, state)
+
+
+# -----------------------------------------------------------------------------
+# 3. ToST-GPT (notes §5, language)
+
+# peak dense bf16 tensor throughput (FLOP/s) for MFU, matched against the device name
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
+              "L4": 121e12, "RTX 4090": 165e12, "V100": 125e12, "T4": 65e12}
+
+
+def device_peak_flops(device_name=None):
+    """Peak bf16 FLOP/s of a known GPU (by name), or None if unknown (then no MFU)."""
+    if device_name is None:
+        if not torch.cuda.is_available():
+            return None
+        device_name = torch.cuda.get_device_name()
+    for key, flops in PEAK_FLOPS.items():
+        if key.lower() in device_name.lower():
+            return flops
+    return None
+
+
+@dataclass(kw_only=True)
+class GPTConfig:
+    block_size: int = 1024  # context length (the causal position bias ends here)
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = False  # biases in Linear and LayerNorm
+    attn: str = "tssa"  # "tssa" | "softmax" (the GPT-2 baseline)
+    pi: str = "softmax"  # "softmax" | "uniform" (ablation: Pi = 1/H)
+    layer_scale_init: float | None = 1e-5  # None: no layer scale (GPT-2)
+
+
+GPT_PRESETS = {  # parameter counts include the position embedding, not the padded vocab
+    "tost-base": dict(n_layer=12, n_head=12, n_embd=768),  # 110M
+    "tost-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 304M
+    "tost-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 655M
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, attn="softmax", bias=True, layer_scale_init=None),  # 124M
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, attn="softmax", bias=True, layer_scale_init=None),  # 350M
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280, attn="softmax", bias=True, layer_scale_init=None),  # 774M
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600, attn="softmax", bias=True, layer_scale_init=None),  # 1558M
+}
+
+
+class GPT(nn.Module):
+    """A decoder-only language model: token + position embeddings, causal blocks, tied head."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        self.wpe = nn.Embedding(c.block_size, c.n_embd)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=True, block_size=c.block_size,
+                  bias=c.bias, dropout=c.dropout, layer_scale_init=c.layer_scale_init, pi=c.pi)
+            for _ in range(c.n_layer))
+        self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2L)
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    @classmethod
+    def from_preset(cls, name, **overrides):
+        if name not in GPT_PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose from {sorted(GPT_PRESETS)}")
+        return cls(GPTConfig(**{**GPT_PRESETS[name], "vocab_size": 50257, **overrides}))
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def get_num_params(self, non_embedding=False):
+        """Parameters (tied head counted once); non_embedding drops the position table."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def _embed(self, idx, pos0=0):
+        B, T = idx.shape
+        # past the block size (decoding only) the last learned position is reused
+        pos = torch.arange(pos0, pos0 + T, device=idx.device).clamp_max(self.config.block_size - 1)
+        return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+
+    def forward(self, idx, targets=None):
+        """idx: (B, T) token ids with T <= block_size. Returns (logits, loss); without
+        targets only the last position's logits (B, 1, V) are computed."""
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
+        if idx.shape[1] > self.config.block_size:
+            raise ValueError(f"sequence length {idx.shape[1]} exceeds block_size {self.config.block_size}; "
+                             "crop the input or build the model with a larger block_size")
+        x = self._embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)  # (B, T, V)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def forward_with_state(self, idx, states, pos0):
+        """Continue decoding from per-layer states (TSSAState or KV-cache dict): idx (B, T)
+        new tokens at positions pos0, pos0 + 1, ... Returns the last token's logits (B, 1, V)."""
+        x = self._embed(idx, pos0)
+        for i, block in enumerate(self.blocks):
+            x, states[i] = block(x, state=states[i])
+        return self.lm_head(self.ln_f(x[:, [-1], :]))
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Sample max_new_tokens after idx (B, T); temperature=0 is greedy.
+        TSSA decodes from its constant-size recurrent state: O(1) work per token, no
+        re-forward of the prefix. The softmax baseline uses a KV cache.
+        Past block_size: TSSA keeps accumulating its statistics and reuses the last learned
+        position (embedding and bias), an extrapolation it was not trained on; the softmax
+        baseline slides a window, re-encoding the last block_size tokens (as GPT-2 does)."""
+        bs = self.config.block_size
+        if self.config.attn == "softmax":
+            idx_cond = idx[:, -bs:]
+        else:
+            idx_cond = idx[:, :bs]  # parallel prefill, then any rest of the prompt step by step
+        states = [block.attn.init_state(idx.shape[0], idx.device) for block in self.blocks]
+        logits = self.forward_with_state(idx_cond, states, 0)
+        pos = idx_cond.shape[1]
+        if self.config.attn == "tssa" and idx.shape[1] > bs:
+            logits = self.forward_with_state(idx[:, bs:], states, pos)
+            pos = idx.shape[1]
+        for _ in range(max_new_tokens):
+            next_tok = self._sample(logits[:, -1, :], temperature, top_k)  # (B, 1)
+            idx = torch.cat([idx, next_tok], dim=1)
+            if self.config.attn == "softmax" and pos >= bs:  # window full: re-encode
+                logits, _ = self(idx[:, -bs:])
+            else:
+                logits = self.forward_with_state(next_tok, states, pos)
+                pos += 1
+        return idx
+
+    @staticmethod
+    def _sample(logits, temperature, top_k):
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits.float() / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type="cpu"):
+        return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
+
+    def flops_per_token(self, T=None):
+        """Training FLOPs per token (forward + backward = 3x forward). Matmuls: 6N. The
+        attention operator: TSSA is linear, ~12 FLOPs per feature forward (squares, two
+        cumulative sums, softmax, scaling); softmax attention adds 2 * 2 * T * C forward."""
+        c, T = self.config, T or self.config.block_size
+        n = self.get_num_params(non_embedding=True)
+        per_layer_fwd = 12 * c.n_embd if c.attn == "tssa" else 4 * T * c.n_embd
+        return 6 * n + 3 * c.n_layer * per_layer_fwd
+
+    def estimate_mfu(self, tokens_per_second, device_name=None):
+        """Model FLOPs utilisation against the device's bf16 peak; None if the peak is unknown."""
+        peak = device_peak_flops(device_name)
+        return None if peak is None else self.flops_per_token() * tokens_per_second / peak
+
+
+NO_DECAY_SUFFIXES = ("bias", "temp", "pos_bias", "gamma", "cls_token")
+
+
+def configure_adamw(model, weight_decay, learning_rate, betas, device_type="cpu"):
+    """AdamW with decay on weight matrices and embeddings only: never on temperatures,
+    position biases, norms, biases, layer scales or the class token."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        is_norm = ".ln" in name or name.startswith("ln") or "norm" in name or ".bn" in name
+        skip = p.dim() < 2 or name.endswith(NO_DECAY_SUFFIXES) or is_norm
+        (no_decay if skip else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = device_type == "cuda"
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+
+
+# -----------------------------------------------------------------------------
+# 4. ToST-ViT (notes §5, vision): XCiT skeleton with TSSA, no local patch interaction
+
+
+class ConvPatchEmbed(nn.Module):
+    """log2(patch) 3x3 stride-2 convs with BatchNorm and GELU between: channels ... C/4, C/2, C."""
+
+    def __init__(self, *, patch_size, in_chans, n_embd):
+        super().__init__()
+        n = int(math.log2(patch_size))
+        if 2 ** n != patch_size or n < 1:
+            raise ValueError(f"patch_size must be a power of two >= 2, got {patch_size}")
+        chans = [in_chans] + [n_embd // 2 ** (n - 1 - i) for i in range(n)]
+        layers = []
+        for i in range(n):
+            layers += [nn.Conv2d(chans[i], chans[i + 1], 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(chans[i + 1])]
+            if i < n - 1:
+                layers.append(nn.GELU())
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x):  # (B, 3, H, W) -> (B, C, H / patch, W / patch)
+        return self.proj(x)
+
+
+class FourierPositionalEncoding(nn.Module):
+    """2-D sinusoidal features of the normalised patch coordinates, mapped to C by a 1x1 conv."""
+
+    def __init__(self, *, n_embd, hidden=32, temperature=10000.0):
+        super().__init__()
+        self.hidden, self.temperature = hidden, temperature
+        self.proj = nn.Conv2d(2 * hidden, n_embd, kernel_size=1)
+
+    def forward(self, B, Hp, Wp, device):  # -> (B, C, Hp, Wp)
+        y = torch.arange(1, Hp + 1, device=device, dtype=torch.float32)[:, None].expand(Hp, Wp)
+        x = torch.arange(1, Wp + 1, device=device, dtype=torch.float32)[None, :].expand(Hp, Wp)
+        y, x = y / Hp * 2 * math.pi, x / Wp * 2 * math.pi  # coordinates in (0, 2 pi]
+        freqs = self.temperature ** (2 * (torch.arange(self.hidden, device=device) // 2) / self.hidden)
+        def features(coord):  # (Hp, Wp) -> (hidden, Hp, Wp), sin on even channels, cos on odd
+            a = coord[None] / freqs[:, None, None]
+            return torch.where(torch.arange(self.hidden, device=device)[:, None, None] % 2 == 0, a.sin(), a.cos())
+        pe = torch.cat([features(y), features(x)], dim=0)[None].expand(B, -1, -1, -1)
+        return self.proj(pe.to(self.proj.weight.dtype))
+
+
+class ClassAttention(nn.Module):
+    """Softmax attention of the class token (query) over all tokens; O(T). Only the class
+    token is updated."""
+
+    def __init__(self, *, n_embd, n_head, bias=True, dropout=0.0):
+        super().__init__()
+        self.n_head = n_head
+        self.q = nn.Linear(n_embd, n_embd, bias=bias)
+        self.kv = nn.Linear(n_embd, 2 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):  # x (B, 1 + N, C) with the class token first -> (B, 1, C), attn (B, H, 1 + N)
+        q = _split_heads(self.q(x[:, :1]), self.n_head)  # (B, H, 1, p)
+        k, v = (_split_heads(t, self.n_head) for t in self.kv(x).chunk(2, dim=-1))  # (B, H, 1+N, p)
+        attn = (q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1)  # (B, H, 1, 1+N)
+        y = (attn.to(v.dtype) @ v)  # (B, H, 1, p)
+        return self.dropout(self.c_proj(_merge_heads(y))), attn[:, :, 0]
+
+
+class ClassAttentionBlock(nn.Module):
+    def __init__(self, *, n_embd, n_head, mlp_ratio=4.0, layer_scale_init=1.0, dropout=0.0):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = ClassAttention(n_embd=n_embd, n_head=n_head, dropout=dropout)
+        self.ls_1 = LayerScale(n_embd, layer_scale_init)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = MLP(n_embd=n_embd, hidden=int(mlp_ratio * n_embd), bias=True, dropout=dropout)
+        self.ls_2 = LayerScale(n_embd, layer_scale_init)
+
+    def forward(self, x):  # x (B, 1 + N, C) -> same; only the class token changes
+        a, attn = self.attn(self.ln_1(x))
+        cls = x[:, :1] + self.ls_1(a)  # (B, 1, C)
+        cls = cls + self.ls_2(self.mlp(self.ln_2(cls)))
+        return torch.cat([cls, x[:, 1:]], dim=1), attn
+
+
+@dataclass(kw_only=True)
+class ViTConfig:
+    img_size: int = 224  # default size; any size divisible by patch_size works at run time
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    n_layer: int = 12
+    n_head: int = 8
+    n_embd: int = 384
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    drop_path: float = 0.0  # stochastic depth rate of the last block (linear in depth)
+    layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (notes §5)
+    attn: str = "tssa"  # "tssa" | "softmax" (ViT baseline at the same size otherwise)
+    pi: str = "softmax"
+    n_cls_layers: int = 2
+
+
+VIT_PRESETS = {
+    "tost-t": dict(n_layer=12, n_head=4, n_embd=192),  # 5.8M
+    "tost-s": dict(n_layer=12, n_head=8, n_embd=384),  # 22.6M
+    "tost-m": dict(n_layer=24, n_head=8, n_embd=512, layer_scale_init=1e-5),  # 71.5M (released config)
+}
+
+
+class ToSTViT(nn.Module):
+    """Image classifier: conv patch embedding + Fourier positions, ToST blocks over patch
+    tokens, class token with class-attention layers, LayerNorm, linear head."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = c = config
+        self.patch_embed = ConvPatchEmbed(patch_size=c.patch_size, in_chans=c.in_chans, n_embd=c.n_embd)
+        self.pos_embed = FourierPositionalEncoding(n_embd=c.n_embd)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=False, bias=True, dropout=c.dropout,
+                  mlp_ratio=c.mlp_ratio, layer_scale_init=c.layer_scale_init, pi=c.pi,
+                  drop_path=c.drop_path * i / max(c.n_layer - 1, 1))
+            for i in range(c.n_layer))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
+        self.cls_blocks = nn.ModuleList(
+            ClassAttentionBlock(n_embd=c.n_embd, n_head=c.n_head, mlp_ratio=c.mlp_ratio,
+                                layer_scale_init=c.layer_scale_init, dropout=c.dropout)
+            for _ in range(c.n_cls_layers))
+        self.norm = nn.LayerNorm(c.n_embd)
+        self.head = nn.Linear(c.n_embd, c.num_classes)
+        self.apply(self._init_weights)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    @classmethod
+    def from_preset(cls, name, **overrides):
+        if name not in VIT_PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose from {sorted(VIT_PRESETS)}")
+        return cls(ViTConfig(**{**VIT_PRESETS[name], **overrides}))
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def get_num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def reset_classifier(self, num_classes):
+        """New head for transfer learning (the paper's fine-tuning setting)."""
+        self.config = replace(self.config, num_classes=num_classes)
+        self.head = nn.Linear(self.config.n_embd, num_classes).to(self.head.weight.device)
+        self._init_weights(self.head)
+
+    def forward(self, images, return_maps=False):
+        """images: (B, 3, H, W), H and W divisible by patch_size. Returns logits (B, classes),
+        and with return_maps a dict: "layers" -> per ToST block {"z": LN input (B, N, C),
+        "w": U^T z (B, H, N, p), "pi": (B, H, N), "out": attention output (B, N, C)} and
+        "cls_attn" -> per class-attention layer (B, H, N) over patches; "grid": (Hp, Wp)."""
+        B, _, Hi, Wi = images.shape
+        P = self.config.patch_size
+        if images.dim() != 4 or Hi % P or Wi % P:
+            raise ValueError(f"images must be (B, C, H, W) with H, W divisible by {P}, got {tuple(images.shape)}")
+        x = self.patch_embed(images)  # (B, C, Hp, Wp)
+        Hp, Wp = x.shape[-2:]
+        x = x + self.pos_embed(B, Hp, Wp, images.device)
+        x = self.drop(x.flatten(2).transpose(1, 2))  # (B, N, C)
+        layers = []
+        for block in self.blocks:
+            x = block(x, return_maps=return_maps)
+            if return_maps:
+                layers.append(block.attn.__dict__.pop("maps", None))
+        x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, 1 + N, C)
+        cls_attn = []
+        for block in self.cls_blocks:
+            x, attn = block(x)
+            cls_attn.append(attn[:, :, 1:])  # attention of the class token over the patches
+        logits = self.head(self.norm(x[:, 0]))
+        if return_maps:
+            return logits, {"layers": layers, "cls_attn": cls_attn, "grid": (Hp, Wp)}
+        return logits
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type="cpu"):
+        return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
