@@ -1,0 +1,306 @@
+"""
+Shared training plumbing for train.py, vit_train.py and lra/train.py, kept in one place so
+each trainer reads as the training loop and nothing else:
+
+  configure        nanoGPT-style config: module globals, then config files, then --key=value,
+                   with type checking and clear errors (ConfigError)
+  setup_distributed / cleanup_distributed   DDP from torchrun's environment variables
+  save_checkpoint / load_checkpoint         atomic writes, CPU loads, no wrapper prefixes
+  rng_state / set_rng_state                 every RNG a run touches, for exact resume
+  lr_at            warmup + cosine / linear / inverse-sqrt / constant schedules
+  autocast_for     mixed precision context (+ GradScaler for float16)
+  JsonlLogger      one JSON line per evaluation
+"""
+
+import ast
+import difflib
+import json
+import math
+import os
+import random
+import tempfile
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+# -----------------------------------------------------------------------------
+# configuration
+
+
+class ConfigError(ValueError):
+    """A config file or --key=value override that does not fit the script's settings."""
+
+
+def _unknown_key(key, known):
+    hint = difflib.get_close_matches(key, known, n=3)
+    hint = f" Did you mean {', '.join(hint)}?" if hint else ""
+    return ConfigError(f"unknown config key {key!r}.{hint} Known keys: {', '.join(sorted(known))}")
+
+
+def coerce(key, value, default):
+    """Turn `value` (a string from the command line, or any object from a config file) into
+    the type of `default`, or raise ConfigError saying what was expected."""
+    kind = type(default)
+    if default is None and isinstance(value, str):  # no type to go by: a literal, else text
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    if default is None or not isinstance(value, str):
+        if default is None or value is None or isinstance(value, kind):
+            return value
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if kind in (tuple, list) and isinstance(value, (tuple, list)):
+            return kind(value)
+        raise ConfigError(f"config key {key!r} expects {kind.__name__} (default {default!r}), got {value!r}")
+    text = value.strip()
+    try:
+        if kind is bool:
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            number = float(text) if any(c in text for c in ".eE") else int(text)
+            if number != int(number):
+                raise ValueError
+            return int(number)
+        if kind is float:
+            return float(text)
+        if kind is str:
+            return text
+        parsed = ast.literal_eval(text)  # tuples, lists, dicts
+        if not isinstance(parsed, kind):
+            raise ValueError
+        return parsed
+    except (ValueError, SyntaxError):
+        raise ConfigError(f"config key {key!r} expects {kind.__name__} (default {default!r}), "
+                          f"got {value!r}") from None
+
+
+def configure(defaults, argv):
+    """Settings from `defaults` (a dict of name -> value), overridden in order by each
+    config file named in argv (a python file whose top-level assignments are settings) and
+    each --key=value. Returns the new dict; raises ConfigError on anything unknown or mistyped."""
+    config = dict(defaults)
+    for arg in argv:
+        if not arg.startswith("--"):
+            if not os.path.isfile(arg):
+                raise ConfigError(f"config file {arg!r} not found (positional arguments are config files; "
+                                  "overrides are written --key=value)")
+            scope = {}
+            with open(arg) as f:
+                exec(compile(f.read(), arg, "exec"), scope)
+            for key, value in scope.items():
+                if key.startswith("_") or callable(value) or type(value).__name__ == "module":
+                    continue
+                if key not in defaults:
+                    raise _unknown_key(key, defaults)
+                config[key] = coerce(key, value, defaults[key])
+        else:
+            key, sep, value = arg[2:].partition("=")
+            if not sep:
+                raise ConfigError(f"override {arg!r} must be written --key=value")
+            if key not in defaults:
+                raise _unknown_key(key, defaults)
+            config[key] = coerce(key, value, defaults[key])
+    return config
+
+
+def config_defaults(namespace):
+    """The settings of a script: its module globals of plain types, not starting with _."""
+    plain = (int, float, bool, str, tuple, list, type(None))
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, plain)}
+
+
+# -----------------------------------------------------------------------------
+# distributed
+
+
+@dataclass
+class Dist:
+    ddp: bool
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str
+    is_master: bool
+
+
+def setup_distributed(device=None):
+    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; nccl on CUDA, gloo on CPU. Without
+    torchrun: one process on `device` (default: cuda if available, else cpu)."""
+    if "RANK" not in os.environ:
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return Dist(False, 0, 0, 1, device, True)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    use_cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
+    if use_cuda:
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    else:
+        device = "cpu"
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return Dist(True, rank, local_rank, world_size, device, rank == 0)
+
+
+def cleanup_distributed(d):
+    if d.ddp and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(tensor, d):
+    """Mean of `tensor` over all ranks (unchanged when not distributed)."""
+    if d.ddp:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= d.world_size
+    return tensor
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+
+def unwrap_model(model):
+    """The plain nn.Module under DDP (.module) and torch.compile (._orig_mod) wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def clean_state_dict(state_dict):
+    """Strip the wrapper prefixes older checkpoints carry ('_orig_mod.', 'module.')."""
+    out = {}
+    for key, value in state_dict.items():
+        for prefix in ("_orig_mod.", "module."):
+            while key.startswith(prefix):
+                key = key[len(prefix):]
+        out[key] = value
+    return out
+
+
+def save_checkpoint(obj, path):
+    """torch.save to a temporary file in the same folder, fsync, then rename over `path`:
+    a crash at any moment leaves either the old checkpoint or the new one, never half."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(folder, os.O_RDONLY)
+        os.fsync(dir_fd)
+        os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def load_checkpoint(path):
+    """Load a checkpoint onto the CPU (move to the device after building the model)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}: train first, or point out_dir / --ckpt at "
+                                "the folder that holds ckpt.pt")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# -----------------------------------------------------------------------------
+# random number generators
+
+
+def rng_state():
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -----------------------------------------------------------------------------
+# learning-rate schedule and mixed precision
+
+
+def lr_at(it, *, lr, min_lr, warmup_iters, decay_iters, schedule="cosine"):
+    """Linear warmup over warmup_iters, then decay to min_lr at decay_iters:
+    "cosine" | "linear" | "invsqrt" (lr * sqrt(warmup / it)) | "constant"."""
+    if it < warmup_iters:
+        return lr * (it + 1) / (warmup_iters + 1)
+    if schedule == "constant":
+        return lr
+    if schedule == "invsqrt":
+        return max(min_lr, lr * math.sqrt(max(warmup_iters, 1) / max(it, 1)))
+    if it >= decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(decay_iters - warmup_iters, 1)
+    if schedule == "linear":
+        return lr + ratio * (min_lr - lr)
+    if schedule == "cosine":
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+    raise ConfigError(f"unknown lr schedule {schedule!r}; use cosine, linear, invsqrt or constant")
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def autocast_for(device, dtype):
+    """(ctx, scaler): ctx() is the autocast context for forward passes; scaler a GradScaler
+    for float16 (None otherwise). float16 on CPU falls back to bfloat16."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+    if device_type == "cpu" and dtype == "float16":
+        warnings.warn("float16 autocast is not supported on CPU; using bfloat16")
+        dtype = "bfloat16"
+    if device_type == "cuda" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+        warnings.warn("this GPU has no bfloat16; using float16 with a GradScaler")
+        dtype = "float16"
+    scaler = torch.amp.GradScaler("cuda") if dtype == "float16" else None
+    if dtype == "float32":
+        return nullcontext, scaler
+    return (lambda: torch.autocast(device_type=device_type, dtype=DTYPES[dtype])), scaler
+
+
+# -----------------------------------------------------------------------------
+# logging
+
+
+class JsonlLogger:
+    """Appends one JSON object per line to `path` (only where enabled, e.g. on rank 0)."""
+
+    def __init__(self, path, enabled=True):
+        self.path, self.enabled = path, enabled
+        if enabled:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def log(self, record):
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
