@@ -36,13 +36,18 @@ EPS_STAT = 1e-8  # guards the Pi-weighted mean (a head no token belongs to)
 # the per-head update -Pi * w / (1 + s) of the same shape (before the output projection).
 
 
+def stat_dtype(dtype):
+    """Statistics are kept in fp32 for fp16/bf16 inputs (and in fp64 for fp64 inputs)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _check_w(w, temp):
     if w.dim() != 4:
         raise ValueError(f"w must have shape (B, H, T, p), got {tuple(w.shape)}")
     H = w.shape[1]
     if temp.numel() != H:
         raise ValueError(f"temp must have one value per head ({H}), got shape {tuple(temp.shape)}")
-    return temp.reshape(1, H, 1).float()  # (1, H, 1) broadcasts over batch and tokens
+    return temp.reshape(1, H, 1).to(stat_dtype(w.dtype))  # (1, H, 1) broadcasts over batch and tokens
 
 
 def _apply_pi_mode(logits, pi_mode):
@@ -60,7 +65,7 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax", impl="auto"):
     temp = _check_w(w, temp)
     if impl != "reference" and fast_tssa is not None and fast_tssa.applies(w, pi_mode, impl):
         return fast_tssa.tssa(w, temp.view(-1), return_pi, mask)
-    w32 = w.float()  # statistics in fp32 whatever the input dtype
+    w32 = w.to(stat_dtype(w.dtype))  # statistics in fp32 whatever the input dtype
     if mask is not None:
         if mask.shape != (w.shape[0], w.shape[2]):
             raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
@@ -81,14 +86,14 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax", impl="auto"):
     return (out, pi) if return_pi else out
 
 
-def _check_pos_bias(pos_bias, H, T):
+def _check_pos_bias(pos_bias, H, T, dtype):
     if pos_bias.dim() == 3:
         pos_bias = pos_bias.squeeze(-1)
     if pos_bias.dim() != 2 or pos_bias.shape[0] != H:
         raise ValueError(f"pos_bias must have shape (H, T_max) or (H, T_max, 1) with H={H}, got {tuple(pos_bias.shape)}")
     if T > pos_bias.shape[1]:
         raise ValueError(f"sequence length {T} exceeds the position bias length (block_size) {pos_bias.shape[1]}")
-    return pos_bias.float()  # (H, T_max)
+    return pos_bias.to(stat_dtype(dtype))  # (H, T_max)
 
 
 def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", impl="auto"):
@@ -98,10 +103,10 @@ def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", impl="aut
     impl: "reference" runs the lines below; "auto" uses fast_tssa.py where it applies."""
     temp = _check_w(w, temp)
     B, H, T, p = w.shape
-    bias = _check_pos_bias(pos_bias, H, T)[:, :T]  # (H, T)
+    bias = _check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
     if impl != "reference" and fast_tssa is not None and fast_tssa.applies(w, pi_mode, impl):
         return fast_tssa.causal_tssa(w, temp.view(H), bias, return_pi)
-    w32 = w.float()
+    w32 = w.to(stat_dtype(w.dtype))
     w_sq = w32.square()  # (B, H, T, p)
     # Pi[j] from the prefix: features normalised by their running sum of squares
     w_sq_normed = w_sq / (w_sq.cumsum(dim=2) + EPS_NORM)  # (B, H, T, p)
@@ -124,14 +129,14 @@ class TSSAState:
     pos: int = 0  # tokens seen so far
 
     @classmethod
-    def zeros(cls, B, H, p, device=None):
-        z = lambda *shape: torch.zeros(*shape, device=device, dtype=torch.float32)
+    def zeros(cls, B, H, p, device=None, dtype=torch.float32):
+        z = lambda *shape: torch.zeros(*shape, device=device, dtype=stat_dtype(dtype))
         return cls(z(B, H, p), z(B, H, p), z(B, H), 0)
 
     @classmethod
     def from_sequence(cls, w, pi):
         """The state after the whole of w (B, H, T, p) with its Pi (B, H, T) (prefill)."""
-        w_sq = w.float().square()
+        w_sq = w.to(stat_dtype(w.dtype)).square()
         return cls(w_sq.sum(2), (pi.unsqueeze(-1) * w_sq).sum(2), pi.sum(2), w.shape[2])
 
 
@@ -139,10 +144,11 @@ def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, pi_mode="softm
     """One token of causal TSSA in O(H p): w_t (B, H, p) -> out_t (B, H, p), and the state
     advanced by one token (updated in place and returned). Past the end of pos_bias (the
     block size) the last learned bias is reused; the statistics keep accumulating."""
-    H = w_t.shape[1]
-    temp = temp.reshape(1, H).float()
-    bias = pos_bias.reshape(H, -1)[:, min(state.pos, pos_bias.reshape(H, -1).shape[1] - 1)].float()  # (H,)
-    w32 = w_t.float()
+    H, dt = w_t.shape[1], state.sum_sq.dtype  # fp32 state (fp64 for fp64 inputs)
+    temp = temp.reshape(1, H).to(dt)
+    pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)
+    bias = pos_bias[:, min(state.pos, pos_bias.shape[1] - 1)].to(dt)  # (H,)
+    w32 = w_t.to(dt)
     w_sq = w32.square()  # (B, H, p)
     state.sum_sq += w_sq
     logits = temp * (w_sq / (state.sum_sq + EPS_NORM) + bias[None, :, None]).sum(-1)  # (B, H)
@@ -228,7 +234,7 @@ class TSSA(nn.Module):
         return y if state is None else (y, state)
 
     def init_state(self, B, device=None):
-        return TSSAState.zeros(B, self.n_head, self.c_in.out_features // self.n_head, device)
+        return TSSAState.zeros(B, self.n_head, self.c_in.out_features // self.n_head, device, self.c_in.weight.dtype)
 
 
 class SoftmaxAttention(nn.Module):
