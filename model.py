@@ -144,6 +144,8 @@ def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, pi_mode="softm
     """One token of causal TSSA in O(H p): w_t (B, H, p) -> out_t (B, H, p), and the state
     advanced by one token (updated in place and returned). Past the end of pos_bias (the
     block size) the last learned bias is reused; the statistics keep accumulating."""
+    if fast_tssa is not None and fast_tssa.step_applies(w_t, temp, pos_bias, state, pi_mode):  # fused, decoding only
+        return fast_tssa.causal_tssa_step(w_t, temp, pos_bias, state, return_pi)
     H, dt = w_t.shape[1], state.sum_sq.dtype  # fp32 state (fp64 for fp64 inputs)
     temp = temp.reshape(1, H).to(dt)
     pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)

@@ -1,0 +1,447 @@
+"""
+bench.py: speed and memory of TSSA (readable reference and fused fast path) against softmax
+attention through F.scaled_dot_product_attention, on CPU or CUDA. Prints tables and writes
+JSON (bench_results.json unless --out=...).
+
+    python bench.py --quick=1                        # a few minutes: operator + decode, T = 1K, 4K, 16K
+    python bench.py                                  # everything this device can do, T = 1K .. 64K
+    python bench.py --suites=op --impls=fast,sdpa --T=16384 --modes=fwdbwd
+    python bench.py --device=cuda --dtype=bfloat16 --suites=op,decode,model,model_decode
+
+Suites (--suites, comma separated):
+  op            the attention operator alone, (B, H, T, p) inputs: forward and forward+backward
+  decode        one generated token at context T: TSSA recurrent step vs SDPA over a KV cache
+  model         whole-model training step (forward, backward, AdamW): ToST-Base vs GPT-2 Base
+  model_decode  whole-model per-token decoding at context T, with the size of the carried state
+Implementations (--impls): reference (model.py as written), fast (fast_tssa.py), sdpa
+(softmax attention; the backend that ran is named: flash, cudnn, efficient or math), and
+compiled (torch.compile of the reference; off by default, it compiles for ~30 s).
+Times are medians of --repeats runs after --warmup runs; memory is the peak above what was
+allocated before the case (CUDA allocator peak; on CPU the sampled growth of the resident set).
+For TSSA rows, GB/s is the memory floor (bytes a perfect kernel must move: forward reads w and
+writes out = 2 C values per token, forward+backward also reads w and dL/dout and writes dL/dw
+= 5 C values per token; 10 C bytes in bf16) divided by the time, and "x floor" is the time over
+the floor's time at the machine's measured copy bandwidth.
+"""
+
+import ctypes
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+
+import fast_tssa
+import model
+from trainkit import config_defaults, configure
+
+# -----------------------------------------------------------------------------
+# settings (override with a config file or --key=value)
+device = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
+dtype = "auto"  # "auto" (bfloat16 on cuda, float32 on cpu) | "float32" | "bfloat16" | "float16"
+suites = "op,decode,model,model_decode"
+impls = "reference,fast,sdpa"  # add "compiled" for torch.compile of the reference
+modes = "fwd,fwdbwd"
+T = "1024,2048,4096,8192,16384,32768,65536"  # sequence lengths / decode contexts
+model_T = "auto"  # whole-model lengths: "auto" = 1024,2048,4096,8192 on cuda, 1024 on cpu
+decode_T = "auto"  # whole-model decode contexts: "auto" = T on cuda, up to 16384 on cpu
+B = 1
+H = 12
+p = 64
+causal = True
+threads = 0  # CPU threads (0: leave torch's default)
+repeats = 5
+warmup = 1
+decode_steps = 50  # tokens per decode timing
+max_case_s = 60.0  # skip a case whose estimated run time (from the previous T) is longer
+quick = False  # a short run: T = 1K, 4K, 16K, suites op and decode, 3 repeats
+out = "bench_results.json"
+
+# -----------------------------------------------------------------------------
+# measuring
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, n_repeats, n_warmup):
+    """Median wall time (ms) of fn() over n_repeats runs after n_warmup runs, all the wall
+    times, and the median process CPU time (ms; on a shared CPU it shows the work done when
+    the wall time is stretched by other processes)."""
+    for _ in range(n_warmup):
+        fn()
+    sync()
+    times, cpu = [], []
+    for _ in range(n_repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.process_time() - c0) * 1e3)
+    return sorted(times)[len(times) // 2], times, sorted(cpu)[len(cpu) // 2]
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _cpu_bytes_fn():
+    """A function returning the bytes the C allocator has handed out and not taken back
+    (glibc mallinfo2: heap in use + mmapped blocks), or None where that is not available."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return None
+
+    def in_use():
+        info = libc.mallinfo2()
+        return info.uordblks + info.hblkhd
+    return in_use
+
+
+_cpu_bytes = _cpu_bytes_fn()
+
+
+class PeakMemory:
+    """Peak memory growth (MB) inside the block: the CUDA allocator's peak, or on CPU the bytes
+    malloc has handed out, sampled every ~0.2 ms by a thread (None without glibc)."""
+
+    def __enter__(self):
+        self.mb = None
+        if DEVICE == "cuda":
+            sync()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        elif _cpu_bytes is not None:
+            self.base = self.peak = _cpu_bytes()
+            self.stop = threading.Event()
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def _sample(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, _cpu_bytes())
+            time.sleep(0.0002)
+
+    def __exit__(self, *exc):
+        if DEVICE == "cuda":
+            sync()
+            self.mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
+        elif hasattr(self, "thread"):
+            self.stop.set()
+            self.thread.join()
+            self.mb = max(0, self.peak - self.base) / 2**20
+
+
+def copy_bandwidth():
+    """Measured device copy bandwidth in GB/s (read + write) on 1 GiB (256 MiB on small CPUs)."""
+    n = 2**28 if DEVICE == "cuda" or (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) > 16 * 2**30 else 2**26
+    src = torch.ones(n, device=DEVICE)
+    dst = torch.zeros(n, device=DEVICE)
+    ms, _, _ = timed(lambda: dst.copy_(src), 5, 2)
+    return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def sdpa_backend(q, k, v, is_causal):
+    """The first SDPA backend that runs these inputs, in the order flash, cuDNN, memory-efficient,
+    math, and a context manager that forces it (so the name reported is the one that ran)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    order = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", getattr(SDPBackend, "CUDNN_ATTENTION", None)),
+             ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)]
+    for name, backend in order:
+        if backend is None:
+            continue
+        try:
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(q[:, :, :64], k[:, :, :64], v[:, :, :64], is_causal=is_causal)
+            return name, lambda b=backend: sdpa_kernel([b])
+        except RuntimeError:
+            continue
+    raise RuntimeError("no SDPA backend runs on this device")
+
+
+# -----------------------------------------------------------------------------
+# the cases
+
+
+def split_heads(x):  # (B, T, C) -> (B, H, T, p), the layout model.py hands to the operator
+    return x.view(x.shape[0], x.shape[1], H, p).transpose(1, 2)
+
+
+def op_case(impl, mode, T_):
+    """A closure running one operator call (and backward) at length T_, plus a note."""
+    C = H * p
+    kw = dict(device=DEVICE, dtype=DTYPE)
+    note = ""
+    if impl == "sdpa":
+        qkv = torch.randn(B, T_, 3 * C, **kw, requires_grad=mode == "fwdbwd")
+        q, k, v = (split_heads(t) for t in qkv.chunk(3, dim=-1))
+        name, force = sdpa_backend(q, k, v, causal)
+        note = f"backend={name}"
+
+        def op():
+            with force():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        leaf = qkv
+    else:
+        x = torch.randn(B, T_, C, **kw, requires_grad=mode == "fwdbwd")
+        w = split_heads(x)
+        temp = torch.ones(H, device=DEVICE, requires_grad=mode == "fwdbwd")
+        bias = torch.zeros(H, T_, device=DEVICE, requires_grad=mode == "fwdbwd")
+        which = "reference" if impl in ("reference", "compiled") else "fast"
+        if causal:
+            fn = lambda w_, t_, b_: model.causal_tssa(w_, t_, b_, impl=which)
+        else:
+            fn = lambda w_, t_, b_: model.tssa(w_, t_, impl=which)
+        if impl == "compiled":
+            fn = torch.compile(fn)
+        if impl == "fast":
+            note = f"kernels={fast_tssa.kernels_for(w).name}"
+        op = lambda: fn(w, temp, bias)
+        leaf = x
+    g = split_heads(torch.randn(B, T_, H * p, **kw))  # dL/dout as it comes back through the output projection
+    if mode == "fwd":
+        def run():
+            with torch.no_grad():
+                op()
+    else:
+        def run():
+            leaf.grad = None
+            op().backward(g)
+    return run, note
+
+
+def tssa_floor(mode, T_):
+    """Bytes a perfect causal TSSA must move: 2 (forward) or 5 (forward+backward) tensors of C
+    values per token, in the input dtype."""
+    return (2 if mode == "fwd" else 5) * B * T_ * H * p * torch.finfo(DTYPE).bits // 8
+
+
+class reference_only:
+    """Inside this block model.py runs its reference maths (fast_tssa switched off)."""
+
+    def __init__(self, on):
+        self.on = on
+
+    def __enter__(self):
+        self.prev = model.fast_tssa
+        if self.on:
+            model.fast_tssa = None
+
+    def __exit__(self, *exc):
+        model.fast_tssa = self.prev
+
+
+def decode_case(impl, T_):
+    """One generated token at context T_: the TSSA recurrent step or SDPA over a KV cache."""
+    kw = dict(device=DEVICE, dtype=DTYPE)
+    if impl == "sdpa":
+        k, v = torch.randn(B, H, T_, p, **kw), torch.randn(B, H, T_, p, **kw)
+        q = torch.randn(B, H, 1, p, **kw)
+        name, force = sdpa_backend(q, k, v, False)
+
+        def run():
+            with force(), torch.no_grad():
+                for _ in range(decode_steps):
+                    F.scaled_dot_product_attention(q, k, v)
+        return run, f"backend={name}; KV cache {2 * k.numel() * k.element_size() / 2**20:.1f} MB"
+    state = model.TSSAState.zeros(B, H, p, device=DEVICE)
+    state.sum_sq.uniform_(1, 2).mul_(T_)
+    state.sum_pi_sq.uniform_(1, 2).mul_(T_ / H)
+    state.sum_pi.fill_(T_ / H)
+    state.pos = T_
+    temp, bias = torch.ones(H, device=DEVICE), torch.zeros(H, 1024, device=DEVICE)
+    w_t = torch.randn(B, H, p, **kw)
+
+    def run():
+        with torch.no_grad(), reference_only(impl == "reference"):
+            for _ in range(decode_steps):
+                model.causal_tssa_step(w_t, temp, bias, state)
+    size = sum(t.numel() * t.element_size() for t in (state.sum_sq, state.sum_pi_sq, state.sum_pi))
+    return run, f"state {size / 2**10:.1f} KB"
+
+
+def model_for(impl, block_size):
+    preset = "gpt2" if impl == "sdpa" else "tost-base"
+    m = model.GPT.from_preset(preset, block_size=block_size).to(DEVICE)
+    return m
+
+
+def model_case(impl, T_):
+    """One training step of the whole model at context T_ (batch B)."""
+    m = model_for(impl, T_)
+    opt = m.configure_optimizers(0.1, 6e-4, (0.9, 0.95), DEVICE)
+    idx = torch.randint(0, 50257, (B, T_), device=DEVICE)
+    amp = torch.autocast(DEVICE, dtype=DTYPE, enabled=DTYPE != torch.float32)
+    note = f"{sum(q.numel() for q in m.parameters()) / 1e6:.0f}M params"
+
+    def run():
+        with reference_only(impl == "reference"), amp:
+            _, loss = m(idx, idx)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return run, note
+
+
+def model_decode_case(impl, T_):
+    """Per-token decoding of the whole model with a context of T_ tokens already in its state
+    (synthetic state: the cost does not depend on its values)."""
+    m = model_for(impl, 1024).eval()
+    L, C = m.config.n_layer, m.config.n_embd
+    kw = dict(device=DEVICE, dtype=DTYPE)
+    if impl == "sdpa":
+        states = [{"k": torch.randn(B, H, T_, C // H, **kw), "v": torch.randn(B, H, T_, C // H, **kw)} for _ in range(L)]
+        size = sum(s["k"].numel() * s["k"].element_size() * 2 for s in states)
+    else:
+        states = []
+        for _ in range(L):
+            s = model.TSSAState.zeros(B, H, C // H, device=DEVICE)
+            s.sum_sq.fill_(T_), s.sum_pi_sq.fill_(T_ / H), s.sum_pi.fill_(T_ / H)
+            s.pos = T_
+            states.append(s)
+        size = sum(t.numel() * t.element_size() for s in states for t in (s.sum_sq, s.sum_pi_sq, s.sum_pi))
+    tok = torch.randint(0, 50257, (B, 1), device=DEVICE)
+    amp = torch.autocast(DEVICE, dtype=DTYPE, enabled=DTYPE != torch.float32)
+
+    def run():
+        with torch.no_grad(), reference_only(impl == "reference"), amp:
+            for _ in range(decode_steps):
+                m.forward_with_state(tok, states, T_)
+    return run, f"state {size / 2**20:.3f} MB"
+
+
+# -----------------------------------------------------------------------------
+# driver
+
+
+def run_suite(suite, impl_list, mode_list, T_list, results, bw):
+    per_call = suite in ("decode", "model_decode")
+    last = {}  # (impl, mode) -> (T, ms): to skip cases that would run too long
+    for impl in impl_list:
+        if suite.startswith("model") and impl == "compiled":
+            continue
+        for mode in (mode_list if suite == "op" else ["step"]):
+            for T_ in T_list:
+                rec = dict(suite=suite, impl=impl, mode=mode, T=T_, B=B, H=H, p=p, device=DEVICE,
+                           dtype=str(DTYPE).replace("torch.", ""), causal=causal)
+                if (impl, mode) in last:
+                    T0, ms0 = last[(impl, mode)]
+                    power = 2 if impl == "sdpa" and suite in ("op", "model") else 1
+                    est_s = ms0 * (T_ / T0) ** power * (repeats + warmup) / 1e3
+                    if est_s > max_case_s:
+                        rec.update(note=f"skipped: estimated {est_s:.0f} s > max_case_s")
+                        results.append(rec)
+                        print_row(rec)
+                        continue
+                try:
+                    make = {"op": lambda: op_case(impl, mode, T_), "decode": lambda: decode_case(impl, T_),
+                            "model": lambda: model_case(impl, T_), "model_decode": lambda: model_decode_case(impl, T_)}[suite]
+                    fn, note = make()
+                    fn()  # first call outside the timing (compilation, C build, allocator warm-up)
+                    ms, all_ms, cpu_ms = timed(fn, repeats, warmup)
+                    with PeakMemory() as mem:  # a separate run: the sampling thread costs CPU time
+                        fn()
+                except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+                    rec.update(note=f"out of memory ({type(e).__name__})")
+                    results.append(rec)
+                    print_row(rec)
+                    break
+                if per_call:
+                    ms, all_ms, cpu_ms = ms / decode_steps, [t / decode_steps for t in all_ms], cpu_ms / decode_steps
+                rec.update(ms=ms, ms_all=all_ms, cpu_ms=cpu_ms if DEVICE == "cpu" else None, peak_mb=mem.mb, note=note)
+                if suite == "op" and impl != "sdpa":
+                    floor = tssa_floor(mode, T_)
+                    rec.update(gbps=floor / (ms * 1e-3) / 1e9, x_floor=ms * 1e-3 / (floor / (bw * 1e9)))
+                last[(impl, mode)] = (T_, ms * (decode_steps if per_call else 1))
+                results.append(rec)
+                print_row(rec)
+                del fn
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
+
+
+HEADER = f"{'suite':<13}{'impl':<10}{'mode':<7}{'T':>7}{'ms':>11}{'cpu ms':>11}{'peak MB':>10}{'GB/s':>8}{'x floor':>9}  note"
+
+
+def print_row(r):
+    f = lambda key, fmt: (fmt.format(r[key]) if r.get(key) is not None else "-")
+    print(f"{r['suite']:<13}{r['impl']:<10}{r['mode']:<7}{r['T']:>7}{f('ms', '{:.3f}'):>11}{f('cpu_ms', '{:.3f}'):>11}{f('peak_mb', '{:.1f}'):>10}"
+          f"{f('gbps', '{:.1f}'):>8}{f('x_floor', '{:.1f}'):>9}  {r.get('note', '')}", flush=True)
+
+
+def summary(results):
+    """Ratios the issue's targets are stated in, where both sides were measured."""
+    def ms(suite, impl, mode, T_):
+        for r in results:
+            if (r["suite"], r["impl"], r["mode"], r["T"]) == (suite, impl, mode, T_) and r.get("ms"):
+                return r["ms"], r.get("peak_mb")
+        return None, None
+    lines = []
+    for T_ in sorted({r["T"] for r in results}):
+        for mode in ("fwd", "fwdbwd"):
+            f, _ = ms("op", "fast", mode, T_)
+            ref, _ = ms("op", "reference", mode, T_)
+            s, _ = ms("op", "sdpa", mode, T_)
+            if f and ref:
+                lines.append(f"op {mode} T={T_}: fast {f:.2f} ms, {ref / f:.1f}x faster than the reference"
+                             + (f", {s / f:.1f}x faster than SDPA" if s else ""))
+        for suite, mode in (("model", "step"), ("model_decode", "step")):
+            f, fm = ms(suite, "fast", mode, T_)
+            s, sm = ms(suite, "sdpa", mode, T_)
+            if f and s:
+                mem = f", peak memory {fm / sm:.2f}x" if fm and sm else ""
+                lines.append(f"{suite} T={T_}: ToST {f:.1f} ms vs GPT-2 {s:.1f} ms = {f / s:.2f}x time{mem}")
+    return lines
+
+
+def main():
+    global DEVICE, DTYPE
+    argv = [a if a != "--quick" else "--quick=1" for a in sys.argv[1:]]
+    cfg = configure(config_defaults(globals()), argv)
+    globals().update(cfg)
+    DEVICE = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench.py: --device=cuda but CUDA is not available (use --device=cpu)")
+    DTYPE = getattr(torch, ("bfloat16" if DEVICE == "cuda" else "float32") if dtype == "auto" else dtype)
+    if threads:
+        torch.set_num_threads(threads)
+    given = {a[2:].partition("=")[0] for a in argv if a.startswith("--")}
+    if quick:  # a short run; settings given explicitly still win
+        for key, value in dict(T="1024,4096,16384", suites="op,decode", repeats=3).items():
+            if key not in given:
+                globals()[key] = cfg[key] = value
+    T_list = [int(t) for t in T.split(",")]
+    suite_list = suites.split(",")
+    mT = [int(t) for t in (("1024,2048,4096,8192" if DEVICE == "cuda" else "1024") if model_T == "auto" else model_T).split(",")]
+    dT = ([t for t in T_list if DEVICE == "cuda" or t <= 16384] if decode_T == "auto" else [int(t) for t in decode_T.split(",")])
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    bw = copy_bandwidth()
+    print(f"device: {name}; dtype {str(DTYPE)[6:]}; B={B} H={H} p={p} causal={causal}; "
+          f"copy bandwidth {bw:.1f} GB/s; torch {torch.__version__}; fast_tssa kernels: "
+          f"{fast_tssa.kernels_for(torch.empty(1, 1, 1, 1, device=DEVICE, dtype=DTYPE)).name}")
+    results = []
+    print(HEADER)
+    for suite in suite_list:
+        Ts = {"model": mT, "model_decode": dT}.get(suite, T_list)
+        run_suite(suite, impls.split(","), modes.split(","), Ts, results, bw)
+    lines = summary(results)
+    if lines:
+        print("\n" + "\n".join(lines))
+    meta = dict(device=name, dtype=str(DTYPE), copy_gbps=bw, torch=torch.__version__, config=cfg,
+                load_average=os.getloadavg() if hasattr(os, "getloadavg") else None)
+    with open(out, "w") as f:
+        json.dump(dict(meta=meta, results=results, summary=lines), f, indent=1)
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

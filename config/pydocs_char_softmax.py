@@ -1,0 +1,34 @@
+# The softmax-attention (GPT-2 style) baseline of config/pydocs_char_tost.py: same data,
+# schedule and parameter count (5 softmax layers = 6 ToST layers at this width).
+#   python train.py config/pydocs_char_softmax.py
+#   python sample.py --out_dir=out-pydocs-char-softmax
+
+out_dir = "out-pydocs-char-softmax"
+dataset = "pydocs_char"  # prepared automatically on first use
+eval_interval = 200
+eval_iters = 20
+log_interval = 25
+
+# 6 ToST layers have the parameters of 5 softmax layers (TSSA has one C x C input map, not three)
+n_layer = 5
+n_head = 4
+n_embd = 128
+block_size = 128
+dropout = 0.0
+attn = "softmax"
+layer_scale_init = 0.0  # GPT-2 has no layer scale
+bias = False
+
+batch_size = 32
+gradient_accumulation_steps = 1
+learning_rate = 2e-3
+max_iters = 1000
+lr_decay_iters = 1000
+min_lr = 2e-4
+warmup_iters = 100
+beta2 = 0.99  # few tokens per step: a longer second-moment average steadies Adam
+weight_decay = 0.1
+
+device = "cpu"
+dtype = "float32"
+compile = False

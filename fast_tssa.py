@@ -1,0 +1,1142 @@
+"""
+fast_tssa: fused TSSA kernels behind model.py's functions (same maths, fewer passes).
+
+model.tssa / model.causal_tssa / model.causal_tssa_step call into this file when
+applies(w, pi_mode, impl) says so (impl="auto" on CUDA and on CPU for fp32/bf16/fp16;
+impl="fast" forces it; impl="reference" never). The readable maths stays in model.py and is
+what every path here is tested against (tests/test_fast_tssa.py).
+
+Three back ends compute the same maths with the same hand-derived backward:
+  "triton"  CUDA: Triton kernels over chunks of BLOCK_T tokens per (batch, head); a running
+            sum is a scan inside the chunk plus a carry (prefix of the chunk totals, a tiny
+            torch cumsum between kernels). Softmax across heads in PyTorch on (B, H, T).
+            Also runs under TRITON_INTERPRET=1 on CPU (slow; that is how the tests run it).
+  "cpu"     CPU: a small C file compiled once with the system C compiler (cc -O3 -fopenmp,
+            cached in ~/.cache/nanotost), called through ctypes. All heads of a token are
+            handled together (softmax and its backward inline), w is streamed in the layout
+            model.py makes; causal with a batch row per thread: one pass forward, one pass
+            backward; otherwise chunks of tokens in parallel with carries between passes.
+  "torch"   any device and dtype (float64 too): the same maths as whole-tensor PyTorch ops;
+            the executable statement of the backward, checked by gradcheck. Slower than the
+            reference's autograd on CPU (used only when asked for, impl="fast").
+Pi is returned DETACHED (no gradient path through the returned Pi; model.py uses it for
+analysis maps and the decoding state only). Gradients flow to w, temp and pos_bias.
+
+    python -m pytest -q tests/test_fast_tssa.py      # fast path == reference, all gradients
+    python bench.py --quick                          # timings (see bench.py)
+
+The maths (per batch row and head; w_t in R^p the features of token t, q_t = w_t^2):
+  forward   S_t = sum_{u<=t} q_u                 (prefix; the total for the non-causal form)
+            r_t = sum_i q_ti / (S_ti + e1)         u_t = r_t + p * bias_t    logit_t = temp * u_t
+            Pi_t = softmax over heads of logit_t
+            N_t = sum_{u<=t} Pi_u,  M_t = sum_{u<=t} Pi_u q_u,  n_t = N_t + e2,  s_t = M_t / n_t
+            D_t = 1 / (1 + s_t),  out_t = -Pi_t w_t D_t
+  backward  with g_t = dL/d out_t (suffix sums G_X_t = sum_{u>=t} X_u; totals if non-causal):
+            gM_t = g_t Pi_t w_t D_t^2 / n_t          gN_t = -sum_i gM_ti s_ti
+            gPi_t = sum_i (-g_ti w_ti D_ti + G_M_ti q_ti) + G_N_t
+            gl = Pi * (gPi - sum_heads Pi gPi)     (softmax backward, across heads)
+            dtemp = sum gl * u     dbias_t = p * temp * sum_batch gl_t     R_t = temp * gl_t
+            gS_t = -R_t q_t / (S_t + e1)^2
+            dw_t = -Pi_t D_t g_t + 2 w_t (Pi_t G_M_t + R_t / (S_t + e1) + G_S_t)
+The softmax across heads couples the heads: kernels that own one head need two passes over w
+each way with a (B, H, T) softmax step between them; the CPU kernels own every head of a token.
+"""
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import warnings
+
+import torch
+
+try:  # Triton is optional: CPU-only machines import this file fine without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+
+EPS_NORM = 1e-12  # must equal model.EPS_NORM (asserted by the tests)
+EPS_STAT = 1e-8  # must equal model.EPS_STAT
+BLOCK_T = 64  # tokens per chunk of the Triton kernels (tile height; fewer when p is large)
+IMPLS = ("auto", "fast", "reference")
+
+
+# Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when this file is imported
+INTERPRET = triton is not None and os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _stat_dtype(dtype):  # statistics in fp32 (fp64 for fp64 inputs), as in model.stat_dtype
+    return torch.promote_types(dtype, torch.float32)
+
+
+# -----------------------------------------------------------------------------
+# 1. Back end "torch": the passes as whole-tensor PyTorch ops (any device, any float dtype)
+
+
+def _scan(x, causal):  # prefix sums over tokens (dim 2), or the total broadcast to every token
+    return x.cumsum(2) if causal else x.sum(2, keepdim=True)
+
+
+def _rscan(x, causal):  # suffix sums over tokens, or the total
+    return x.flip(2).cumsum(2).flip(2) if causal else x.sum(2, keepdim=True)
+
+
+class TwoPassKernels:
+    """Forward/backward for back ends that provide four per-head passes (stats, apply,
+    grad_pi, grad_w) and leave the softmax across heads to PyTorch on (B, H, T) tensors."""
+
+    @classmethod
+    def forward(cls, w, temp, bias, mask, causal):
+        B, H, T, p = w.shape
+        wk = cls.prepare(w)
+        r, saved_stats = cls.stats(wk, causal)  # (B, H, T)
+        cd = r.dtype
+        u = r if bias is None else r + p * bias.to(cd)
+        pi = (temp.to(cd).view(1, H, 1) * u).softmax(dim=1)  # (B, H, T)
+        if mask is not None:
+            pi = pi * mask[:, None, :]
+        out, saved_out = cls.apply(wk, pi, causal, w.dtype)
+        return out, pi, u, (len(saved_stats), *saved_stats, *saved_out)
+
+    @classmethod
+    def backward(cls, w, g, temp, pi, u, mask, saved, causal):
+        H, p = w.shape[1], w.shape[3]
+        n_stats = saved[0]
+        saved_stats, saved_out = saved[1:1 + n_stats], saved[1 + n_stats:]
+        wk = cls.prepare(w)
+        gpi, saved_pi = cls.grad_pi(wk, g, pi, causal, saved_out)
+        if mask is not None:
+            gpi = gpi * mask[:, None, :]
+        gl = pi * (gpi - (pi * gpi).sum(1, keepdim=True))  # softmax backward across heads
+        t = temp.to(pi.dtype).view(1, H, 1)
+        gw = cls.grad_w(wk, g, pi, t * gl, causal, saved_stats, saved_out, saved_pi, w.dtype)
+        return gw, (gl * u).sum((0, 2)), p * t[0] * gl.sum(0)
+
+
+class TorchKernels(TwoPassKernels):
+    name = "torch"
+
+    @staticmethod
+    def prepare(w):  # what the kernels read: w in the statistics dtype
+        return w.to(_stat_dtype(w.dtype))
+
+    @staticmethod
+    def stats(wk, causal):  # -> r (B, H, T), saved
+        q = wk.square()
+        return (q / (_scan(q, causal) + EPS_NORM)).sum(-1), ()
+
+    @staticmethod
+    def apply(wk, pi, causal, out_dtype):  # -> out (B, H, T, p), saved
+        P = pi.unsqueeze(-1)  # (B, H, T, 1)
+        s = _scan(P * wk.square(), causal) / (_scan(P, causal) + EPS_STAT)
+        return (-P * wk / (1.0 + s)).to(out_dtype), ()
+
+    @staticmethod
+    def grad_pi(wk, g, pi, causal, saved_out):  # -> dL/dPi (B, H, T), state for grad_w
+        g = g.to(wk.dtype)
+        P, q = pi.unsqueeze(-1), wk.square()
+        n = _scan(P, causal) + EPS_STAT
+        s = _scan(P * q, causal) / n
+        D = 1.0 / (1.0 + s)
+        gM = g * P * wk * D.square() / n
+        G_M = _rscan(gM, causal)
+        G_N = _rscan(-(gM * s).sum(-1, keepdim=True), causal)
+        gpi = (-g * wk * D + G_M * q).sum(-1) + G_N.squeeze(-1)
+        return gpi, (P * (2.0 * wk * G_M - D * g),)  # the Pi-path part of dL/dw
+
+    @staticmethod
+    def grad_w(wk, g, pi, R, causal, saved_stats, saved_out, saved_pi, out_dtype):
+        q = wk.square()
+        A = 1.0 / (_scan(q, causal) + EPS_NORM)
+        R = R.unsqueeze(-1)
+        G_S = _rscan(-R * q * A.square(), causal)
+        return (saved_pi[0] + 2.0 * wk * (R * A + G_S)).to(out_dtype)
+
+
+# -----------------------------------------------------------------------------
+# 2. Back end "cpu": C kernels, compiled on first use, called through ctypes
+#
+# Work is split into items (batch row b, chunk c of L tokens), spread over OpenMP threads;
+# inside an item tokens are walked in order and ALL heads of a token are handled together,
+# so w is streamed sequentially in model._split_heads' (B, T, H, p) layout and the softmax
+# across heads (and its backward) happens in registers, not as separate PyTorch ops.
+# Running sums cross chunks through carries: each pass that needs them is preceded by one
+# that writes chunk totals (B, nC, H, p), turned into carries by tssa_carry. The backward
+# rebuilds a chunk's prefix sums into an L2-sized buffer and walks it backwards.
+#   forward : F1 chunk sums of w^2 | F2 r, u, Pi (softmax inline), chunk sums of Pi w^2, Pi
+#             | F3 out
+#   backward: B1 chunk sums of dL/dM, dL/dN | B2 dL/dPi, softmax backward inline, Pi-path
+#             part of dL/dw, chunk sums of dL/dS | B3 the S-path part of dL/dw
+
+C_SOURCE = r"""
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+typedef long long i64;
+#define EPS_NORM 1e-12f
+#define EPS_STAT 1e-8f
+/* d = {B, H, T, p, L, causal}; nC chunks of L tokens */
+#define DIMS i64 B = d[0], H = d[1], T = d[2], p = d[3], L = d[4], nC = (T + L - 1) / L; \
+             int causal = (int)d[5]; (void)B; (void)causal
+/* element (b, h, t, 0) of a (B, H, T, p) tensor with unit stride along p, strides s */
+#define AT(x, s, b, h, t) ((x) + (b) * (s)[0] + (h) * (s)[1] + (t) * (s)[2])
+#define BHT(x, b, h, t) ((x)[((b) * H + (h)) * T + (t)])      /* (B, H, T) contiguous */
+#define CHUNK(x, b, c) ((x) + ((b) * nC + (c)) * H * p)       /* (B, nC, H, p) contiguous */
+#define CHUNK1(x, b, c) ((x) + ((b) * nC + (c)) * H)          /* (B, nC, H) contiguous */
+#define FOR_ITEMS for (i64 bc = 0; bc < B * nC; bc++)
+#define ITEM i64 b = bc / nC, c = bc % nC, t0 = c * L, t1 = t0 + L < T ? t0 + L : T
+
+/* ---- per (token, head) pieces shared by the chunked and the sequential kernels ---- */
+
+/* sum_i w^2 / (S + EPS_NORM); with update, S += w^2 first (causal) */
+static inline float tok_stats(const float *x, float *S, i64 p, int update) {
+    float acc = 0.f;
+    if (update) {
+        #pragma omp simd reduction(+:acc)
+        for (i64 i = 0; i < p; i++) { float q = x[i] * x[i]; S[i] += q; acc += q / (S[i] + EPS_NORM); }
+    } else {
+        #pragma omp simd reduction(+:acc)
+        for (i64 i = 0; i < p; i++) acc += x[i] * x[i] / (S[i] + EPS_NORM);
+    }
+    return acc;
+}
+
+/* temp * (acc + p bias) for every head -> Pi (softmax over heads, times m) into lg */
+static inline void tok_softmax(float *lg, i64 H, float m) {
+    float mx = -INFINITY, z = 0.f;
+    for (i64 h = 0; h < H; h++) mx = lg[h] > mx ? lg[h] : mx;
+    for (i64 h = 0; h < H; h++) { lg[h] = expf(lg[h] - mx); z += lg[h]; }
+    for (i64 h = 0; h < H; h++) lg[h] = lg[h] / z * m;
+}
+
+/* out = -Pi w n / (n + M), n = N + EPS_STAT; with update, M += Pi w^2 first */
+static inline void tok_out(const float *x, float *o, float Pt, float *M, float n, i64 p, int update) {
+    if (update) {
+        #pragma omp simd
+        for (i64 i = 0; i < p; i++) { M[i] += Pt * (x[i] * x[i]); o[i] = -Pt * x[i] * n / (n + M[i]); }
+    } else {
+        #pragma omp simd
+        for (i64 i = 0; i < p; i++) o[i] = -Pt * x[i] * n / (n + M[i]);
+    }
+}
+
+/* Pi path of the backward at one token (tokens walked backwards). D = n / (n + M),
+   gM = g Pi w D^2 / n, gN = -sum_i gM M / n; with update, GM += gM (suffix sums). Writes
+   o = Pi (2 w GM - D g); returns sum_i (GM w^2 - g w D) and adds gN to *gN_out. */
+static inline float tok_grad_pi(const float *x, const float *g, float Pt, const float *M, float n,
+                                float *GM, float *o, i64 p, int update, float *gN_out) {
+    float inv_n = 1.f / n, gN = 0.f, acc = 0.f;
+    #pragma omp simd reduction(+:gN, acc)
+    for (i64 i = 0; i < p; i++) {
+        float D = n / (n + M[i]), gM = g[i] * Pt * x[i] * D * D * inv_n;
+        if (update) GM[i] += gM;
+        gN -= gM * M[i] * inv_n;
+        acc += GM[i] * (x[i] * x[i]) - g[i] * x[i] * D;
+        o[i] = Pt * (2.f * x[i] * GM[i] - D * g[i]);
+    }
+    *gN_out += gN;
+    return acc;
+}
+
+/* S path of the backward at one token: gS = -R w^2 A^2, A = 1 / (S + EPS_NORM). With
+   update, GS += gS (suffix sums); if o, o += 2 w (R A + GS); if part, part += gS. */
+static inline void tok_grad_s(const float *x, const float *S, float R, float *GS, float *o, float *part,
+                              i64 p, int update) {
+    #pragma omp simd
+    for (i64 i = 0; i < p; i++) {
+        float A = 1.f / (S[i] + EPS_NORM), gS = -R * (x[i] * x[i]) * A * A;
+        if (update) GS[i] += gS;
+        if (part) part[i] += gS;
+        if (o) o[i] += 2.f * x[i] * (R * A + GS[i]);
+    }
+}
+
+/* softmax backward across heads at one token: gl = Pi (gpi - sum_h Pi gpi) */
+static inline void tok_softmax_grad(const float *Pt, const float *gpi, float *gl, i64 H) {
+    float dot = 0.f;
+    for (i64 h = 0; h < H; h++) dot += Pt[h] * gpi[h];
+    for (i64 h = 0; h < H; h++) gl[h] = Pt[h] * (gpi[h] - dot);
+}
+
+/* Rebuild the prefix sums of chunk [t0, t1) from its carries: rows of H*p (M, S) and H (N). */
+static void rebuild(const float *w, const i64 *sw, const float *pi, i64 b, i64 H, i64 T, i64 p,
+                    i64 t0, i64 t1, const float *cM, const float *cN, const float *cS,
+                    float *Mbuf, float *Nbuf, float *Sbuf) {
+    for (i64 t = t0; t < t1; t++) {
+        i64 k = t - t0;
+        const float *Mp = k ? Mbuf + (k - 1) * H * p : cM, *Np = k ? Nbuf + (k - 1) * H : cN;
+        const float *Sp = k ? Sbuf + (k - 1) * H * p : cS;
+        for (i64 h = 0; h < H; h++) {
+            const float *x = AT(w, sw, b, h, t), *Mph = Mp + h * p, *Sph = Sp + h * p;
+            float *St = Sbuf + (k * H + h) * p;
+            if (Mbuf) {
+                float *Mt = Mbuf + (k * H + h) * p, Pt = BHT(pi, b, h, t);
+                Nbuf[k * H + h] = Np[h] + Pt;
+                #pragma omp simd
+                for (i64 i = 0; i < p; i++) Mt[i] = Mph[i] + Pt * (x[i] * x[i]);
+            }
+            #pragma omp simd
+            for (i64 i = 0; i < p; i++) St[i] = Sph[i] + x[i] * x[i];
+        }
+    }
+}
+
+/* Chunk totals -> carries, in place, per batch row, for each of K values per chunk.
+   mode 0: sum of the EARLIER chunks; 1: sum of the LATER chunks; 2: the total (non-causal). */
+void tssa_carry(float *part, i64 B, i64 nC, i64 K, int mode) {
+    float *acc = malloc(K * sizeof(float));
+    for (i64 b = 0; b < B; b++) {
+        float *base = part + b * nC * K;
+        memset(acc, 0, K * sizeof(float));
+        if (mode == 2) {
+            for (i64 c = 0; c < nC; c++) for (i64 k = 0; k < K; k++) acc[k] += base[c * K + k];
+            for (i64 c = 0; c < nC; c++) memcpy(base + c * K, acc, K * sizeof(float));
+            continue;
+        }
+        for (i64 j = 0; j < nC; j++) {
+            float *row = base + (mode == 0 ? j : nC - 1 - j) * K;
+            for (i64 k = 0; k < K; k++) { float v = row[k]; row[k] = acc[k]; acc[k] += v; }
+        }
+    }
+    free(acc);
+}
+
+/* ---- chunk-parallel kernels: work items (b, chunk), carries between passes ---- */
+
+/* F1: partS[b, c, h] = sum over the chunk of w^2 */
+void tssa_sum_sq(const float *w, const i64 *sw, const i64 *d, float *partS, int nth) {
+    DIMS;
+    #pragma omp parallel for num_threads(nth) schedule(dynamic, 1)
+    FOR_ITEMS {
+        ITEM;
+        float *PS = CHUNK(partS, b, c);
+        memset(PS, 0, H * p * sizeof(float));
+        for (i64 t = t0; t < t1; t++)
+            for (i64 h = 0; h < H; h++) {
+                const float *x = AT(w, sw, b, h, t);
+                float *Ps = PS + h * p;
+                #pragma omp simd
+                for (i64 i = 0; i < p; i++) Ps[i] += x[i] * x[i];
+            }
+    }
+}
+
+/* F2: u = sum_i w^2/(S + EPS_NORM) + p bias, Pi = softmax over heads of temp u (times the
+   mask), chunk totals of Pi w^2 and Pi. S = carry + running sum (causal) or the total. */
+void tssa_fwd_pi(const float *w, const i64 *sw, const float *mask, const float *temp,
+                 const float *bias, const i64 *sbias, const i64 *d, const float *cS,
+                 float *pi, float *u, float *partM, float *partN, int nth) {
+    DIMS;
+    #pragma omp parallel num_threads(nth)
+    {
+        float *S = malloc(H * p * sizeof(float)), *lg = malloc(H * sizeof(float));
+        #pragma omp for schedule(dynamic, 1)
+        FOR_ITEMS {
+            ITEM;
+            float *PM = CHUNK(partM, b, c), *PN = CHUNK1(partN, b, c);
+            memcpy(S, CHUNK(cS, b, c), H * p * sizeof(float));
+            memset(PM, 0, H * p * sizeof(float));
+            memset(PN, 0, H * sizeof(float));
+            for (i64 t = t0; t < t1; t++) {
+                for (i64 h = 0; h < H; h++) {
+                    float acc = tok_stats(AT(w, sw, b, h, t), S + h * p, p, causal);
+                    if (bias) acc += (float)p * bias[h * sbias[0] + t * sbias[1]];
+                    BHT(u, b, h, t) = acc;
+                    lg[h] = temp[h] * acc;
+                }
+                tok_softmax(lg, H, mask ? mask[b * T + t] : 1.f);
+                for (i64 h = 0; h < H; h++) {
+                    const float *x = AT(w, sw, b, h, t);
+                    float Pt = lg[h], *Pm = PM + h * p;
+                    BHT(pi, b, h, t) = Pt;
+                    PN[h] += Pt;
+                    #pragma omp simd
+                    for (i64 i = 0; i < p; i++) Pm[i] += Pt * (x[i] * x[i]);
+                }
+            }
+        }
+        free(S); free(lg);
+    }
+}
+
+/* F3: out from Pi and M, N = carry + running sums (causal) or the totals */
+void tssa_fwd_out(const float *w, const i64 *sw, const float *pi, const i64 *d, const float *cM,
+                  const float *cN, float *out, const i64 *so, int nth) {
+    DIMS;
+    #pragma omp parallel num_threads(nth)
+    {
+        float *M = malloc(H * p * sizeof(float)), *N = malloc(H * sizeof(float));
+        #pragma omp for schedule(dynamic, 1)
+        FOR_ITEMS {
+            ITEM;
+            memcpy(M, CHUNK(cM, b, c), H * p * sizeof(float));
+            memcpy(N, CHUNK1(cN, b, c), H * sizeof(float));
+            for (i64 t = t0; t < t1; t++)
+                for (i64 h = 0; h < H; h++) {
+                    float Pt = BHT(pi, b, h, t);
+                    if (causal) N[h] += Pt;
+                    tok_out(AT(w, sw, b, h, t), AT(out, so, b, h, t), Pt, M + h * p, N[h] + EPS_STAT, p, causal);
+                }
+        }
+        free(M); free(N);
+    }
+}
+
+/* B1: chunk totals of gM and gN */
+void tssa_bwd_sum_gm(const float *w, const i64 *sw, const float *g, const i64 *sg, const float *pi,
+                     const i64 *d, const float *cM, const float *cN, float *partGM, float *partGN, int nth) {
+    DIMS;
+    #pragma omp parallel num_threads(nth)
+    {
+        float *M = malloc(H * p * sizeof(float)), *N = malloc(H * sizeof(float)), *o = malloc(p * sizeof(float));
+        #pragma omp for schedule(dynamic, 1)
+        FOR_ITEMS {
+            ITEM;
+            float *PGM = CHUNK(partGM, b, c), *PGN = CHUNK1(partGN, b, c);
+            memcpy(M, CHUNK(cM, b, c), H * p * sizeof(float));
+            memcpy(N, CHUNK1(cN, b, c), H * sizeof(float));
+            memset(PGM, 0, H * p * sizeof(float));
+            memset(PGN, 0, H * sizeof(float));
+            for (i64 t = t0; t < t1; t++)
+                for (i64 h = 0; h < H; h++) {
+                    const float *x = AT(w, sw, b, h, t);
+                    float *Mh = M + h * p, Pt = BHT(pi, b, h, t);
+                    if (causal) {
+                        N[h] += Pt;
+                        #pragma omp simd
+                        for (i64 i = 0; i < p; i++) Mh[i] += Pt * (x[i] * x[i]);
+                    }
+                    /* GM accumulates the chunk total of gM (o is scratch) */
+                    tok_grad_pi(x, AT(g, sg, b, h, t), Pt, Mh, N[h] + EPS_STAT, PGM + h * p, o, p, 1, PGN + h);
+                }
+        }
+        free(M); free(N); free(o);
+    }
+}
+
+/* B2, tokens walked backwards: dL/dPi, softmax backward (gl stored, gtemp partials), the Pi
+   path of gw, chunk totals of gS. */
+void tssa_bwd_pi(const float *w, const i64 *sw, const float *g, const i64 *sg, const float *pi,
+                 const float *u, const float *temp, const i64 *d, const float *cS, const float *cM,
+                 const float *cN, const float *cGM, const float *cGN, float *gw, const i64 *sgw,
+                 float *gl, float *partGS, float *gtemp_part, int nth) {
+    DIMS;
+    #pragma omp parallel num_threads(nth)
+    {
+        float *Mbuf = malloc(L * H * p * sizeof(float)), *Sbuf = malloc(L * H * p * sizeof(float));
+        float *Nbuf = malloc(L * H * sizeof(float)), *GM = malloc(H * p * sizeof(float));
+        float *GN = malloc(H * sizeof(float)), *gpi = malloc(H * sizeof(float));
+        float *Pt = malloc(H * sizeof(float)), *glt = malloc(H * sizeof(float));
+        #pragma omp for schedule(dynamic, 1)
+        FOR_ITEMS {
+            ITEM;
+            float *PGS = CHUNK(partGS, b, c), *gtp = gtemp_part + bc * H;
+            if (causal) rebuild(w, sw, pi, b, H, T, p, t0, t1, CHUNK(cM, b, c), CHUNK1(cN, b, c), CHUNK(cS, b, c), Mbuf, Nbuf, Sbuf);
+            memcpy(GM, CHUNK(cGM, b, c), H * p * sizeof(float));
+            memcpy(GN, CHUNK1(cGN, b, c), H * sizeof(float));
+            memset(PGS, 0, H * p * sizeof(float));
+            memset(gtp, 0, H * sizeof(float));
+            for (i64 t = t1 - 1; t >= t0; t--) {
+                i64 k = t - t0;
+                const float *M = causal ? Mbuf + k * H * p : CHUNK(cM, b, c);
+                const float *N = causal ? Nbuf + k * H : CHUNK1(cN, b, c);
+                const float *S = causal ? Sbuf + k * H * p : CHUNK(cS, b, c);
+                for (i64 h = 0; h < H; h++) {
+                    float gN = 0.f;
+                    Pt[h] = BHT(pi, b, h, t);
+                    float acc = tok_grad_pi(AT(w, sw, b, h, t), AT(g, sg, b, h, t), Pt[h], M + h * p, N[h] + EPS_STAT,
+                                            GM + h * p, AT(gw, sgw, b, h, t), p, causal, &gN);
+                    if (causal) GN[h] += gN;
+                    gpi[h] = acc + GN[h];
+                }
+                tok_softmax_grad(Pt, gpi, glt, H);
+                for (i64 h = 0; h < H; h++) {
+                    BHT(gl, b, h, t) = glt[h];
+                    gtp[h] += glt[h] * BHT(u, b, h, t);
+                    tok_grad_s(AT(w, sw, b, h, t), S + h * p, temp[h] * glt[h], NULL, NULL, PGS + h * p, p, 0);
+                }
+            }
+        }
+        free(Mbuf); free(Sbuf); free(Nbuf); free(GM); free(GN); free(gpi); free(Pt); free(glt);
+    }
+}
+
+/* B3, tokens walked backwards: gw += 2 w (R A + G_S), R = temp gl */
+void tssa_bwd_w(const float *w, const i64 *sw, const float *gl, const float *temp, const i64 *d,
+                const float *cS, const float *cGS, float *gw, const i64 *sgw, int nth) {
+    DIMS;
+    #pragma omp parallel num_threads(nth)
+    {
+        float *Sbuf = malloc(L * H * p * sizeof(float)), *GS = malloc(H * p * sizeof(float));
+        #pragma omp for schedule(dynamic, 1)
+        FOR_ITEMS {
+            ITEM;
+            if (causal) rebuild(w, sw, NULL, b, H, T, p, t0, t1, NULL, NULL, CHUNK(cS, b, c), NULL, NULL, Sbuf);
+            memcpy(GS, CHUNK(cGS, b, c), H * p * sizeof(float));
+            for (i64 t = t1 - 1; t >= t0; t--) {
+                const float *S = causal ? Sbuf + (t - t0) * H * p : CHUNK(cS, b, c);
+                for (i64 h = 0; h < H; h++)
+                    tok_grad_s(AT(w, sw, b, h, t), S + h * p, temp[h] * BHT(gl, b, h, t), GS + h * p,
+                               AT(gw, sgw, b, h, t), NULL, p, causal);
+            }
+        }
+        free(Sbuf); free(GS);
+    }
+}
+
+/* ---- sequential causal kernels: one work item per batch row, one pass each way ---- */
+
+/* Forward in one pass; the running sums before every chunk are saved as cS, cM, cN (the
+   same carries the chunked forward makes), for the backward to rebuild from. */
+void tssa_seq_fwd(const float *w, const i64 *sw, const float *temp, const float *bias, const i64 *sbias,
+                  const i64 *d, float *pi, float *u, float *out, const i64 *so, float *cS, float *cM,
+                  float *cN, int nth) {
+    DIMS;
+    #pragma omp parallel num_threads(nth)
+    {
+        float *S = malloc(H * p * sizeof(float)), *M = malloc(H * p * sizeof(float));
+        float *N = malloc(H * sizeof(float)), *lg = malloc(H * sizeof(float));
+        #pragma omp for schedule(dynamic, 1)
+        for (i64 b = 0; b < B; b++) {
+            memset(S, 0, H * p * sizeof(float));
+            memset(M, 0, H * p * sizeof(float));
+            memset(N, 0, H * sizeof(float));
+            for (i64 t = 0; t < T; t++) {
+                if (t % L == 0) {
+                    memcpy(CHUNK(cS, b, t / L), S, H * p * sizeof(float));
+                    memcpy(CHUNK(cM, b, t / L), M, H * p * sizeof(float));
+                    memcpy(CHUNK1(cN, b, t / L), N, H * sizeof(float));
+                }
+                for (i64 h = 0; h < H; h++) {
+                    float acc = tok_stats(AT(w, sw, b, h, t), S + h * p, p, 1);
+                    if (bias) acc += (float)p * bias[h * sbias[0] + t * sbias[1]];
+                    BHT(u, b, h, t) = acc;
+                    lg[h] = temp[h] * acc;
+                }
+                tok_softmax(lg, H, 1.f);
+                for (i64 h = 0; h < H; h++) {
+                    BHT(pi, b, h, t) = lg[h];
+                    N[h] += lg[h];
+                    tok_out(AT(w, sw, b, h, t), AT(out, so, b, h, t), lg[h], M + h * p, N[h] + EPS_STAT, p, 1);
+                }
+            }
+        }
+        free(S); free(M); free(N); free(lg);
+    }
+}
+
+/* Backward in one reverse pass: chunk by chunk from the end, rebuild its prefix sums, then
+   walk its tokens backwards carrying the suffix sums GM, GN, GS. */
+void tssa_seq_bwd(const float *w, const i64 *sw, const float *g, const i64 *sg, const float *pi,
+                  const float *u, const float *temp, const i64 *d, const float *cS, const float *cM,
+                  const float *cN, float *gw, const i64 *sgw, float *gl, float *gtemp_part, int nth) {
+    DIMS;
+    #pragma omp parallel num_threads(nth)
+    {
+        float *Mbuf = malloc(L * H * p * sizeof(float)), *Sbuf = malloc(L * H * p * sizeof(float));
+        float *Nbuf = malloc(L * H * sizeof(float)), *GM = malloc(H * p * sizeof(float));
+        float *GS = malloc(H * p * sizeof(float)), *GN = malloc(H * sizeof(float));
+        float *gpi = malloc(H * sizeof(float)), *Pt = malloc(H * sizeof(float)), *glt = malloc(H * sizeof(float));
+        #pragma omp for schedule(dynamic, 1)
+        for (i64 b = 0; b < B; b++) {
+            float *gtp = gtemp_part + b * H;
+            memset(GM, 0, H * p * sizeof(float));
+            memset(GS, 0, H * p * sizeof(float));
+            memset(GN, 0, H * sizeof(float));
+            memset(gtp, 0, H * sizeof(float));
+            for (i64 c = nC - 1; c >= 0; c--) {
+                i64 t0 = c * L, t1 = t0 + L < T ? t0 + L : T;
+                rebuild(w, sw, pi, b, H, T, p, t0, t1, CHUNK(cM, b, c), CHUNK1(cN, b, c), CHUNK(cS, b, c), Mbuf, Nbuf, Sbuf);
+                for (i64 t = t1 - 1; t >= t0; t--) {
+                    i64 k = t - t0;
+                    for (i64 h = 0; h < H; h++) {
+                        float gN = 0.f;
+                        Pt[h] = BHT(pi, b, h, t);
+                        float acc = tok_grad_pi(AT(w, sw, b, h, t), AT(g, sg, b, h, t), Pt[h], Mbuf + (k * H + h) * p,
+                                                Nbuf[k * H + h] + EPS_STAT, GM + h * p, AT(gw, sgw, b, h, t), p, 1, &gN);
+                        GN[h] += gN;
+                        gpi[h] = acc + GN[h];
+                    }
+                    tok_softmax_grad(Pt, gpi, glt, H);
+                    for (i64 h = 0; h < H; h++) {
+                        BHT(gl, b, h, t) = glt[h];
+                        gtp[h] += glt[h] * BHT(u, b, h, t);
+                        tok_grad_s(AT(w, sw, b, h, t), Sbuf + (k * H + h) * p, temp[h] * glt[h], GS + h * p,
+                                   AT(gw, sgw, b, h, t), NULL, p, 1);
+                    }
+                }
+            }
+        }
+        free(Mbuf); free(Sbuf); free(Nbuf); free(GM); free(GS); free(GN); free(gpi); free(Pt); free(glt);
+    }
+}
+
+/* One decoding step for (B, H, p) contiguous tensors; the state is updated in place. */
+void tssa_step(const float *w, const float *temp, const float *bias, float *sum_sq, float *sum_pi_sq,
+               float *sum_pi, float *out, float *pi, i64 B, i64 H, i64 p) {
+    for (i64 b = 0; b < B; b++) {
+        float *lg = pi + b * H;
+        for (i64 h = 0; h < H; h++)
+            lg[h] = temp[h] * (tok_stats(w + (b * H + h) * p, sum_sq + (b * H + h) * p, p, 1) + (float)p * bias[h]);
+        tok_softmax(lg, H, 1.f);
+        for (i64 h = 0; h < H; h++) {
+            sum_pi[b * H + h] += lg[h];
+            tok_out(w + (b * H + h) * p, out + (b * H + h) * p, lg[h], sum_pi_sq + (b * H + h) * p,
+                    sum_pi[b * H + h] + EPS_STAT, p, 1);
+        }
+    }
+}
+"""
+
+C_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c99"]
+_c_lib_cache = []  # [lib or None] once tried
+
+
+def _cache_dir():
+    root = os.environ.get("NANOTOST_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nanotost")
+    try:
+        os.makedirs(root, exist_ok=True)
+        return root
+    except OSError:
+        return tempfile.gettempdir()
+
+
+def _cpu_signature():  # -march=native code must not be reused on another CPU model
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [l for l in f if l.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = [platform.processor()]
+    return "".join(lines) + platform.machine()
+
+
+def c_library():
+    """The compiled C kernels (ctypes.CDLL), or None if no C compiler could build them
+    (then the CPU falls back to model.py's reference; impl="fast" uses the "torch" back end).
+    Built once into ~/.cache/nanotost (or $NANOTOST_CACHE) keyed by source, flags and CPU."""
+    if _c_lib_cache:
+        return _c_lib_cache[0]
+    lib = None
+    if os.environ.get("NANOTOST_NO_C") != "1":
+        key = hashlib.sha256((C_SOURCE + " ".join(C_FLAGS) + _cpu_signature()).encode()).hexdigest()[:16]
+        path = os.path.join(_cache_dir(), f"fast_tssa_{key}.so")
+        try:
+            if not os.path.exists(path):
+                cc = os.environ.get("CC", "cc")
+                with tempfile.TemporaryDirectory() as tmp:
+                    src, tmp_so = os.path.join(tmp, "fast_tssa.c"), os.path.join(tmp, "fast_tssa.so")
+                    with open(src, "w") as f:
+                        f.write(C_SOURCE)
+                    subprocess.run([cc, *C_FLAGS, src, "-o", tmp_so, "-lm"], check=True, capture_output=True, timeout=120)
+                    staged = f"{path}.{os.getpid()}.tmp"
+                    with open(tmp_so, "rb") as f_in, open(staged, "wb") as f_out:
+                        f_out.write(f_in.read())
+                    os.replace(staged, path)  # atomic: parallel test workers never see half a file
+            lib = ctypes.CDLL(path)
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = getattr(e, "stderr", b"") or b""
+            warnings.warn(f"fast_tssa: could not build the C kernels ({e}; {detail.decode(errors='replace')[-300:]}); "
+                          "CPU runs use the PyTorch reference. Install a C compiler with OpenMP (gcc) to enable them.")
+            lib = None
+    _c_lib_cache.append(lib)
+    return lib
+
+
+def _ptr(t):  # a tensor's data pointer for ctypes (None -> NULL)
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def _strides(t):  # element strides of the B, H, T dims of a (B, H, T, p) tensor
+    return (ctypes.c_longlong * 3)(*t.stride()[:3])
+
+
+def _nthreads():
+    return ctypes.c_int(max(1, torch.get_num_threads()))
+
+
+class CKernels:
+    name = "cpu"
+    L = 128  # tokens per work item: two (L, H, p) fp32 rebuild buffers stay in L2
+
+    @staticmethod
+    def prepare(w):  # fp32 with unit stride along p, any strides otherwise (no copy in the model)
+        w = w.float()
+        return w if w.stride(-1) == 1 else w.contiguous()
+
+    @staticmethod
+    def _dims(wk, causal):
+        B, H, T, p = wk.shape
+        nC = -(-T // CKernels.L)
+        return B, H, T, p, nC, (ctypes.c_longlong * 6)(B, H, T, p, CKernels.L, int(causal))
+
+    @staticmethod
+    def sequential(B, causal, mask=None):
+        """One pass each way per batch row when every thread can have a row (or there is
+        one thread); otherwise chunks of L tokens in parallel with carries between passes."""
+        return causal and mask is None and (B >= torch.get_num_threads() or torch.get_num_threads() == 1)
+
+    @staticmethod
+    def forward(w, temp, bias, mask, causal):
+        lib, nth = c_library(), _nthreads()
+        wk = CKernels.prepare(w)
+        B, H, T, p, nC, d = CKernels._dims(wk, causal)
+        sw, mode = _strides(wk), ctypes.c_int(0 if causal else 2)
+        carry = lambda part, K: lib.tssa_carry(_ptr(part), *(ctypes.c_longlong(n) for n in (B, nC, K)), mode)
+        temp = temp.float().contiguous()
+        bias = None if bias is None else bias.float()
+        sbias = None if bias is None else (ctypes.c_longlong * 2)(*bias.stride())
+        pi, u = torch.empty(B, H, T), torch.empty(B, H, T)
+        cS, cM, cN = torch.empty(B, nC, H, p), torch.empty(B, nC, H, p), torch.empty(B, nC, H)
+        out = torch.empty_like(wk)  # same strides as w: merging the heads afterwards is a view
+        if CKernels.sequential(B, causal, mask):
+            lib.tssa_seq_fwd(_ptr(wk), sw, _ptr(temp), _ptr(bias), sbias, d, _ptr(pi), _ptr(u), _ptr(out),
+                             _strides(out), _ptr(cS), _ptr(cM), _ptr(cN), nth)
+            return out.to(w.dtype), pi, u, (cS, cM, cN)
+        lib.tssa_sum_sq(_ptr(wk), sw, d, _ptr(cS), nth)
+        carry(cS, H * p)
+        mask = None if mask is None else mask.float().contiguous()
+        lib.tssa_fwd_pi(_ptr(wk), sw, _ptr(mask), _ptr(temp), _ptr(bias), sbias, d, _ptr(cS),
+                        _ptr(pi), _ptr(u), _ptr(cM), _ptr(cN), nth)
+        carry(cM, H * p)
+        carry(cN, H)
+        lib.tssa_fwd_out(_ptr(wk), sw, _ptr(pi), d, _ptr(cM), _ptr(cN), _ptr(out), _strides(out), nth)
+        return out.to(w.dtype), pi, u, (cS, cM, cN)
+
+    @staticmethod
+    def backward(w, g, temp, pi, u, mask, saved, causal):
+        lib, nth = c_library(), _nthreads()
+        wk, g = CKernels.prepare(w), CKernels.prepare(g)
+        B, H, T, p, nC, d = CKernels._dims(wk, causal)
+        sw, sg, mode = _strides(wk), _strides(g), ctypes.c_int(1 if causal else 2)
+        carry = lambda part, K: lib.tssa_carry(_ptr(part), *(ctypes.c_longlong(n) for n in (B, nC, K)), mode)
+        cS, cM, cN = saved
+        temp32 = temp.float().contiguous()
+        gw, gl = torch.empty_like(wk), torch.empty(B, H, T)
+        if CKernels.sequential(B, causal, mask):
+            gtemp_part = torch.empty(B, H)
+            lib.tssa_seq_bwd(_ptr(wk), sw, _ptr(g), sg, _ptr(pi), _ptr(u), _ptr(temp32), d, _ptr(cS), _ptr(cM),
+                             _ptr(cN), _ptr(gw), _strides(gw), _ptr(gl), _ptr(gtemp_part), nth)
+        else:
+            cGM, cGN = torch.empty(B, nC, H, p), torch.empty(B, nC, H)
+            lib.tssa_bwd_sum_gm(_ptr(wk), sw, _ptr(g), sg, _ptr(pi), d, _ptr(cM), _ptr(cN), _ptr(cGM), _ptr(cGN), nth)
+            carry(cGM, H * p)
+            carry(cGN, H)
+            cGS, gtemp_part = torch.empty(B, nC, H, p), torch.empty(B * nC, H)
+            lib.tssa_bwd_pi(_ptr(wk), sw, _ptr(g), sg, _ptr(pi), _ptr(u), _ptr(temp32), d, _ptr(cS), _ptr(cM),
+                            _ptr(cN), _ptr(cGM), _ptr(cGN), _ptr(gw), _strides(gw), _ptr(gl), _ptr(cGS),
+                            _ptr(gtemp_part), nth)
+            carry(cGS, H * p)
+            lib.tssa_bwd_w(_ptr(wk), sw, _ptr(gl), _ptr(temp32), d, _ptr(cS), _ptr(cGS), _ptr(gw), _strides(gw), nth)
+        return gw.to(w.dtype), gtemp_part.sum(0), p * temp32.view(H, 1) * gl.sum(0)
+
+    @staticmethod
+    def step(w_t, temp, bias, state):
+        """One decoding token: w_t (B, H, p); state tensors fp32 contiguous, updated in place."""
+        B, H, p = w_t.shape
+        x = w_t.float().contiguous()
+        temp, bias = temp.float().contiguous(), bias.float().contiguous()
+        out, pi = torch.empty(B, H, p), torch.empty(B, H)
+        ll = ctypes.c_longlong
+        c_library().tssa_step(_ptr(x), _ptr(temp), _ptr(bias), _ptr(state.sum_sq), _ptr(state.sum_pi_sq),
+                              _ptr(state.sum_pi), _ptr(out), _ptr(pi), ll(B), ll(H), ll(p))
+        return out.to(w_t.dtype), pi
+
+
+# -----------------------------------------------------------------------------
+# 3. Back end "triton": chunked kernels (CUDA; TRITON_INTERPRET=1 runs them on CPU)
+#
+# Every kernel runs on a grid (B * H, chunks of BLOCK_T tokens) and loads one (BLOCK_T, P)
+# tile of w (P = p rounded up to a power of two, masked). A running sum over tokens is
+# (scan inside the tile) + (carry = exclusive prefix of the chunk totals, computed between
+# kernels by a tiny torch cumsum over the chunk axis). Non-causal: the carry is the total
+# and no scan is needed (CAUSAL=False). Statistics in fp32; w, out, g, dw in their dtype.
+
+if triton is not None:
+
+    @triton.jit
+    def _tile(ptr, s_b, s_h, s_t, pid_bh, H, t0, T, p, BT: tl.constexpr, P: tl.constexpr):
+        """Load the (BT, P) tile of a (B, H, T, p) tensor at tokens t0.., as fp32, zero-padded."""
+        b, h = pid_bh // H, pid_bh % H
+        t = t0 + tl.arange(0, BT)
+        i = tl.arange(0, P)
+        offs = b.to(tl.int64) * s_b + h.to(tl.int64) * s_h + t[:, None].to(tl.int64) * s_t + i[None, :]
+        m = (t[:, None] < T) & (i[None, :] < p)
+        return tl.load(ptr + offs, mask=m, other=0.0).to(tl.float32), offs, m
+
+    @triton.jit
+    def _row(ptr, pid_bh, t0, T, BT: tl.constexpr):
+        """Load tokens t0.. of row pid_bh of a contiguous (B*H, T) fp32 tensor."""
+        t = t0 + tl.arange(0, BT)
+        return tl.load(ptr + pid_bh.to(tl.int64) * T + t, mask=t < T, other=0.0)
+
+    @triton.jit
+    def _carry(ptr, pid_bh, c, nC, p, P: tl.constexpr):
+        """Load the (p,) carry of chunk c from a contiguous (B*H, nC, p) fp32 tensor."""
+        i = tl.arange(0, P)
+        return tl.load(ptr + (pid_bh.to(tl.int64) * nC + c) * p + i, mask=i < p, other=0.0)
+
+    @triton.jit
+    def _store_chunk_total(ptr, x, pid_bh, c, nC, p, P: tl.constexpr):
+        i = tl.arange(0, P)
+        tl.store(ptr + (pid_bh.to(tl.int64) * nC + c) * p + i, tl.sum(x, axis=0), mask=i < p)
+
+    @triton.jit
+    def _k_sum_q(w_ptr, s_b, s_h, s_t, part_ptr, H, T, p, nC, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        _store_chunk_total(part_ptr, x * x, pid_bh, c, nC, p, P)
+
+    @triton.jit
+    def _k_stats(w_ptr, s_b, s_h, s_t, carry_ptr, r_ptr, H, T, p, nC,
+                 CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        q = x * x
+        S = _carry(carry_ptr, pid_bh, c, nC, p, P)[None, :]
+        if CAUSAL:
+            S = S + tl.cumsum(q, axis=0)
+        r = tl.sum(q / (S + 1e-12), axis=1)
+        t = c * BT + tl.arange(0, BT)
+        tl.store(r_ptr + pid_bh.to(tl.int64) * T + t, r, mask=t < T)
+
+    @triton.jit
+    def _k_sum_pi(w_ptr, s_b, s_h, s_t, pi_ptr, partM_ptr, partN_ptr, H, T, p, nC,
+                  BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
+        _store_chunk_total(partM_ptr, Pt[:, None] * (x * x), pid_bh, c, nC, p, P)
+        tl.store(partN_ptr + pid_bh.to(tl.int64) * nC + c, tl.sum(Pt, axis=0))
+
+    @triton.jit
+    def _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL: tl.constexpr, P: tl.constexpr):
+        """M (BT, P) and n = N + EPS_STAT (BT, 1) at every token of the tile."""
+        M = _carry(cM_ptr, pid_bh, c, nC, p, P)[None, :]
+        N = tl.load(cN_ptr + pid_bh.to(tl.int64) * nC + c)
+        if CAUSAL:
+            M = M + tl.cumsum(Pt[:, None] * (x * x), axis=0)
+            n = (N + tl.cumsum(Pt, axis=0))[:, None] + 1e-8
+        else:
+            n = (N + tl.zeros_like(Pt))[:, None] + 1e-8
+        return M, n
+
+    @triton.jit
+    def _k_apply(w_ptr, s_b, s_h, s_t, pi_ptr, cM_ptr, cN_ptr, out_ptr, o_b, o_h, o_t, H, T, p, nC,
+                 CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
+        M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        out = -Pt[:, None] * x * n / (n + M)
+        b, h = pid_bh // H, pid_bh % H
+        t = c * BT + tl.arange(0, BT)
+        offs = b.to(tl.int64) * o_b + h.to(tl.int64) * o_h + t[:, None].to(tl.int64) * o_t + tl.arange(0, P)[None, :]
+        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _gm(x, g, Pt, M, n):
+        """Per-token dL/dM (BT, P), dL/dN (BT,) and D = 1 / (1 + M/n)."""
+        D = n / (n + M)
+        gM = g * Pt[:, None] * x * D * D / n
+        gN = -tl.sum(gM * M / n, axis=1)
+        return gM, gN, D
+
+    @triton.jit
+    def _k_sum_gm(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, cM_ptr, cN_ptr, partM_ptr, partN_ptr,
+                  H, T, p, nC, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
+        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
+        M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        gM, gN, _ = _gm(x, g, Pt, M, n)
+        _store_chunk_total(partM_ptr, gM, pid_bh, c, nC, p, P)
+        tl.store(partN_ptr + pid_bh.to(tl.int64) * nC + c, tl.sum(gN, axis=0))
+
+    @triton.jit
+    def _suffix_gm(x, g, Pt, M, n, cGM_ptr, cGN_ptr, pid_bh, c, nC, p, CAUSAL: tl.constexpr, P: tl.constexpr):
+        """Suffix sums G_M (BT, P), G_N (BT,) of dL/dM, dL/dN over tokens >= t, and D."""
+        gM, gN, D = _gm(x, g, Pt, M, n)
+        GM = _carry(cGM_ptr, pid_bh, c, nC, p, P)[None, :]
+        GN = tl.load(cGN_ptr + pid_bh.to(tl.int64) * nC + c) + tl.zeros_like(gN)
+        if CAUSAL:
+            GM = GM + tl.cumsum(gM, axis=0, reverse=True)
+            GN = GN + tl.cumsum(gN, axis=0, reverse=True)
+        return GM, GN, D
+
+    @triton.jit
+    def _k_grad_pi(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, cM_ptr, cN_ptr, cGM_ptr, cGN_ptr, gpi_ptr,
+                   H, T, p, nC, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
+        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
+        M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        GM, GN, D = _suffix_gm(x, g, Pt, M, n, cGM_ptr, cGN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        gpi = tl.sum(-g * x * D + GM * (x * x), axis=1) + GN
+        t = c * BT + tl.arange(0, BT)
+        tl.store(gpi_ptr + pid_bh.to(tl.int64) * T + t, gpi, mask=t < T)
+
+    @triton.jit
+    def _k_sum_gs(w_ptr, s_b, s_h, s_t, R_ptr, cS_ptr, part_ptr, H, T, p, nC,
+                  CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        Rt = _row(R_ptr, pid_bh, c * BT, T, BT)
+        q = x * x
+        S = _carry(cS_ptr, pid_bh, c, nC, p, P)[None, :]
+        if CAUSAL:
+            S = S + tl.cumsum(q, axis=0)
+        A = 1.0 / (S + 1e-12)
+        _store_chunk_total(part_ptr, -Rt[:, None] * q * A * A, pid_bh, c, nC, p, P)
+
+    @triton.jit
+    def _k_grad_w(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, R_ptr, cS_ptr, cM_ptr, cN_ptr, cGM_ptr,
+                  cGN_ptr, cGS_ptr, gw_ptr, o_b, o_h, o_t, H, T, p, nC,
+                  CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
+        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
+        Rt = _row(R_ptr, pid_bh, c * BT, T, BT)[:, None]
+        M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        GM, _, D = _suffix_gm(x, g, Pt, M, n, cGM_ptr, cGN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        q = x * x
+        S = _carry(cS_ptr, pid_bh, c, nC, p, P)[None, :]
+        if CAUSAL:
+            S = S + tl.cumsum(q, axis=0)
+        A = 1.0 / (S + 1e-12)
+        gS = -Rt * q * A * A
+        GS = _carry(cGS_ptr, pid_bh, c, nC, p, P)[None, :]
+        if CAUSAL:
+            GS = GS + tl.cumsum(gS, axis=0, reverse=True)
+        gw = Pt[:, None] * (2.0 * x * GM - D * g) + 2.0 * x * (Rt * A + GS)
+        b, h = pid_bh // H, pid_bh % H
+        t = c * BT + tl.arange(0, BT)
+        offs = b.to(tl.int64) * o_b + h.to(tl.int64) * o_h + t[:, None].to(tl.int64) * o_t + tl.arange(0, P)[None, :]
+        tl.store(gw_ptr + offs, gw.to(gw_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _k_step(w_ptr, temp_ptr, bias_ptr, bias_stride, ssq_ptr, spsq_ptr, sp_ptr, out_ptr, pi_ptr, H, p,
+                HP: tl.constexpr, P: tl.constexpr):
+        """One decoding token for one batch row: all heads at once (softmax across heads)."""
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.arange(0, HP)
+        i = tl.arange(0, P)
+        m = (h[:, None] < H) & (i[None, :] < p)
+        offs = b * H * p + h[:, None] * p + i[None, :]
+        x = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        q = x * x
+        S = tl.load(ssq_ptr + offs, mask=m, other=0.0) + q
+        tl.store(ssq_ptr + offs, S, mask=m)
+        temp = tl.load(temp_ptr + h, mask=h < H, other=0.0)
+        bias = tl.load(bias_ptr + h * bias_stride, mask=h < H, other=0.0)
+        logit = temp * (tl.sum(q / (S + 1e-12), axis=1) + p * bias)
+        logit = tl.where(h < H, logit, float("-inf"))
+        e = tl.exp(logit - tl.max(logit, axis=0))
+        Pt = e / tl.sum(e, axis=0)
+        N = tl.load(sp_ptr + b * H + h, mask=h < H, other=0.0) + Pt
+        tl.store(sp_ptr + b * H + h, N, mask=h < H)
+        M = tl.load(spsq_ptr + offs, mask=m, other=0.0) + Pt[:, None] * q
+        tl.store(spsq_ptr + offs, M, mask=m)
+        n = N[:, None] + 1e-8
+        tl.store(out_ptr + offs, (-Pt[:, None] * x * n / (n + M)).to(out_ptr.dtype.element_ty), mask=m)
+        tl.store(pi_ptr + b * H + h, Pt, mask=h < H)
+
+
+def _exclusive_prefix(part, causal):
+    """Carries from chunk totals (B*H, nC, ...): sum of all EARLIER chunks, or the total."""
+    if not causal:
+        return part.sum(1, keepdim=True).expand_as(part).contiguous()
+    return torch.cat([torch.zeros_like(part[:, :1]), part[:, :-1].cumsum(1)], 1)
+
+
+def _exclusive_suffix(part, causal):
+    """Carries from chunk totals: sum of all LATER chunks, or the total."""
+    if not causal:
+        return part.sum(1, keepdim=True).expand_as(part).contiguous()
+    return torch.cat([part[:, 1:].flip(1).cumsum(1).flip(1), torch.zeros_like(part[:, :1])], 1)
+
+
+class TritonKernels(TwoPassKernels):
+    name = "triton"
+
+    @staticmethod
+    def prepare(w):  # any float dtype is read as is; unit stride along p
+        return w if w.stride(-1) == 1 else w.contiguous()
+
+    @staticmethod
+    def _grid(wk):
+        B, H, T, p = wk.shape
+        P = triton.next_power_of_2(p)
+        BT = max(16, min(BLOCK_T, 8192 // P))  # a tile of at most 8K fp32 values
+        nC = triton.cdiv(T, BT)
+        return (B * H, nC), dict(BT=BT, P=P), (H, T, p, nC)
+
+    @staticmethod
+    def stats(wk, causal):
+        grid, meta, (H, T, p, nC) = TritonKernels._grid(wk)
+        part = torch.empty(grid[0], nC, p, device=wk.device)
+        _k_sum_q[grid](wk, *wk.stride()[:3], part, H, T, p, nC, **meta)
+        cS = _exclusive_prefix(part, causal)
+        r = torch.empty(wk.shape[:3], device=wk.device)
+        _k_stats[grid](wk, *wk.stride()[:3], cS, r, H, T, p, nC, CAUSAL=causal, **meta)
+        return r, (cS,)
+
+    @staticmethod
+    def apply(wk, pi, causal, out_dtype):
+        grid, meta, (H, T, p, nC) = TritonKernels._grid(wk)
+        pi = pi.contiguous()
+        partM = torch.empty(grid[0], nC, p, device=wk.device)
+        partN = torch.empty(grid[0], nC, device=wk.device)
+        _k_sum_pi[grid](wk, *wk.stride()[:3], pi, partM, partN, H, T, p, nC, **meta)
+        cM, cN = _exclusive_prefix(partM, causal), _exclusive_prefix(partN, causal)
+        out = torch.empty_like(wk, dtype=out_dtype)
+        _k_apply[grid](wk, *wk.stride()[:3], pi, cM, cN, out, *out.stride()[:3], H, T, p, nC, CAUSAL=causal, **meta)
+        return out, (cM, cN)
+
+    @staticmethod
+    def grad_pi(wk, g, pi, causal, saved_out):
+        grid, meta, (H, T, p, nC) = TritonKernels._grid(wk)
+        cM, cN = saved_out
+        g = TritonKernels.prepare(g)
+        partM = torch.empty(grid[0], nC, p, device=wk.device)
+        partN = torch.empty(grid[0], nC, device=wk.device)
+        args = (wk, *wk.stride()[:3], g, *g.stride()[:3], pi, cM, cN)
+        _k_sum_gm[grid](*args, partM, partN, H, T, p, nC, CAUSAL=causal, **meta)
+        cGM, cGN = _exclusive_suffix(partM, causal), _exclusive_suffix(partN, causal)
+        gpi = torch.empty(wk.shape[:3], device=wk.device)
+        _k_grad_pi[grid](*args, cGM, cGN, gpi, H, T, p, nC, CAUSAL=causal, **meta)
+        return gpi, (g, cGM, cGN)
+
+    @staticmethod
+    def grad_w(wk, g, pi, R, causal, saved_stats, saved_out, saved_pi, out_dtype):
+        grid, meta, (H, T, p, nC) = TritonKernels._grid(wk)
+        (cS,), (cM, cN), (g, cGM, cGN) = saved_stats, saved_out, saved_pi
+        R = R.contiguous()
+        part = torch.empty(grid[0], nC, p, device=wk.device)
+        _k_sum_gs[grid](wk, *wk.stride()[:3], R, cS, part, H, T, p, nC, CAUSAL=causal, **meta)
+        cGS = _exclusive_suffix(part, causal)
+        gw = torch.empty_like(wk, dtype=out_dtype)
+        _k_grad_w[grid](wk, *wk.stride()[:3], g, *g.stride()[:3], pi, R, cS, cM, cN, cGM, cGN, cGS, gw,
+                        *gw.stride()[:3], H, T, p, nC, CAUSAL=causal, **meta)
+        return gw
+
+    @staticmethod
+    def step(w_t, temp, bias, state):
+        B, H, p = w_t.shape
+        x = w_t.contiguous()
+        out = torch.empty_like(x)
+        pi = torch.empty(B, H, device=x.device)
+        _k_step[(B,)](x, temp.float().contiguous(), bias, bias.stride(0), state.sum_sq, state.sum_pi_sq,
+                      state.sum_pi, out, pi, H, p, HP=triton.next_power_of_2(H), P=triton.next_power_of_2(p))
+        return out, pi
+
+
+# -----------------------------------------------------------------------------
+# 4. The autograd.Function shared by every back end, and the entry points model.py calls
+
+
+class FusedTSSA(torch.autograd.Function):
+    """out, Pi = TSSA(w) with the hand-derived backward of the module docstring. Saves w, Pi
+    and u (B, H, T) and per-chunk carries, about 1/p of w besides w itself, where autograd
+    through the reference keeps ~10 tensors the size of w. bias (H, T) or None; mask (B, T)
+    float or None (non-causal only); kernels: a back end class."""
+
+    @staticmethod
+    def forward(ctx, w, temp, bias, mask, causal, kernels):
+        with torch.autocast(w.device.type, enabled=False):
+            wm = w if mask is None else w * mask[:, None, :, None].to(w.dtype)  # padded tokens are zeros
+            out, pi, u, saved = kernels.forward(wm, temp, bias, mask, causal)
+        tensors = [x for x in saved if torch.is_tensor(x)]
+        ctx.layout = [torch.is_tensor(x) for x in saved]
+        ctx.constants = [x for x in saved if not torch.is_tensor(x)]
+        ctx.causal, ctx.kernels = causal, kernels
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.save_for_backward(w, temp, mask, pi, u, *tensors)
+        ctx.mark_non_differentiable(pi)
+        return out, pi
+
+    @staticmethod
+    def backward(ctx, g_out, _g_pi):  # _g_pi is ignored: Pi is returned detached
+        w, temp, mask, pi, u, *tensors = ctx.saved_tensors
+        tensors, constants = iter(tensors), iter(ctx.constants)
+        saved = tuple(next(tensors) if is_t else next(constants) for is_t in ctx.layout)
+        with torch.autocast(w.device.type, enabled=False):
+            wm = w if mask is None else w * mask[:, None, :, None].to(w.dtype)
+            gw, gtemp, gbias = ctx.kernels.backward(wm, g_out, temp, pi, u, mask, saved, ctx.causal)
+            if mask is not None:
+                gw = gw * mask[:, None, :, None].to(gw.dtype)
+        gbias = None if ctx.bias_dtype is None else gbias.to(ctx.bias_dtype)
+        return gw.to(w.dtype), gtemp.to(temp.dtype), gbias, None, None, None
+
+
+def kernels_for(w, impl="fast"):
+    """The back end that runs w: Triton on CUDA (or under TRITON_INTERPRET=1 on CPU), the C
+    kernels on CPU for fp16/bf16/fp32 when they build, else the PyTorch form."""
+    if triton is not None and (w.device.type == "cuda" or INTERPRET) and w.dtype != torch.float64:
+        return TritonKernels
+    if w.device.type == "cpu" and w.dtype != torch.float64 and c_library() is not None:
+        return CKernels
+    return TorchKernels
+
+
+def applies(w, pi_mode="softmax", impl="auto"):
+    """Whether model.py should hand this call to fast_tssa. impl: "auto" (Triton on CUDA; the C
+    kernels on CPU for fp32/bf16/fp16 when a C compiler built them), "fast" (always, falling
+    back to the PyTorch form of the hand-derived backward), "reference" (never). The uniform-Pi
+    ablation and float64 under "auto" stay on the reference. w: (B, H, T, p) or (B, H, p)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "reference" or pi_mode != "softmax" or w.dim() not in (3, 4):
+        return False
+    if impl == "fast":
+        return True
+    if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    if w.device.type == "cuda":
+        return triton is not None
+    return w.device.type == "cpu" and (c_library() is not None or (triton is not None and INTERPRET))
+
+
+def tssa(w, temp, return_pi=False, mask=None, kernels=None):
+    """Non-causal TSSA, as model.tssa: w (B, H, T, p), temp (H,), mask (B, T) bool or None."""
+    if mask is not None:
+        if mask.shape != (w.shape[0], w.shape[2]):
+            raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
+        mask = mask.to(w.dtype if w.dtype == torch.float64 else torch.float32)
+    out, pi = FusedTSSA.apply(w, temp, None, mask, False, kernels or kernels_for(w))
+    return (out, pi) if return_pi else out
+
+
+def causal_tssa(w, temp, bias, return_pi=False, kernels=None):
+    """Causal TSSA, as model.causal_tssa: w (B, H, T, p), temp (H,), bias (H, T) (already
+    sliced to T tokens)."""
+    out, pi = FusedTSSA.apply(w, temp, bias, None, True, kernels or kernels_for(w))
+    return (out, pi) if return_pi else out
+
+
+def step_applies(w_t, temp, pos_bias, state, pi_mode="softmax"):
+    """Whether model.causal_tssa_step should run the fused step: decoding only (no gradient
+    wanted), softmax Pi, fp32 contiguous state on w_t's device, and a fused back end."""
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (w_t, temp, pos_bias))
+    if needs_grad or w_t.dim() != 3 or not applies(w_t, pi_mode, "auto"):
+        return False
+    stats = (state.sum_sq, state.sum_pi_sq, state.sum_pi)
+    return kernels_for(w_t) in (CKernels, TritonKernels) and all(
+        t.dtype == torch.float32 and t.is_contiguous() and t.device == w_t.device for t in stats)
+
+
+def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, kernels=None):
+    """One decoding token, as model.causal_tssa_step, in one fused call (no autograd: use it
+    where step_applies says so). w_t (B, H, p); the state is advanced in place."""
+    H = w_t.shape[1]
+    pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)
+    bias = pos_bias[:, min(state.pos, pos_bias.shape[1] - 1)]  # (H,); the last one past the end
+    with torch.no_grad():
+        out, pi = (kernels or kernels_for(w_t)).step(w_t, temp.reshape(H), bias.float(), state)
+    state.pos += 1
+    return (out, state, pi) if return_pi else (out, state)

@@ -1,0 +1,16 @@
+# Image, softmax Transformer at ToST's parameter budget (MLP 128 - 64 = 64).
+task = "image"
+attn = "softmax"
+n_layer = 8
+n_embd = 64
+n_head = 8
+mlp_hidden = 64
+dropout = 0.0
+batch_size = 64
+learning_rate = 1e-4
+lr_schedule = "linear"
+warmup_iters = 9000
+weight_decay = 2e-2
+max_iters = 180000
+eval_interval = 3000
+out_dir = "out-lra/image_softmax"

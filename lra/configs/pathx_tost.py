@@ -1,0 +1,19 @@
+# Path-X (128 x 128 = 16384 pixels), ToST. NOT in the paper (it reports no Path-X): the
+# Pathfinder setting, unchanged, as a starting point.
+task = "pathx"
+attn = "tssa"
+norm = "post"
+n_layer = 2
+n_embd = 64
+n_head = 2
+mlp_hidden = 128
+dropout = 0.1
+batch_size = 256
+gradient_accumulation_steps = 4
+learning_rate = 2e-4
+lr_schedule = "linear"
+warmup_iters = 312
+weight_decay = 0.0
+max_iters = 200000
+eval_interval = 4000
+out_dir = "out-lra/pathx_tost"

@@ -1,0 +1,16 @@
+# Retrieval, softmax Transformer at ToST's parameter budget (MLP 512 - 128 = 384).
+task = "retrieval"
+attn = "softmax"
+n_layer = 6
+n_embd = 128
+n_head = 4
+mlp_hidden = 384
+dropout = 0.1
+batch_size = 64
+learning_rate = 1e-4
+lr_schedule = "linear"
+warmup_iters = 10000
+weight_decay = 4e-2
+max_iters = 92000
+eval_interval = 2000
+out_dir = "out-lra/retrieval_softmax"

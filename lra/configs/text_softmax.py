@@ -1,0 +1,16 @@
+# Text, softmax Transformer at ToST's parameter budget (MLP 1024 - 256 = 768).
+task = "text"
+attn = "softmax"
+n_layer = 4
+n_embd = 256
+n_head = 4
+mlp_hidden = 768
+dropout = 0.1
+batch_size = 32
+learning_rate = 1e-4
+lr_schedule = "linear"
+warmup_iters = 10000
+weight_decay = 1e-2
+max_iters = 25000
+eval_interval = 1000
+out_dir = "out-lra/text_softmax"

@@ -1,0 +1,370 @@
+"""
+Long Range Arena data: the five tasks (plus Path-X) read from the official release layout
+or through Hugging Face `datasets`, tokenised the LRA way, held in memory as ragged arrays,
+and cut into padded batches with a mask of the real tokens.
+
+    task        source                                                    length  classes
+    listops     <data_dir>/listops-1000/basic_{train,val,test}.tsv        2000    10
+    text        IMDB via HF datasets (stanfordnlp/imdb), bytes            4096    2
+    retrieval   <data_dir>/tsv_data/new_aan_pairs.{train,eval,test}.tsv   4000 x2 2
+    image       CIFAR-10 via HF datasets (uoft-cs/cifar10), grey pixels   1024    10
+    pathfinder  <data_dir>/pathfinder32/curv_contour_length_14/           1024    2
+    pathx       <data_dir>/pathfinder128/curv_contour_length_14/          16384   2
+
+<data_dir> is the unpacked LRA release (default data/lra_release): download lra_release.gz
+(linked from https://github.com/google-research/long-range-arena; the file is
+https://storage.googleapis.com/long-range-arena/lra_release.gz, about 7 GB) and unpack it
+with `mkdir -p data && tar -xzf lra_release.gz -C data` (it unpacks to data/lra_release/).
+lra/generate.py writes ListOps and Pathfinder in the same layout without the download.
+
+Splits follow LRA: ListOps and Retrieval ship train/val/test (Retrieval's val file is
+"eval"); Text has no validation split, so val is IMDB's test split, as in LRA; Image
+validates on the last 10% of CIFAR-10's train split; Pathfinder's images are read in
+metadata order (files 0, 1, 2, ...) and cut 80/10/10 into train/val/test.
+
+Tokens: 0 is padding everywhere. Bytes and pixels are value + 1 (vocabulary 257);
+ListOps uses LISTOPS_VOCAB (vocabulary 16).
+
+    python lra/data.py --task=listops --data_dir=data/lra_gen   # load and print a summary
+"""
+
+import hashlib
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lra.png import decode_png, to_grey
+
+RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
+RELEASE_PAGE = "https://github.com/google-research/long-range-arena"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    seq_len: int  # LRA's length per input (per document for retrieval)
+    num_classes: int
+    vocab_size: int
+    two_tower: bool = False
+
+
+LISTOPS_VOCAB = ["<pad>", "[MIN", "[MAX", "[MED", "[SM", "]"] + [str(d) for d in range(10)]
+LISTOPS_IDS = {tok: i for i, tok in enumerate(LISTOPS_VOCAB)}
+BYTE_VOCAB = 257  # 0 = pad, byte or pixel value v -> v + 1
+
+TASKS = {
+    "listops": TaskSpec("listops", 2000, 10, len(LISTOPS_VOCAB)),
+    "text": TaskSpec("text", 4096, 2, BYTE_VOCAB),
+    "retrieval": TaskSpec("retrieval", 4000, 2, BYTE_VOCAB, two_tower=True),
+    "image": TaskSpec("image", 1024, 10, BYTE_VOCAB),
+    "pathfinder": TaskSpec("pathfinder", 1024, 2, BYTE_VOCAB),
+    "pathx": TaskSpec("pathx", 16384, 2, BYTE_VOCAB),
+}
+SPLITS = ("train", "val", "test")
+
+
+def get_task(name):
+    if name not in TASKS:
+        raise ValueError(f"unknown LRA task {name!r}; choose from {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+# -----------------------------------------------------------------------------
+# in-memory storage
+
+
+@dataclass
+class Ragged:
+    """Variable-length sequences in one flat array: sequence i is
+    values[offsets[i]:offsets[i + 1]] + shift (bytes are stored raw, shifted to tokens late)."""
+
+    values: np.ndarray  # (total,) uint8
+    offsets: np.ndarray  # (N + 1,) int64
+    shift: int = 0
+
+    @classmethod
+    def from_list(cls, seqs, shift=0):
+        lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.concatenate([np.asarray(s, dtype=np.uint8) for s in seqs]) if seqs else np.zeros(0, np.uint8)
+        return cls(values, offsets, shift)
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def lengths(self):
+        return np.diff(self.offsets)
+
+    def __getitem__(self, i):  # token ids of sequence i, int64
+        return self.values[self.offsets[i]:self.offsets[i + 1]].astype(np.int64) + self.shift
+
+
+@dataclass
+class Split:
+    """One split of a task: one Ragged per tower (two for retrieval) and the labels."""
+
+    inputs: tuple
+    labels: np.ndarray  # (N,) int64
+
+    def __len__(self):
+        return len(self.labels)
+
+    def subset(self, n):
+        """The first n examples (n <= 0: all)."""
+        if n <= 0 or n >= len(self):
+            return self
+        return Split(tuple(Ragged(r.values[:r.offsets[n]], r.offsets[:n + 1], r.shift) for r in self.inputs),
+                     self.labels[:n])
+
+
+def make_batch(split, idx, max_len, pad_multiple=1):
+    """Padded batch of examples idx. Returns ([(tokens (B, T) int64, mask (B, T) bool) per
+    tower], labels (B,) int64). T is the longest sequence in the batch, cropped to max_len,
+    rounded up to pad_multiple (never above max_len): padding beyond real tokens is masked."""
+    towers = []
+    for ragged in split.inputs:
+        seqs = [ragged[i][:max_len] for i in idx]
+        T = max(len(s) for s in seqs)
+        T = min(max_len, -(-T // pad_multiple) * pad_multiple)
+        tokens = np.zeros((len(seqs), T), dtype=np.int64)
+        for row, s in enumerate(seqs):
+            tokens[row, :len(s)] = s
+        mask = np.arange(T)[None, :] < np.array([len(s) for s in seqs])[:, None]
+        towers.append((torch.from_numpy(tokens), torch.from_numpy(mask)))
+    return towers, torch.from_numpy(split.labels[idx])
+
+
+# -----------------------------------------------------------------------------
+# errors
+
+
+def _missing(task, path, data_dir):
+    if task in ("listops", "pathfinder"):
+        gen = (f" Or generate it without the download: python lra/generate.py --task={task} "
+               f"--out_dir=data/lra_gen{' --size=32' if task == 'pathfinder' else ''}, then data_dir=data/lra_gen.")
+    elif task == "pathx":
+        gen = " Or generate it: python lra/generate.py --task=pathfinder --size=128 --out_dir=data/lra_gen."
+    else:
+        gen = ""
+    return FileNotFoundError(
+        f"LRA {task} data not found: expected {path}. Download the LRA release archive lra_release.gz "
+        f"(linked from {RELEASE_PAGE}: {RELEASE_URL}) and unpack it with "
+        f"`mkdir -p data && tar -xzf lra_release.gz -C data`, which gives data/lra_release/; "
+        f"set data_dir to that folder (data_dir is now {data_dir!r}).{gen}")
+
+
+# -----------------------------------------------------------------------------
+# readers, one per layout
+
+
+def listops_tokens(source):
+    """Release text -> token ids: parentheses dropped, whitespace split, LISTOPS_VOCAB ids."""
+    words = source.replace("(", " ").replace(")", " ").split()
+    try:
+        return [LISTOPS_IDS[w] for w in words]
+    except KeyError as e:
+        raise ValueError(f"unknown ListOps token {e.args[0]!r} (known: {' '.join(LISTOPS_VOCAB[1:])})") from None
+
+
+def read_listops(data_dir, split, max_len):
+    path = os.path.join(data_dir, "listops-1000", f"basic_{split}.tsv")
+    if not os.path.isfile(path):
+        raise _missing("listops", path, data_dir)
+    seqs, labels = [], []
+    with open(path, newline="") as f:
+        header = f.readline().rstrip("\r\n").split("\t")
+        if header[:2] != ["Source", "Target"]:
+            raise ValueError(f"{path}: expected a 'Source<TAB>Target' header, got {header}")
+        for n, line in enumerate(f, start=2):
+            line = line.rstrip("\r\n")
+            if not line:
+                continue
+            source, _, target = line.rpartition("\t")
+            if not source:
+                raise ValueError(f"{path}:{n}: expected 'Source<TAB>Target', got {line[:80]!r}")
+            seqs.append(listops_tokens(source)[:max_len])
+            labels.append(int(target))
+    return Split((Ragged.from_list(seqs),), np.array(labels, dtype=np.int64))
+
+
+def _utf8(text, max_len):
+    return np.frombuffer(text.encode("utf-8")[:max_len], dtype=np.uint8)
+
+
+def read_retrieval(data_dir, split, max_len):
+    name = {"train": "train", "val": "eval", "test": "test"}[split]
+    path = os.path.join(data_dir, "tsv_data", f"new_aan_pairs.{name}.tsv")
+    if not os.path.isfile(path):
+        raise _missing("retrieval", path, data_dir)
+    docs1, docs2, labels = [], [], []
+    with open(path, encoding="utf-8", newline="") as f:
+        for n, line in enumerate(f, start=1):
+            line = line.rstrip("\r\n")
+            if not line:
+                continue
+            fields = line.split("\t")
+            if len(fields) != 5:
+                raise ValueError(f"{path}:{n}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
+                                 f"got {len(fields)}")
+            labels.append(int(float(fields[0])))
+            docs1.append(_utf8(fields[3], max_len))
+            docs2.append(_utf8(fields[4], max_len))
+    return Split((Ragged.from_list(docs1, shift=1), Ragged.from_list(docs2, shift=1)),
+                 np.array(labels, dtype=np.int64))
+
+
+def _hf_split(name, split, what):
+    """A split of a Hugging Face dataset, by hub name or local folder, with a clear error."""
+    try:
+        import datasets
+
+        return datasets.load_dataset(name, split=split)
+    except Exception as e:  # no network, not cached, bad name: all end here
+        raise RuntimeError(
+            f"could not load {what} ({name!r}, split {split!r}) through Hugging Face datasets: "
+            f"{type(e).__name__}: {e}. It downloads on first use, which needs internet; on an offline machine "
+            f"run once where there is internet: python -c \"import datasets; datasets.load_dataset('{name}')\" "
+            f"and copy ~/.cache/huggingface over, or point the setting at a local folder of parquet files "
+            f"(train-*.parquet / test-*.parquet).") from e
+
+
+def read_text(hf_name, split, max_len):
+    ds = _hf_split(hf_name, "train" if split == "train" else "test", "IMDB")
+    docs = [_utf8(t, max_len) for t in ds["text"]]
+    return Split((Ragged.from_list(docs, shift=1),), np.asarray(list(ds["label"]), dtype=np.int64))
+
+
+def _grey_pixels(png_bytes):
+    return to_grey(decode_png(png_bytes)).reshape(-1)
+
+
+def _decode_all(blobs, workers):
+    if workers > 1 and len(blobs) > 2000:
+        with ProcessPoolExecutor(workers) as pool:
+            return list(pool.map(_grey_pixels, blobs, chunksize=256))
+    return [_grey_pixels(b) for b in blobs]
+
+
+def read_image(hf_name, split, max_len, workers=1):
+    import datasets
+
+    ds = _hf_split(hf_name, "test" if split == "test" else "train", "CIFAR-10")
+    column = "img" if "img" in ds.column_names else "image"
+    ds = ds.cast_column(column, datasets.Image(decode=False))  # raw PNG bytes: no Pillow needed
+    if split != "test":  # LRA: validate on the last 10% of the train split
+        cut = int(0.9 * len(ds))
+        ds = ds.select(range(cut) if split == "train" else range(cut, len(ds)))
+    pixels = _decode_all([im["bytes"] for im in ds[column]], workers)
+    return Split((Ragged.from_list([p[:max_len] for p in pixels], shift=1),), np.asarray(list(ds["label"]), dtype=np.int64))
+
+
+def _pathfinder_root(data_dir, task):
+    size = 32 if task == "pathfinder" else 128
+    return os.path.join(data_dir, f"pathfinder{size}", "curv_contour_length_14")
+
+
+def read_pathfinder(data_dir, split, max_len, task="pathfinder", workers=1):
+    root = _pathfinder_root(data_dir, task)
+    meta_dir = os.path.join(root, "metadata")
+    if not os.path.isdir(meta_dir):
+        raise _missing(task, meta_dir, data_dir)
+    files = sorted((f for f in os.listdir(meta_dir) if f.endswith(".npy")), key=lambda f: (len(f), f))
+    entries = []  # (image path, label) in metadata order
+    for name in files:
+        with open(os.path.join(meta_dir, name)) as f:  # text, despite the .npy name
+            for line in f:
+                fields = line.split()
+                if fields:
+                    entries.append((os.path.join(root, fields[0], fields[1]), int(fields[3])))
+    if not entries:
+        raise _missing(task, os.path.join(meta_dir, "0.npy"), data_dir)
+    n = len(entries)
+    lo, hi = {"train": (0, int(0.8 * n)), "val": (int(0.8 * n), int(0.9 * n)), "test": (int(0.9 * n), n)}[split]
+    entries = entries[lo:hi]
+    blobs = []
+    for path, _ in entries:
+        with open(path, "rb") as f:
+            blobs.append(f.read())
+    pixels = _decode_all(blobs, workers)
+    return Split((Ragged.from_list([p[:max_len] for p in pixels], shift=1),),
+                 np.array([label for _, label in entries], dtype=np.int64))
+
+
+# -----------------------------------------------------------------------------
+# entry point with an optional on-disk cache
+
+
+def _source_stamp(task, data_dir, hf_text, hf_image):
+    """What the cached arrays were made from: paths, and sizes + mtimes of release files."""
+    if task == "text":
+        return f"hf:{hf_text}"
+    if task == "image":
+        return f"hf:{hf_image}"
+    folder = {"listops": os.path.join(data_dir, "listops-1000"), "retrieval": os.path.join(data_dir, "tsv_data")}.get(
+        task) or os.path.join(_pathfinder_root(data_dir, task), "metadata")
+    stamp = os.path.abspath(folder)
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            st = os.stat(os.path.join(folder, name))
+            stamp += f"|{name}:{st.st_size}:{st.st_mtime_ns}"
+    return stamp
+
+
+def load_split(task, split, data_dir="data/lra_release", max_len=None, cache_dir="", hf_text="stanfordnlp/imdb",
+               hf_image="uoft-cs/cifar10", workers=1):
+    """One split ("train" | "val" | "test") of an LRA task as a Split. max_len defaults to the
+    task's LRA length. With cache_dir, the tokenised arrays are kept there as .npz."""
+    spec = get_task(task)
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    max_len = max_len or spec.seq_len
+    cache = None
+    if cache_dir:
+        key = hashlib.sha1(f"{task}|{split}|{max_len}|{_source_stamp(task, data_dir, hf_text, hf_image)}".encode())
+        cache = os.path.join(cache_dir, f"{task}-{split}-{max_len}-{key.hexdigest()[:12]}.npz")
+        if os.path.isfile(cache):
+            z = np.load(cache)
+            towers = tuple(Ragged(z[f"values{i}"], z[f"offsets{i}"], int(z[f"shift{i}"]))
+                           for i in range(int(z["towers"])))
+            return Split(towers, z["labels"])
+    if task == "listops":
+        data = read_listops(data_dir, split, max_len)
+    elif task == "retrieval":
+        data = read_retrieval(data_dir, split, max_len)
+    elif task == "text":
+        data = read_text(hf_text, split, max_len)
+    elif task == "image":
+        data = read_image(hf_image, split, max_len, workers)
+    else:
+        data = read_pathfinder(data_dir, split, max_len, task, workers)
+    if cache:
+        os.makedirs(cache_dir, exist_ok=True)
+        arrays = {"labels": data.labels, "towers": len(data.inputs)}
+        for i, r in enumerate(data.inputs):
+            arrays.update({f"values{i}": r.values, f"offsets{i}": r.offsets, f"shift{i}": r.shift})
+        tmp = cache + ".tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, cache)
+    return data
+
+
+if __name__ == "__main__":
+    from trainkit import configure
+
+    cfg = configure({"task": "listops", "data_dir": "data/lra_release", "cache_dir": "", "workers": 1,
+                     "hf_text": "stanfordnlp/imdb", "hf_image": "uoft-cs/cifar10"}, sys.argv[1:])
+    for s in SPLITS:
+        d = load_split(cfg["task"], s, cfg["data_dir"], cache_dir=cfg["cache_dir"], hf_text=cfg["hf_text"],
+                       hf_image=cfg["hf_image"], workers=cfg["workers"])
+        lengths = d.inputs[0].lengths()
+        counts = np.bincount(d.labels)
+        print(f"{cfg['task']} {s}: {len(d)} examples, length {lengths.min()}-{lengths.max()} "
+              f"(mean {lengths.mean():.0f}), label counts {counts.tolist()}")

@@ -1,0 +1,450 @@
+"""
+Tests for lra/: generators (deterministic, valid labels checked independently), loaders for
+all five release layouts (files written here), the PNG decoder, padding masks through the
+whole encoder, parameter budgets of the configs, learning on tiny ListOps, exact resume.
+
+    /work/venv/bin/python -m pytest -q lra/test_lra.py -x     (CPU, offline, ~30 s)
+"""
+
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import zlib
+
+os.environ["HF_DATASETS_OFFLINE"] = "1"  # never reach for the network
+os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(tempfile.gettempdir(), "nanotost_lra_test_hf"))
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import trainkit
+from lra import generate, train
+from lra.data import LISTOPS_VOCAB, load_split, make_batch
+from lra.encoder import LRAClassifier, LRAConfig
+from lra.png import decode_png, encode_png, to_grey
+
+torch.set_num_threads(1)  # on a shared 2-core machine more threads only contend
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+# -----------------------------------------------------------------------------
+# an independent ListOps evaluator: reads the text, not the generator's trees
+
+
+def evaluate_listops(text):
+    """(value, max depth of any node, [argument counts], token count) of a release line."""
+    tokens = text.replace("(", " ").replace(")", " ").split()
+    pos = 0
+
+    def node(depth):
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok.isdigit():
+            return int(tok), depth, []
+        args, deepest, counts = [], depth, []
+        while tokens[pos] != "]":
+            value, d, c = node(depth + 1)
+            args.append(value)
+            deepest, counts = max(deepest, d), counts + c
+        pos += 1  # the "]"
+        value = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(statistics.median(a)),
+                 "[SM": lambda a: sum(a) % 10}[tok](args)
+        return value, deepest, counts + [len(args)]
+
+    value, depth, counts = node(1)
+    assert pos == len(tokens), "trailing tokens after the expression"
+    return value, depth, counts, len(tokens)
+
+
+def read_tsv(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "Source\tTarget"
+    return [(src, int(tgt)) for src, tgt in (line.split("\t") for line in lines[1:])]
+
+
+def test_listops_generator_is_seeded_and_labels_are_right(tmp_path):
+    kw = dict(n_train=60, n_val=20, n_test=20, min_len=10, max_len=60, max_depth=3, max_args=5)
+    folder = generate.write_listops(tmp_path / "a", seed=1, **kw)
+    again = generate.write_listops(tmp_path / "b", seed=1, **kw)
+    other = generate.write_listops(tmp_path / "c", seed=2, **kw)
+    rows = []
+    for split in ("train", "val", "test"):
+        text = open(os.path.join(folder, f"basic_{split}.tsv")).read()
+        assert text == open(os.path.join(again, f"basic_{split}.tsv")).read()  # same seed, same bytes
+        rows += read_tsv(os.path.join(folder, f"basic_{split}.tsv"))
+    assert read_tsv(os.path.join(other, "basic_train.tsv")) != read_tsv(os.path.join(folder, "basic_train.tsv"))
+    assert len(rows) == 100 and len({src for src, _ in rows}) == 100  # de-duplicated across splits
+    ops_seen = set()
+    for src, label in rows:
+        value, depth, counts, length = evaluate_listops(src)
+        assert value == label
+        assert 10 < length < 60 and depth <= 3 and all(2 <= c <= 5 for c in counts)
+        # the release's pairwise bracketing: an operator with k arguments opens k + 1 parentheses
+        assert src.count("(") == src.count(")") == sum(c + 1 for c in counts)
+        ops_seen |= {t for t in src.split() if t.startswith("[")}
+    assert ops_seen == {"[MIN", "[MAX", "[MED", "[SM"}
+    # LRA's own sizes: lengths 500-2000, depth <= 10, up to 10 arguments
+    for src, label in generate.generate_listops(5, seed=0):
+        value, depth, counts, length = evaluate_listops(src)
+        assert value == label and 500 < length < 2000 and depth <= 10 and max(counts) <= 10
+
+
+# -----------------------------------------------------------------------------
+# Pathfinder
+
+
+def components(mask):
+    """8-connected component label per pixel (-1 for background), by flood fill."""
+    H, W = mask.shape
+    label = -np.ones((H, W), int)
+    n = 0
+    for y, x in zip(*np.nonzero(mask)):
+        if label[y, x] >= 0:
+            continue
+        stack, label[y, x] = [(y, x)], n
+        while stack:
+            cy, cx = stack.pop()
+            for ny in range(max(cy - 1, 0), min(cy + 2, H)):
+                for nx in range(max(cx - 1, 0), min(cx + 2, W)):
+                    if mask[ny, nx] and label[ny, nx] < 0:
+                        label[ny, nx] = n
+                        stack.append((ny, nx))
+        n += 1
+    return label
+
+
+def dilate(mask):  # 3 x 3 maximum
+    padded = np.pad(mask, 1)
+    H, W = mask.shape
+    return np.any([padded[dy:dy + H, dx:dx + W] for dy in range(3) for dx in range(3)], axis=0)
+
+
+def markers_connected(img, markers, bridge_gaps):
+    """Whether the two markers lie in one connected stroke of the picture: ink above a
+    quarter grey, dash gaps bridged by a 3 x 3 dilation where they are wider than a pixel."""
+    ink = img > 64
+    label = components(dilate(ink) if bridge_gaps else ink)
+    (x0, y0), (x1, y1) = markers
+    a, b = label[int(y0), int(x0)], label[int(y1), int(x1)]
+    return a >= 0 and a == b
+
+
+def least_distance(path_a, path_b):
+    """Least distance between two paths' dashes ((n, 2, 2) segments), sampled every 0.1 px."""
+    def sample(path):
+        t = np.linspace(0, 1, 30)[:, None]
+        return np.concatenate([a + t * (b - a) for a, b in path])
+    pa, pb = sample(path_a), sample(path_b)
+    return np.sqrt(((pa[:, None] - pb[None]) ** 2).sum(-1).min())
+
+
+def check_scene(img, scene, style, bridge_gaps):
+    assert len(scene.paths) >= 2 and all(len(p) == style.n_dashes for p in scene.paths[:2])
+    for i in range(len(scene.paths)):  # no two paths touch
+        for j in range(i + 1, len(scene.paths)):
+            assert least_distance(scene.paths[i], scene.paths[j]) >= style.clearance - 0.05
+    ends = [tuple(scene.paths[k][0, 0]) for k in (0, 1)] + [tuple(scene.paths[k][-1, 1]) for k in (0, 1)]
+    assert all(tuple(m) in ends for m in scene.markers)  # markers sit on ends of the long paths
+    for marker, own in zip(scene.markers, scene.marker_paths):  # and stay clear of every other path
+        for k, path in enumerate(scene.paths):
+            if k != own:
+                gap = least_distance(path, np.array([[marker, marker]]))
+                assert gap >= style.clearance + style.marker_radius - 0.05
+    assert (scene.marker_paths[0] == scene.marker_paths[1]) == (scene.label == 1)
+    # the label read back from the pixels alone
+    assert markers_connected(img, scene.markers, bridge_gaps) == (scene.label == 1)
+
+
+def test_pathfinder_generator_layout_determinism_and_labels(tmp_path):
+    root = generate.write_pathfinder(tmp_path / "a", size=32, n_images=12, seed=3, per_folder=5)
+    again = generate.write_pathfinder(tmp_path / "b", size=32, n_images=12, seed=3, per_folder=5)
+    other = generate.write_pathfinder(tmp_path / "c", size=32, n_images=12, seed=4, per_folder=5)
+    assert sorted(os.listdir(os.path.join(root, "metadata"))) == ["0.npy", "1.npy", "2.npy"]
+    lines = [line.split() for k in range(3) for line in open(os.path.join(root, "metadata", f"{k}.npy"))]
+    assert len(lines) == 12 and sum(int(f[3]) for f in lines) == 6  # balanced labels
+    style = generate.PATHFINDER_STYLES[32]
+    differs = False
+    for index, fields in enumerate(lines):
+        rel = os.path.join(fields[0], fields[1])
+        data = open(os.path.join(root, rel), "rb").read()
+        assert data == open(os.path.join(again, rel), "rb").read()
+        differs |= data != open(os.path.join(other, rel), "rb").read()
+        img = decode_png(data, use_pil=False)[..., 0]
+        redo, scene = generate.pathfinder_sample(np.random.default_rng([3, index]), style, int(fields[3]))
+        assert np.array_equal(img, redo) and img.shape == (32, 32)
+        check_scene(img, scene, style, bridge_gaps=False)
+    assert differs
+    # a long path's ends (where markers go) keep clearance + marker radius from other paths:
+    # grow long paths next to a wall of ink
+    wall = np.stack([np.linspace(0, 20, 120), np.full(120, 12.0)], axis=1)
+    rng, grown = np.random.default_rng(0), 0
+    for _ in range(40):
+        path = generate._grow_path(rng, style, style.n_dashes, wall, np.zeros((0, 2)), rim=2.5, marked=True)
+        if path is not None:
+            grown += 1
+            tips = path[0][[0, -1], [0, 1]]  # (2, 2) first and last point
+            assert np.sqrt(((tips[:, None] - wall[None]) ** 2).sum(-1)).min() >= style.clearance + style.marker_radius
+    assert grown >= 10
+    style = generate.PATHFINDER_STYLES[128]
+    for label in (0, 1):  # Path-X size
+        img, scene = generate.pathfinder_sample(np.random.default_rng([7, label]), style, label)
+        assert img.shape == (128, 128)
+        check_scene(img, scene, style, bridge_gaps=True)
+
+
+# -----------------------------------------------------------------------------
+# PNG
+
+
+def png_from_rows(width, height, colour_type, filtered_rows, bit_depth=8):
+    """A PNG assembled by hand from already-filtered scanlines (filter byte first)."""
+    def chunk(kind, payload):
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+    header = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(filtered_rows)))
+            + chunk(b"IEND", b""))
+
+
+def test_png_decoder_all_filters_and_roundtrip():
+    # grey 3 x 5, one row per filter type; filtered bytes worked out by hand from the spec
+    # pixels:   row0 10 20 30 | row1 15 25 35 | row2 5 6 7 | row3 100 0 50 | row4 1 2 3
+    rows = [0, 10, 20, 30,  # None
+            2, 5, 5, 5,  # Up: minus row 0
+            1, 5, 1, 1,  # Sub: minus the left neighbour
+            3, (100 - 2) % 256, (0 - 53) % 256, (50 - 3) % 256,  # Average: floor((left + up) / 2)
+            4, (1 - 100) % 256, (2 - 0) % 256, (3 - 50) % 256]  # Paeth: predictors 100, 0, 50 by hand
+    want = np.array([[10, 20, 30], [15, 25, 35], [5, 6, 7], [100, 0, 50], [1, 2, 3]], np.uint8)
+    got = decode_png(png_from_rows(3, 5, 0, rows), use_pil=False)
+    assert got.shape == (5, 3, 1) and np.array_equal(got[..., 0], want)
+    # RGB with Sub (bpp 3): second pixel stored as the difference to the first
+    rgb = decode_png(png_from_rows(2, 1, 2, [1, 200, 100, 50, 10, 20, 30]), use_pil=False)
+    assert rgb[0].tolist() == [[200, 100, 50], [210, 120, 80]]
+    # 1-bit grey: 0b10100000 -> white, black, white
+    bits = decode_png(png_from_rows(3, 1, 0, [0, 0b10100000], bit_depth=1), use_pil=False)
+    assert bits[0, :, 0].tolist() == [255, 0, 255]
+    img = np.random.default_rng(0).integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    assert np.array_equal(decode_png(encode_png(img), use_pil=False), img)
+    # grey: ITU-R 601 luma, rounded
+    assert to_grey(np.array([[[255, 0, 0], [0, 255, 0], [10, 20, 30]]], np.uint8)).tolist() == [[76, 150, 18]]
+
+
+# -----------------------------------------------------------------------------
+# loaders: the five layouts, written here
+
+
+def test_listops_loader_reads_release_tsv_and_batches(tmp_path):
+    folder = tmp_path / "listops-1000"
+    folder.mkdir()
+    lines = ["( ( ( [MAX 4 ) 3 ) ] )\t4", "( ( ( ( [SM 9 ) 8 ) ( ( ( [MIN 2 ) 7 ) ] ) ) ] )\t9"]
+    for split in ("train", "val", "test"):  # csv.writer's \r\n line ends, as in the release
+        (folder / f"basic_{split}.tsv").write_bytes(("Source\tTarget\r\n" + "\r\n".join(lines) + "\r\n").encode())
+    data = load_split("listops", "train", data_dir=str(tmp_path))
+    ids = {tok: i for i, tok in enumerate(LISTOPS_VOCAB)}
+    assert data.labels.tolist() == [4, 9]
+    assert data.inputs[0][0].tolist() == [ids["[MAX"], ids["4"], ids["3"], ids["]"]]
+    assert data.inputs[0][1].tolist() == [ids[t] for t in "[SM 9 8 [MIN 2 7 ] ]".split()]
+    (tokens, mask), = make_batch(data, [1, 0], max_len=2000, pad_multiple=4)[0]
+    assert tokens.shape == (2, 8) and mask.sum(1).tolist() == [8, 4]
+    assert tokens[1, 4:].tolist() == [0, 0, 0, 0] and not mask[1, 4:].any()
+    (tokens, mask), = make_batch(data, [1], max_len=5, pad_multiple=4)[0]  # cropped, never past max_len
+    assert tokens.shape == (1, 5) and mask.all()
+    cropped = load_split("listops", "val", data_dir=str(tmp_path), max_len=3)
+    assert cropped.inputs[0].lengths().tolist() == [3, 3]
+
+
+def test_retrieval_loader_reads_aan_pairs(tmp_path):
+    folder = tmp_path / "tsv_data"
+    folder.mkdir()
+    rows = ["1.0\tP01-1\tW05-2\tb'first doc'\tsecond d\u00f6c", "0\tA-1\tB-2\tx\tyy"]
+    for name in ("train", "eval", "test"):
+        (folder / f"new_aan_pairs.{name}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    data = load_split("retrieval", "val", data_dir=str(tmp_path), max_len=6)  # val is the "eval" file
+    assert data.labels.tolist() == [1, 0] and len(data.inputs) == 2
+    assert data.inputs[0][0].tolist() == [b + 1 for b in b"b'firs"]  # bytes + 1, cropped to 6
+    assert data.inputs[1][0].tolist() == [b + 1 for b in "second d\u00f6c".encode()[:6]]
+    towers, labels = make_batch(data, [0, 1], max_len=6)
+    assert len(towers) == 2 and towers[1][1].sum(1).tolist() == [6, 2]
+
+
+def _write_hf_parquet(folder, columns, features=None):
+    import datasets
+
+    folder.mkdir()
+    for split in ("train", "test"):
+        ds = datasets.Dataset.from_dict(columns)
+        for name, feature in (features or {}).items():
+            ds = ds.cast_column(name, feature)
+        ds.to_parquet(str(folder / f"{split}-00000-of-00001.parquet"))
+
+
+def test_text_loader_reads_imdb_through_datasets(tmp_path):
+    texts = ["a great film", "caf\u00e9 " * 3000]  # the second is longer than 4096 bytes
+    _write_hf_parquet(tmp_path / "imdb", {"text": texts, "label": [1, 0]})
+    data = load_split("text", "train", hf_text=str(tmp_path / "imdb"))
+    assert data.labels.tolist() == [1, 0]
+    assert data.inputs[0][0].tolist() == [b + 1 for b in b"a great film"]
+    assert len(data.inputs[0][1]) == 4096 and data.inputs[0][1][:5].tolist() == [b + 1 for b in "caf\u00e9".encode()]
+
+
+def test_image_loader_reads_cifar_png_bytes_as_grey_pixels(tmp_path):
+    import datasets
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8)
+    _write_hf_parquet(tmp_path / "cifar", {"img": [{"bytes": encode_png(im), "path": None} for im in images],
+                                          "label": list(range(10))},
+                      {"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})
+    train_split = load_split("image", "train", hf_image=str(tmp_path / "cifar"))
+    val_split = load_split("image", "val", hf_image=str(tmp_path / "cifar"))
+    assert train_split.labels.tolist() == list(range(9)) and val_split.labels.tolist() == [9]  # last 10%
+    weights = np.array([0.2989, 0.5870, 0.1140])
+    want = np.rint(images[9].astype(float) @ weights).astype(int).reshape(-1) + 1
+    assert len(val_split.inputs[0][0]) == 1024 and np.abs(val_split.inputs[0][0] - want).max() <= 1  # float rounding
+
+
+def test_pathfinder_loader_reads_release_layout(tmp_path):
+    root = tmp_path / "pathfinder32" / "curv_contour_length_14"
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (20, 32, 32), dtype=np.uint8), [i % 2 for i in range(20)]
+    for k in (0, 1, 10):  # metadata files read in numeric order: 0, 1, 10
+        (root / "imgs" / str(k)).mkdir(parents=True)
+    (root / "metadata").mkdir()
+    folders = [0] * 8 + [1] * 8 + [10] * 4
+    for k in (0, 1, 10):
+        lines = []
+        for i in [i for i in range(20) if folders[i] == k]:
+            (root / "imgs" / str(k) / f"sample_{i}.png").write_bytes(encode_png(images[i]))
+            lines.append(f"imgs/{k} sample_{i}.png {i} {labels[i]} 14 2 5\n")
+        (root / "metadata" / f"{k}.npy").write_text("".join(lines))
+    parts = {s: load_split("pathfinder", s, data_dir=str(tmp_path)) for s in ("train", "val", "test")}
+    assert [len(parts[s]) for s in ("train", "val", "test")] == [16, 2, 2]  # 80 / 10 / 10
+    assert parts["test"].labels.tolist() == labels[18:]
+    assert np.array_equal(parts["val"].inputs[0][1], images[17].reshape(-1).astype(np.int64) + 1)
+
+
+def test_missing_data_says_where_to_get_it(tmp_path):
+    for task in ("listops", "retrieval", "pathfinder", "pathx"):
+        with pytest.raises(FileNotFoundError, match="lra_release.gz") as err:
+            load_split(task, "train", data_dir=str(tmp_path / "nowhere"))
+        assert "tar -xzf" in str(err.value) and str(tmp_path / "nowhere") in str(err.value)
+    with pytest.raises(RuntimeError, match="internet"):
+        load_split("text", "train", hf_text=str(tmp_path / "no_such_dataset"))
+    with pytest.raises(ValueError, match="unknown LRA task"):
+        load_split("listopz", "train")
+
+
+# -----------------------------------------------------------------------------
+# model
+
+
+@pytest.mark.parametrize("attn,norm,two_tower", [("tssa", "pre", False), ("tssa", "post", False),
+                                                 ("softmax", "pre", False), ("tssa", "pre", True)])
+def test_padding_never_changes_real_tokens(attn, norm, two_tower):
+    torch.manual_seed(0)
+    model = LRAClassifier(LRAConfig(vocab_size=20, num_classes=3, max_len=128, n_layer=2, n_head=2, n_embd=32,
+                                    mlp_hidden=64, dropout=0.0, attn=attn, norm=norm, two_tower=two_tower)).eval()
+    lengths = torch.tensor([5, 17, 40])
+    real = torch.randint(1, 20, (3, 40))
+
+    def padded(extra, seed):  # the real tokens, then `extra` junk tokens (not even pad ids)
+        junk = torch.randint(1, 20, (3, 40 + extra), generator=torch.Generator().manual_seed(seed))
+        mask = torch.arange(40 + extra)[None] < lengths[:, None]
+        return torch.where(mask, torch.nn.functional.pad(real, (0, extra)), junk), mask
+
+    with torch.no_grad():
+        results = []
+        for extra, seed in ((0, 1), (9, 2), (80, 3)):
+            tokens, mask = padded(extra, seed)
+            towers = [(tokens, mask), padded(extra + 3, seed + 10)] if two_tower else [(tokens, mask)]
+            feats, _ = model.encoder(tokens, mask)
+            results.append((feats, model(towers)))
+        # fp32 sums over tokens in different orders: agreement to ~1e-6, 1e-5 allowed
+        for feats, logits in results[1:]:
+            for i, n in enumerate(lengths.tolist()):
+                torch.testing.assert_close(feats[i, :n], results[0][0][i, :n], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits, results[0][1], atol=1e-5, rtol=1e-5)
+        # no padding at all: mask=None (the fast path) is the same as an all-true mask
+        full = torch.ones(3, 40, dtype=torch.bool)
+        torch.testing.assert_close(model([(real, None)] * len(towers)), model([(real, full)] * len(towers)),
+                                   atol=1e-5, rtol=1e-5)
+        # control: the same junk seen as real tokens does change the outputs
+        tokens, mask = padded(80, 3)
+        unmasked = [(tokens, torch.ones_like(mask))] * (2 if two_tower else 1)
+        assert (model(unmasked) - results[0][1]).abs().max() > 1e-3
+
+
+def test_configs_carry_the_paper_settings_at_equal_budgets():
+    # notes §6: layers, width, heads, MLP, batch, lr, dropout, wd, iters, warmup
+    paper = {"listops": (6, 512, 8, 2048, 64, 1e-4, 0.1, 1e-2, 90000, 3000),
+             "text": (4, 256, 4, 1024, 32, 1e-4, 0.1, 1e-2, 25000, 10000),
+             "retrieval": (6, 128, 4, 512, 64, 1e-4, 0.1, 4e-2, 92000, 10000),
+             "image": (8, 64, 8, 128, 64, 1e-4, 0.0, 2e-2, 180000, 9000),
+             "pathfinder": (2, 64, 2, 128, 256, 2e-4, 0.1, 0.0, 200000, 312)}
+    keys = ("n_layer", "n_embd", "n_head", "mlp_hidden", "batch_size", "learning_rate", "dropout", "weight_decay",
+            "max_iters", "warmup_iters")
+    for task, row in paper.items():
+        tost = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{task}_tost.py")])
+        soft = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{task}_softmax.py")])
+        assert tuple(tost[k] for k in keys) == row and tost["attn"] == "tssa" and tost["task"] == task
+        assert soft["attn"] == "softmax" and soft["task"] == task
+        assert all(soft[k] == tost[k] for k in keys if k != "mlp_hidden")
+    pairs = sorted(f[:-len("_tost.py")] for f in os.listdir(CONFIGS) if f.endswith("_tost.py"))
+    assert set(paper) <= set(pairs)
+    for name in pairs:  # every ToST config has a softmax partner of the same size (the LRA rule: 10%)
+        tost = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{name}_tost.py")])
+        soft = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{name}_softmax.py")])
+        n_tost, n_soft = train.count_params(tost), train.count_params(soft)
+        assert abs(n_soft - n_tost) / n_tost < 0.10, (name, n_tost, n_soft)
+        assert {k: v for k, v in soft.items() if k not in ("attn", "mlp_hidden", "out_dir")} == \
+               {k: v for k, v in tost.items() if k not in ("attn", "mlp_hidden", "out_dir")}
+    assert trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, "listops_tost.py")])["lr_schedule"] == "invsqrt"
+    assert trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, "pathfinder_tost.py")])["norm"] == "post"
+
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def tiny_args(data_dir, out_dir, **over):
+    args = dict(task="listops", data_dir=data_dir, cache_dir="", out_dir=out_dir, max_len=64, pad_multiple=8,
+                n_layer=2, n_embd=64, n_head=4, mlp_hidden=128, dropout=0.0, batch_size=32, learning_rate=4e-3,
+                warmup_iters=20, max_iters=200, eval_interval=100, log_interval=1000, num_threads=1)
+    args.update(over)
+    return [f"--{k}={v}" for k, v in args.items()]
+
+
+@pytest.fixture(scope="module")
+def tiny_listops(tmp_path_factory):
+    out = tmp_path_factory.mktemp("listops")
+    generate.write_listops(str(out), n_train=2000, n_val=400, n_test=400, seed=0, min_len=10, max_len=60,
+                           max_depth=3, max_args=5)
+    return str(out)
+
+
+def test_tiny_listops_model_beats_the_majority_class(tiny_listops, tmp_path):
+    result = train.main(tiny_args(tiny_listops, str(tmp_path)))
+    majority = {s: np.bincount(load_split("listops", s, tiny_listops).labels).max() / 400 for s in ("val", "test")}
+    assert result["best_val_acc"] > majority["val"] + 0.05, (result, majority)
+    assert result["test_acc_at_best_val"] > majority["test"] + 0.05, (result, majority)
+
+
+def test_resume_continues_exactly(tiny_listops, tmp_path):
+    common = dict(max_iters=12, eval_interval=6, lr_decay_iters=12, dropout=0.1, n_train=200, n_eval=32)
+    straight = train.main(tiny_args(tiny_listops, str(tmp_path / "a"), **common))
+    train.main(tiny_args(tiny_listops, str(tmp_path / "b"), **{**common, "max_iters": 6}))
+    resumed = train.main(tiny_args(tiny_listops, str(tmp_path / "b"), **common, init_from="resume"))
+    a = trainkit.load_checkpoint(str(tmp_path / "a" / "ckpt.pt"))
+    b = trainkit.load_checkpoint(str(tmp_path / "b" / "ckpt.pt"))
+    assert a["iter_num"] == b["iter_num"] == 12
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key  # bit for bit: same batches, dropout, optimizer
+    assert straight["val_acc"] == resumed["val_acc"]
+    with pytest.raises(trainkit.ConfigError, match="unknown config key"):
+        train.main(["--no_such_setting=1"])

@@ -1,0 +1,338 @@
+"""
+Tests of fast_tssa.py: every fused path against model.py's readable reference, for outputs,
+Pi and every gradient (w, temperature, position bias); odd shapes; masks; zero input; the
+fused decoding step; the hand-derived backward by gradcheck in float64; the Triton kernels
+under TRITON_INTERPRET=1 (in a subprocess: Triton fixes interpreter mode at import).
+
+    python -m pytest -q tests/test_fast_tssa.py
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import fast_tssa  # noqa: E402
+import model  # noqa: E402
+from fast_tssa import CKernels, TorchKernels  # noqa: E402
+
+torch.set_num_threads(2)
+HAS_C = fast_tssa.c_library() is not None
+needs_c = pytest.mark.skipif(not HAS_C, reason="no C compiler with OpenMP built fast_tssa's CPU kernels (install gcc)")
+
+# Relative RMS bounds. fp32: the fused kernels sum in a different order than torch's cumsum
+# (chunks, carries, head-at-a-time), so results differ by fp32 rounding accumulated over at
+# most a few hundred terms: ~1e-6 relative; 2e-5 leaves headroom and still fails on any
+# wrong term (a wrong gradient term is O(1) relative). bf16: one output ulp is 2^-8 = 3.9e-3.
+FP32_TOL = 2e-5
+BF16_TOL = 8e-3
+
+
+def rel_rms(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def make_inputs(B, H, T, p, dtype=torch.float32, seed=0):
+    """w in the layout model.py makes ((B, T, H, p) memory viewed as (B, H, T, p)), a
+    temperature per head, a position bias longer than T, and dL/dout in the same layout."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, H * p, generator=g).to(dtype)
+    w = x.view(B, T, H, p).transpose(1, 2).detach().requires_grad_()
+    temp = (0.5 + torch.rand(H, generator=g)).requires_grad_()
+    pos_bias = (0.3 * torch.randn(H, T + 5, generator=g)).requires_grad_()
+    grad_out = torch.randn(B, T, H * p, generator=g).to(dtype).view(B, T, H, p).transpose(1, 2)
+    return w, temp, pos_bias, grad_out
+
+
+def run(fn, w, temp, pos_bias, grad_out, with_bias=True):
+    """Output, Pi and the gradients of sum(out * grad_out) w.r.t. w, temp (and pos_bias)."""
+    out, pi = fn()
+    leaves = [w, temp] + ([pos_bias] if with_bias else [])
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    return out, pi, grads
+
+
+def check_causal(kernels, shape, dtype=torch.float32, tol=FP32_TOL):
+    w, temp, pos_bias, g = make_inputs(*shape, dtype=dtype)
+    T = shape[2]
+    ref = run(lambda: model.causal_tssa(w, temp, pos_bias, return_pi=True, impl="reference"), w, temp, pos_bias, g)
+    bias = pos_bias.to(torch.float32)[:, :T]
+    fast = run(lambda: fast_tssa.causal_tssa(w, temp, bias, return_pi=True, kernels=kernels), w, temp, pos_bias, g)
+    names = ["out", "pi", "dw", "dtemp", "dpos_bias"]
+    errors = {n: rel_rms(f, r) for n, f, r in zip(names, [fast[0], fast[1], *fast[2]], [ref[0], ref[1], *ref[2]])}
+    assert all(e < tol for e in errors.values()), errors
+    return errors
+
+
+# -----------------------------------------------------------------------------
+# the C kernels (CPU)
+
+ODD_SHAPES = [(1, 3, 150, 24),  # T not a multiple of the chunk, p not a power of two, B*H odd
+              (2, 5, 67, 7),  # several batch rows, tiny odd p
+              (1, 2, 1, 5),  # a single token
+              (3, 4, 300, 16)]  # more chunks than threads
+
+
+@needs_c
+@pytest.mark.parametrize("sequential", [True, False], ids=["one-pass", "chunked"])
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=str)
+def test_cpu_causal_matches_reference(shape, sequential, monkeypatch):
+    monkeypatch.setattr(CKernels, "sequential", staticmethod(lambda *a, **k: sequential))
+    check_causal(CKernels, shape)
+
+
+@needs_c
+@pytest.mark.parametrize("shape", [(1, 3, 150, 24), (2, 5, 67, 7)], ids=str)
+def test_cpu_noncausal_with_mask_matches_reference(shape):
+    w, temp, _, g = make_inputs(*shape)
+    B, T = shape[0], shape[2]
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, T // 3:] = False  # the first row is padded after a third of its tokens
+    for m in (None, mask):
+        ref = run(lambda: model.tssa(w, temp, return_pi=True, mask=m, impl="reference"), w, temp, None, g, False)
+        fast = run(lambda: fast_tssa.tssa(w, temp, return_pi=True, mask=m, kernels=CKernels), w, temp, None, g, False)
+        for f, r in zip([fast[0], fast[1], *fast[2]], [ref[0], ref[1], *ref[2]]):
+            assert rel_rms(f, r) < FP32_TOL
+    out, pi, (dw, _) = fast
+    assert out[0, :, T // 3:].abs().max() == 0 and pi[0, :, T // 3:].abs().max() == 0  # padding takes no part
+    assert dw[0, :, T // 3:].abs().max() == 0
+
+
+@needs_c
+def test_cpu_bf16_matches_reference():
+    # statistics are fp32 on both sides; only the bf16 rounding of out and dw can differ
+    check_causal(CKernels, (2, 3, 100, 16), dtype=torch.bfloat16, tol=BF16_TOL)
+
+
+@pytest.mark.parametrize("kernels", [pytest.param(CKernels, marks=needs_c), TorchKernels], ids=["cpu", "torch"])
+def test_all_zero_input_is_finite(kernels):
+    w = torch.zeros(1, 3, 40, 8, requires_grad=True)
+    temp = torch.ones(3, requires_grad=True)
+    bias = torch.zeros(3, 40, requires_grad=True)
+    out, pi = fast_tssa.causal_tssa(w, temp, bias, return_pi=True, kernels=kernels)
+    out.backward(torch.randn_like(out))
+    assert out.abs().max() == 0
+    assert torch.allclose(pi, torch.full_like(pi, 1 / 3))  # no evidence: uniform over heads
+    for grad in (w.grad, temp.grad, bias.grad):
+        assert torch.isfinite(grad).all()
+    out = fast_tssa.tssa(w.detach(), temp.detach(), kernels=kernels)
+    assert out.abs().max() == 0
+
+
+# -----------------------------------------------------------------------------
+# the hand-derived backward, in float64
+
+
+def test_backward_gradcheck_float64():
+    """torch.autograd.gradcheck (finite differences, eps 1e-6, atol 1e-5, rtol 1e-3) of the
+    hand-written backward shared by every back end, in its PyTorch form."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(2, 3, 5, 3, dtype=torch.float64, generator=g).requires_grad_()
+    temp = (0.5 + torch.rand(3, dtype=torch.float64, generator=g)).requires_grad_()
+    bias = (0.3 * torch.randn(3, 5, dtype=torch.float64, generator=g)).requires_grad_()
+    causal = lambda w_, t_, b_: fast_tssa.causal_tssa(w_, t_, b_, kernels=TorchKernels)
+    assert torch.autograd.gradcheck(causal, (w, temp, bias))
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    noncausal = lambda w_, t_: fast_tssa.tssa(w_, t_, mask=mask, kernels=TorchKernels)
+    assert torch.autograd.gradcheck(noncausal, (w, temp))
+
+
+def test_torch_backend_float64_equals_reference():
+    # same maths in float64 on both sides: only rounding differs (~1e-15 relative)
+    w, temp, pos_bias, g = make_inputs(2, 3, 33, 6, dtype=torch.float64)
+    with torch.no_grad():
+        temp.data, pos_bias.data = temp.double(), pos_bias.double()
+    ref = run(lambda: model.causal_tssa(w, temp, pos_bias, return_pi=True, impl="reference"), w, temp, pos_bias, g)
+    fast = run(lambda: fast_tssa.causal_tssa(w, temp, pos_bias[:, :33], True, kernels=TorchKernels),
+               w, temp, pos_bias, g)
+    for f, r in zip([fast[0], fast[1], *fast[2]], [ref[0], ref[1], *ref[2]]):
+        assert rel_rms(f, r) < 1e-12
+
+
+# -----------------------------------------------------------------------------
+# dispatch from model.py
+
+
+def test_applies_and_dispatch():
+    w, temp, pos_bias, g = make_inputs(1, 3, 20, 8)
+    assert not fast_tssa.applies(w, "softmax", "reference")
+    assert not fast_tssa.applies(w, "uniform", "auto")  # the ablation stays on the reference
+    assert not fast_tssa.applies(w.double(), "softmax", "auto")  # float64: the reference (fp64 statistics)
+    assert fast_tssa.applies(w.double(), "softmax", "fast")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        model.causal_tssa(w, temp, pos_bias, impl="fused")
+    assert fast_tssa.applies(w, "softmax", "auto") == HAS_C
+    out, pi = model.causal_tssa(w, temp, pos_bias, return_pi=True)
+    assert (out.grad_fn.name() == "FusedTSSABackward") == HAS_C
+    assert not pi.requires_grad or not HAS_C  # Pi comes back detached from the fused path
+    ref = model.causal_tssa(w, temp, pos_bias, impl="reference")
+    assert rel_rms(out, ref) < FP32_TOL
+    out_u = model.causal_tssa(w, temp, pos_bias, pi_mode="uniform")
+    assert out_u.grad_fn.name() != "FusedTSSABackward"
+
+
+def tiny_gpt(**kw):
+    torch.manual_seed(0)
+    cfg = model.GPTConfig(block_size=64, vocab_size=97, n_layer=2, n_head=3, n_embd=48, layer_scale_init=0.5, **kw)
+    return model.GPT(cfg)
+
+
+@needs_c
+def test_whole_model_gradients_match_reference(monkeypatch):
+    """A training step's loss and every parameter gradient are the same through the fused path
+    as through model.py's reference (the operator sits between real projections here)."""
+    m = tiny_gpt()
+    idx = torch.randint(0, 97, (2, 50), generator=torch.Generator().manual_seed(0))
+    _, loss_fast = m(idx, idx)
+    grads_fast = torch.autograd.grad(loss_fast, list(m.parameters()))
+    monkeypatch.setattr(model, "fast_tssa", None)
+    _, loss_ref = m(idx, idx)
+    grads_ref = torch.autograd.grad(loss_ref, list(m.parameters()))
+    assert abs(loss_fast.item() - loss_ref.item()) < 1e-6  # fp32 loss ~4.6: a few ulps
+    names = [n for n, _ in m.named_parameters()]
+    for name, gf, gr in zip(names, grads_fast, grads_ref):
+        if gr.norm() > 0:
+            assert rel_rms(gf, gr) < 1e-4, name  # through 2 layers of matmuls, still fp32 rounding
+
+
+# -----------------------------------------------------------------------------
+# decoding step
+
+
+@needs_c
+def test_fused_step_equals_reference_step(monkeypatch):
+    B, H, p, T_bias = 2, 3, 24, 5
+    g = torch.Generator().manual_seed(0)
+    temp, pos_bias = 0.5 + torch.rand(H, generator=g), torch.randn(H, T_bias, generator=g)
+    fused, ref = model.TSSAState.zeros(B, H, p), model.TSSAState.zeros(B, H, p)
+    for t in range(T_bias + 3):  # past the end of the bias: the last one is reused
+        w_t = torch.randn(B, H, p, generator=g)
+        assert fast_tssa.step_applies(w_t, temp, pos_bias, fused)
+        out_f, _, pi_f = model.causal_tssa_step(w_t, temp, pos_bias, fused, return_pi=True)
+        with monkeypatch.context() as mp:
+            mp.setattr(model, "fast_tssa", None)
+            out_r, _, pi_r = model.causal_tssa_step(w_t, temp, pos_bias, ref, return_pi=True)
+        assert rel_rms(out_f, out_r) < FP32_TOL and rel_rms(pi_f, pi_r) < FP32_TOL
+    for a, b in ((fused.sum_sq, ref.sum_sq), (fused.sum_pi_sq, ref.sum_pi_sq), (fused.sum_pi, ref.sum_pi)):
+        assert rel_rms(a, b) < FP32_TOL
+    assert fused.pos == ref.pos == T_bias + 3
+    # a step that needs gradients is left to the reference
+    assert not fast_tssa.step_applies(w_t, temp.requires_grad_(), pos_bias, fused)
+
+
+@needs_c
+def test_generation_same_tokens_fused_and_reference(monkeypatch):
+    m = tiny_gpt().eval()
+    prompt = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    fused = m.generate(prompt, 12, temperature=0)
+    monkeypatch.setattr(model, "fast_tssa", None)
+    ref = m.generate(prompt, 12, temperature=0)
+    assert torch.equal(fused, ref)
+
+
+# -----------------------------------------------------------------------------
+# Triton kernels under the interpreter (CPU), in a subprocess
+
+TRITON_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    import fast_tssa
+    from fast_tssa import TritonKernels as K
+    assert fast_tssa.INTERPRET, "TRITON_INTERPRET=1 was not seen at import"
+    results = {}
+    def case(name, B, H, T, p, dtype, causal, masked, seed):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(B, T, H * p, generator=g).to(dtype)
+        w = x.view(B, T, H, p).transpose(1, 2).detach().requires_grad_()
+        temp = (0.5 + torch.rand(H, generator=g)).requires_grad_()
+        bias = (0.3 * torch.randn(H, T, generator=g)).requires_grad_()
+        gout = torch.randn(B, T, H * p, generator=g).to(dtype).view(B, T, H, p).transpose(1, 2)
+        mask = None
+        if masked:
+            mask = torch.ones(B, T, dtype=torch.bool)
+            mask[0, T // 2:] = False
+        if causal:
+            out, pi = fast_tssa.causal_tssa(w, temp, bias, return_pi=True, kernels=K)
+            grads = torch.autograd.grad(out, [w, temp, bias], gout)
+        else:
+            out, pi = fast_tssa.tssa(w, temp, return_pi=True, mask=mask, kernels=K)
+            grads = torch.autograd.grad(out, [w, temp], gout)
+        results[name] = dict(w=w.detach(), temp=temp.detach(), bias=bias.detach(), gout=gout, mask=mask,
+                             causal=causal, out=out.detach(), pi=pi, grads=[t.detach() for t in grads])
+    case("causal_fp32_odd", 1, 3, 150, 24, torch.float32, True, False, 0)  # T % 64 != 0, p not 2^k, B*H odd
+    case("causal_fp32_batch", 2, 2, 64, 16, torch.float32, True, False, 1)  # T exactly one chunk
+    case("causal_bf16", 1, 2, 70, 16, torch.bfloat16, True, False, 2)
+    case("causal_fp16", 1, 2, 40, 8, torch.float16, True, False, 3)
+    case("noncausal_mask", 2, 3, 90, 12, torch.float32, False, True, 4)
+    # the fused decoding step
+    import model
+    g = torch.Generator().manual_seed(5)
+    B, H, p = 2, 3, 24
+    temp, pos_bias = 0.5 + torch.rand(H, generator=g), torch.randn(H, 4, generator=g)
+    state = model.TSSAState.zeros(B, H, p)
+    steps = [torch.randn(B, H, p, generator=g) for _ in range(7)]
+    outs = [fast_tssa.causal_tssa_step(w_t, temp, pos_bias, state, True, kernels=K) for w_t in steps]
+    results["step"] = dict(temp=temp, pos_bias=pos_bias, steps=steps, out=[o for o, _, _ in outs],
+                           pi=[q for _, _, q in outs], state=(state.sum_sq, state.sum_pi_sq, state.sum_pi, state.pos))
+    torch.save(results, sys.argv[1])
+""")
+
+
+@pytest.fixture(scope="module")
+def triton_results(tmp_path_factory):
+    try:
+        import triton  # noqa: F401  (only whether it imports)
+    except ImportError:
+        pytest.skip("triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)")
+    path = tmp_path_factory.mktemp("triton") / "results.pt"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT, str(path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(path, weights_only=False)
+
+
+@pytest.mark.parametrize("name", ["causal_fp32_odd", "causal_fp32_batch", "causal_bf16", "causal_fp16", "noncausal_mask"])
+def test_triton_kernels_match_reference(triton_results, name):
+    r = triton_results[name]
+    w = r["w"].requires_grad_()
+    temp, bias = r["temp"].requires_grad_(), r["bias"].requires_grad_()
+    if r["causal"]:
+        out, pi = model.causal_tssa(w, temp, bias, return_pi=True, impl="reference")
+        grads = torch.autograd.grad(out, [w, temp, bias], r["gout"])
+    else:
+        out, pi = model.tssa(w, temp, return_pi=True, mask=r["mask"], impl="reference")
+        grads = torch.autograd.grad(out, [w, temp], r["gout"])
+    # fp32: as FP32_TOL. bf16/fp16: the interpreter rounds fp32 -> bf16 by truncation (half the
+    # values land one ulp = 2^-8 away from torch's round-to-nearest); fp16 ulp is 2^-11.
+    tol = FP32_TOL if r["w"].dtype == torch.float32 else BF16_TOL
+    for got, want in zip([r["out"], r["pi"], *r["grads"]], [out, pi, *grads]):
+        assert got.shape == want.shape
+        assert rel_rms(got, want) < (FP32_TOL if got.dtype == torch.float32 and want.dtype == torch.float32 else tol)
+
+
+def test_triton_step_matches_reference(triton_results):
+    r = triton_results["step"]
+    B, H, p = r["steps"][0].shape
+    state = model.TSSAState.zeros(B, H, p)
+    for w_t, out_f, pi_f in zip(r["steps"], r["out"], r["pi"]):
+        out_r, _, pi_r = _reference_step(w_t, r, state)
+        assert rel_rms(out_f, out_r) < FP32_TOL and rel_rms(pi_f, pi_r) < FP32_TOL
+    for got, want in zip(r["state"][:3], (state.sum_sq, state.sum_pi_sq, state.sum_pi)):
+        assert rel_rms(got, want) < FP32_TOL
+    assert r["state"][3] == state.pos == len(r["steps"])
+
+
+def _reference_step(w_t, r, state):
+    """model.causal_tssa_step with the fused CPU step switched off."""
+    saved, model.fast_tssa = model.fast_tssa, None
+    try:
+        return model.causal_tssa_step(w_t, r["temp"], r["pos_bias"], state, return_pi=True)
+    finally:
+        model.fast_tssa = saved
