@@ -691,10 +691,10 @@ class ToSTViT(nn.Module):
         and with return_maps a dict: "layers" -> per ToST block {"z": LN input (B, N, C),
         "w": U^T z (B, H, N, p), "pi": (B, H, N), "out": attention output (B, N, C)} and
         "cls_attn" -> per class-attention layer (B, H, N) over patches; "grid": (Hp, Wp)."""
-        B, _, Hi, Wi = images.shape
         P = self.config.patch_size
-        if images.dim() != 4 or Hi % P or Wi % P:
+        if images.dim() != 4 or images.shape[-2] % P or images.shape[-1] % P:
             raise ValueError(f"images must be (B, C, H, W) with H, W divisible by {P}, got {tuple(images.shape)}")
+        B = images.shape[0]
         x = self.patch_embed(images)  # (B, C, Hp, Wp)
         Hp, Wp = x.shape[-2:]
         x = x + self.pos_embed(B, Hp, Wp, images.device)

@@ -447,5 +447,7 @@ def test_bad_input_raises_clear_value_errors():
     vit = ToSTViT(ViTConfig(patch_size=8, n_layer=1, n_head=2, n_embd=16, num_classes=2))
     with pytest.raises(ValueError, match="divisible by 8"):
         vit(torch.randn(1, 3, 30, 32))
+    with pytest.raises(ValueError, match=r"\(B, C, H, W\)"):
+        vit(torch.randn(3, 32, 32))  # a single image without its batch dimension
     with pytest.raises(TypeError):
         GPTConfig(12, 12)  # keyword-only configs: no silent positional mix-ups
