@@ -8,7 +8,8 @@ Writes PNG files a person can open, and the numbers behind them, into out_dir
 (default: <checkpoint folder>/inspect):
 
   pi_XX.png        image XX, then Pi of each head on the patch grid, one row per chosen layer
-                   (colour scale fixed: 0 dark purple .. 1 yellow; 1/H everywhere = no grouping)
+                   (colour scale fixed: 0 dark purple .. 1 yellow; 1/H everywhere = no grouping);
+                   footer: true class (val images), predicted class, the colour scale
   cls_attn_XX.png  image XX, then the attention of the class token over the patches, one panel
                    per head, of the first class-attention layer (each head scaled to its maximum)
   rvar.png         left: R_var layer by layer, mean over n_rvar train and n_rvar val images,
@@ -28,7 +29,8 @@ and, with g_l the layer scale of that branch (ls_1) and compression_objective fr
   before_l = compression_objective(w_l, pi_l)                    = R_var(Z_l | Pi_l, U_l)
   after_l  = compression_objective(c_in(z_l + g_l * out_l), pi_l) = R_var(Z_l + step | Pi_l, U_l)
 i.e. the tokens before and after this layer's TSSA step, both seen through the same U_l and
-Pi_l. Figure 4a plots after_l against l. The within-layer check is after_l < before_l; it is
+Pi_l. Figure 4a plots after_l against l. Train and val images are both prepared as for
+evaluation (centre crop, normalisation; no augmentation), n_rvar of each, a fixed subset. The within-layer check is after_l < before_l; it is
 a theorem only for the tied operator (output map = step * U, notes §2); with the learned,
 untied c_proj it is an empirical question, and the tool reports what it finds.
 
@@ -58,6 +60,7 @@ n_rvar = 500  # train and val images each for the R_var plot (the paper uses 500
 batch_size = 50
 out_dir = ""  # "" = <checkpoint folder>/inspect
 device = "cpu"
+num_threads = 0  # CPU threads for torch (0: torch's default; 1 is best on a small or busy CPU)
 DEFAULTS = trainkit.config_defaults(globals())
 # -----------------------------------------------------------------------------
 
@@ -174,13 +177,14 @@ def upscale(pixels, size):
     return pixels[rows][:, cols]
 
 
-def panel_grid(rows, row_labels, col_labels, cell):
+def panel_grid(rows, row_labels, col_labels, cell, footer="", legend=("0", "1")):
     """Panels (cell, cell, 3) in a grid: a header strip with the column labels, then per row a
-    label strip and the panels. Size: width PAD + ncols * (cell + PAD),
-    height PAD + LABEL_H + nrows * (LABEL_H + cell + PAD)."""
+    label strip and the panels, then a footer strip: `footer` text followed by the colour
+    scale (legend[0], the ramp, legend[1]). Size: width PAD + ncols * (cell + PAD),
+    height PAD + LABEL_H + nrows * (LABEL_H + cell + PAD) + LABEL_H."""
     ncols = max(len(r) for r in rows)
     W = PAD + ncols * (cell + PAD)
-    H = PAD + LABEL_H + len(rows) * (LABEL_H + cell + PAD)
+    H = PAD + LABEL_H + len(rows) * (LABEL_H + cell + PAD) + LABEL_H
     canvas = np.full((H, W, 3), 255, np.uint8)
     for c, label in enumerate(col_labels):
         draw_text(canvas, PAD + 2, PAD + c * (cell + PAD), label)
@@ -190,6 +194,11 @@ def panel_grid(rows, row_labels, col_labels, cell):
         for c, panel in enumerate(panels):
             left = PAD + c * (cell + PAD)
             canvas[top + LABEL_H:top + LABEL_H + cell, left:left + cell] = panel
+    y = H - LABEL_H
+    x = draw_text(canvas, y + 1, PAD, f"{footer}   colour: {legend[0]} " if footer else f"colour: {legend[0]} ")
+    ramp_w = 64
+    canvas[y + 1:y + 11, x:x + ramp_w] = colourise(np.linspace(0, 1, ramp_w)[None].repeat(10, 0))
+    draw_text(canvas, y + 1, x + ramp_w + 4, legend[1])
     return canvas
 
 
@@ -261,7 +270,8 @@ def _split_heads(x, H):  # (B, N, C) -> (B, H, N, C // H)
 def rvar_before_after(model, x):
     """R_var before and after each ToST layer's TSSA step (see the docstring at the top):
     x (B, 3, S, S) normalised images -> (before, after) each (B, L), and the forward's maps."""
-    _, maps = model(x, return_maps=True)
+    logits, maps = model(x, return_maps=True)
+    maps["logits"] = logits  # (B, classes)
     before, after = [], []
     for block, m in zip(model.blocks, maps["layers"]):
         before.append(compression_objective(m["w"], m["pi"]))  # (B,)
@@ -314,6 +324,8 @@ def parse_layers(text, n_layer):
 
 def main(argv=None):
     cfg = trainkit.configure(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    if cfg["num_threads"] > 0:
+        torch.set_num_threads(cfg["num_threads"])
     if not cfg["ckpt"]:
         raise trainkit.ConfigError("give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt")
     dev = cfg["device"]
@@ -338,20 +350,24 @@ def main(argv=None):
             raise FileNotFoundError(f"no image files in {cfg['images']!r}")
         paths = paths[:cfg["n_show"]]
         shown = torch.stack([vit_train.center_crop(vit_train.load_image(p), S, tcfg["eval_crop_pct"]) for p in paths])
-        sources = paths
+        sources, truth = paths, [None] * len(paths)  # the true class of a user's image is unknown
     else:
         train_src, val_src = vit_train.build_sources(tcfg)
         val_view = vit_train.CropView(val_src, S, train=False, crop_pct=tcfg["eval_crop_pct"])
         idx = list(range(min(cfg["n_show"], len(val_src))))
         shown, sources = batch_of(val_view, idx), [f"val[{i}]" for i in idx]
+        truth = [val_src.get(i)[1] for i in idx]
 
     x = vit_train.normalise(shown.to(dev).float() / 255, name)
     if is_tost:
         before, after, maps = rvar_before_after(model, x)
     else:
         with torch.no_grad():
-            _, maps = model(x, return_maps=True)
+            logits, maps = model(x, return_maps=True)
+        maps["logits"] = logits
     Hp, Wp = maps["grid"]
+    classes = ck.get("classes") or [str(k) for k in range(model.config.num_classes)]
+    probs = maps["logits"].float().softmax(-1).cpu()  # (B, classes)
     cell = S * max(1, PANEL_TARGET // S)
     report = {"checkpoint": os.path.abspath(cfg["ckpt"]), "iter": ck.get("iter_num"), "attn": model.config.attn,
               "img_size": S, "grid": [Hp, Wp], "n_layer": L, "n_head": H, "layers_shown": chosen,
@@ -359,18 +375,22 @@ def main(argv=None):
               "images": [], "pngs": {}}
     for i in range(len(shown)):
         picture = upscale(shown[i].permute(1, 2, 0).numpy(), cell)
-        entry = {"source": sources[i]}
+        entry = {"source": sources[i], "predicted": classes[int(probs[i].argmax())], "p": float(probs[i].max()),
+                 "true": None if truth[i] is None else classes[truth[i]]}
+        caption = (f"true {entry['true']}, " if entry["true"] else "") + f"predicted {entry['predicted']}"
         if is_tost:
             rows = [[picture] + [upscale(colourise(maps["layers"][l - 1]["pi"][i, h].view(Hp, Wp).cpu().numpy()), cell)
                                  for h in range(H)] for l in chosen]
-            grid = panel_grid(rows, [f"layer {l}" for l in chosen], ["input"] + [f"head {h + 1}" for h in range(H)], cell)
+            grid = panel_grid(rows, [f"Pi, layer {l}" for l in chosen], ["input"] + [f"head {h + 1}" for h in range(H)],
+                              cell, footer=caption, legend=("0", "1"))
             entry["pi_png"] = f"pi_{i:02d}.png"
             report["pngs"][entry["pi_png"]] = write_png(os.path.join(out, entry["pi_png"]), grid)
             entry["rvar_before"], entry["rvar_after"] = before[i].tolist(), after[i].tolist()
         attn = maps["cls_attn"][0][i].view(H, Hp, Wp).cpu().numpy()
         heads = [upscale(colourise(a, 0, max(float(a.max()), 1e-12)), cell) for a in attn]
         grid = panel_grid([[picture] + heads], ["class attention, layer 1"],
-                          ["input"] + [f"head {h + 1}" for h in range(H)], cell)
+                          ["input"] + [f"head {h + 1}" for h in range(H)], cell, footer=caption,
+                          legend=("0", "head max"))
         entry["cls_attn_png"] = f"cls_attn_{i:02d}.png"
         report["pngs"][entry["cls_attn_png"]] = write_png(os.path.join(out, entry["cls_attn_png"]), grid)
         report["images"].append(entry)

@@ -110,6 +110,7 @@ grad_clip = 1.0  # 0: off
 device = ""  # "" = cuda when available, else cpu
 dtype = "auto"  # "auto" (bfloat16 on a GPU that has it, else float32) | "float32" | "bfloat16" | "float16"
 compile = False
+num_threads = 0  # CPU threads for torch ops (0: torch's default). Small models on a busy or small CPU: 1
 sync_bn = True  # under DDP on GPUs: SyncBatchNorm in the convolutional patch embedding
 seed = 1337
 # benchmark mode (--bench=True): forward time and peak memory, softmax vs TSSA
@@ -815,12 +816,13 @@ def _train(cfg, d):
     model.to(dev)
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
                                            "cuda" if dev.startswith("cuda") else "cpu")
-    iter_num, best_top1 = 0, 0.0
+    iter_num, best_top1, resumed_at = 0, 0.0, None
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
         if scaler is not None and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         iter_num, best_top1 = ckpt["iter_num"], ckpt["best_val_top1"]
+        resumed_at = iter_num  # the checkpoint was written right after evaluating at this iteration
         states = ckpt["rng"]
         trainkit.set_rng_state(states[d.rank] if len(states) == d.world_size else states[0])
         del ckpt
@@ -858,11 +860,14 @@ def _train(cfg, d):
 
     result, t0, loss_window = {}, time.time(), []
     while True:
-        if iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]:
+        due = iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]
+        if due and iter_num != resumed_at:  # (a resumed run does not repeat the checkpoint's evaluation)
             top1, val_loss = evaluate(model, val_loader, dev, ctx, d, cfg["dataset"])
             improved = top1 > best_top1
             best_top1 = max(best_top1, top1)
+            # mean of the training losses logged since the previous evaluation
             train_loss = sum(loss_window) / len(loss_window) if loss_window else None
+            loss_window = []
             result = {"kind": "eval", "iter": iter_num, "val_top1": top1, "val_loss": val_loss,
                       "train_loss": train_loss, "best_val_top1": best_top1}
             logger.log(result)
@@ -906,7 +911,7 @@ def _train(cfg, d):
                 raise FloatingPointError(
                     f"non-finite training loss ({loss_val}) at iteration {iter_num}; the last good checkpoint is "
                     f"in {cfg['out_dir']}. Try a lower learning_rate, grad_clip=1.0 or dtype=float32/bfloat16.")
-            loss_window = (loss_window + [loss_val])[-50:]
+            loss_window.append(loss_val)
             dt = (time.time() - t0) / cfg["log_interval"]
             t0 = time.time()
             images_per_s = cfg["batch_size"] * accum * d.world_size / max(dt, 1e-9)
@@ -943,10 +948,22 @@ def _rss_kib(field):
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def _reset_peak_rss():
+    """Reset the kernel's peak resident set (VmHWM) to the current one; False if not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _measure(cfg, attn_kind, side, dev):
     """(median forward ms, peak extra memory MiB) of one forward pass under no_grad.
-    GPU: torch.cuda peak allocation. CPU: growth of the process's peak resident set (run in
-    a fresh process, so earlier measurements do not hide it)."""
+    GPU: torch.cuda peak allocation above what is allocated before the pass. CPU: growth of the
+    process's peak resident set during the pass (run in a fresh process per measurement, with
+    the peak reset to the current resident set just before, so neither earlier measurements
+    nor building the module hide it)."""
     module, x = _bench_module(cfg, attn_kind, side)
     module, x = module.to(dev).eval(), x.to(dev)
     ctx, _ = trainkit.autocast_for(dev, resolve_dtype(cfg["dtype"], dev))
@@ -961,6 +978,7 @@ def _measure(cfg, attn_kind, side, dev):
             sync()
             peak_mib = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
         else:
+            _reset_peak_rss()
             base = _rss_kib("VmRSS")
             module(x)
             peak_mib = (_rss_kib("VmHWM") - base) / 1024
@@ -1031,6 +1049,8 @@ def run_benchmark(cfg):
 
 def main(argv=None):
     cfg = trainkit.configure(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    if cfg["num_threads"] > 0:
+        torch.set_num_threads(cfg["num_threads"])
     if cfg["bench"]:
         return run_benchmark(cfg)
     return train(cfg)

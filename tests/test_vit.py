@@ -3,7 +3,7 @@ Tests of the vision scripts (vit_train.py, vit_inspect.py): a small ToST-ViT lea
 built-in shapes task; resume is exact; the image-folder loader reads a tree of PNGs written
 here; fine-tuning swaps the head; the augmentations do what they claim; the picture command
 writes valid PNGs of the documented sizes and its R_var numbers equal compression_objective
-on the same tensors. CPU, offline, about 30 s.
+on the same tensors. CPU, offline, about 20 s.
 
     python -m pytest -q tests/test_vit.py
 """
@@ -321,9 +321,9 @@ def read_png(path):
     return W, H
 
 
-def grid_size(ncols, nrows, cell):  # the layout vit_inspect.panel_grid documents
+def grid_size(ncols, nrows, cell):  # the layout vit_inspect.panel_grid documents (with its footer)
     P, L = vit_inspect.PAD, vit_inspect.LABEL_H
-    return P + ncols * (cell + P), P + L + nrows * (L + cell + P)
+    return P + ncols * (cell + P), P + L + nrows * (L + cell + P) + L
 
 
 @pytest.fixture(scope="module")
@@ -354,6 +354,7 @@ def test_inspect_writes_valid_pngs_of_the_expected_sizes(trained, inspected):
     top = vit_inspect.PAD + 2 * vit_inspect.LABEL_H
     panel = pixels[top:top + cell, vit_inspect.PAD:vit_inspect.PAD + cell]
     assert np.array_equal(panel, img.permute(1, 2, 0).numpy().repeat(8, 0).repeat(8, 1))
+    assert [e["true"] for e in report["images"]] == [vit_train.SHAPES[val.get(i)[1]] for i in (0, 1)]
 
 
 def test_inspect_rvar_equals_compression_objective_on_the_same_tensors(trained, inspected):
@@ -391,6 +392,26 @@ def test_inspect_rvar_equals_compression_objective_on_the_same_tensors(trained, 
         assert np.allclose(entry["rvar_before"], ref, rtol=1e-5, atol=0)
 
 
+def test_within_layer_check_sees_a_tied_gradient_step_lower_r_var():
+    """The before/after measurement of vit_inspect has the right signs: tie each block's output
+    map to the theory's (c_proj = (tau/N) U, notes §2, no bias, layer scale 1), and every step
+    must lower R_var; flip its sign (an ascent step) and every step must raise it."""
+    torch.manual_seed(0)
+    model = vit_train.ToSTViT(vit_train.ViTConfig(img_size=16, patch_size=4, n_layer=2, n_head=4, n_embd=32,
+                                                  num_classes=3)).eval()
+    x = torch.randn(6, 3, 16, 16)
+    N, tau = (16 // 4) ** 2, 0.5
+    for sign, lowered in ((1.0, True), (-1.0, False)):
+        with torch.no_grad():
+            for block in model.blocks:
+                # c_in: w = W_in z + b, so grad_z R_var = W_in^T dR/dw and dR/dw = -TSSA(w) / N
+                block.attn.c_proj.weight.copy_(sign * tau / N * block.attn.c_in.weight.T)
+                block.attn.c_proj.bias.zero_()
+                block.ls_1.gamma.fill_(1.0)
+        before, after = vit_inspect.rvar_before_after(model, x)[:2]  # (6, 2) each
+        assert bool(((after < before) if lowered else (after > before)).all()), (sign, before, after)
+
+
 def test_inspect_on_a_folder_of_images(trained, tmp_path):
     rng = np.random.default_rng(2)
     folder = tmp_path / "pics"
@@ -403,6 +424,8 @@ def test_inspect_on_a_folder_of_images(trained, tmp_path):
                                "--layers=2", "--n_rvar=4"])
     assert [e["source"] for e in report["images"]] == [str(folder / f"p{i}.png") for i in range(3)]
     assert report["layers_shown"] == [2]
+    assert all(e["true"] is None and e["predicted"] in ("disk", "ring", "triangle", "plus")
+               for e in report["images"])  # no true class for a user's image; a prediction
     for i in range(3):
         assert read_png(os.path.join(out, f"pi_{i:02d}.png")) == grid_size(5, 1, 128)
     with pytest.raises(trainkit.ConfigError, match="out of range"):
