@@ -299,8 +299,10 @@ def model_decode_case(impl, T_):
     L, C = m.config.n_layer, m.config.n_embd
     kw = dict(device=DEVICE, dtype=DTYPE)
     if impl == "sdpa":
-        states = [{"k": torch.randn(B, H, T_, C // H, **kw), "v": torch.randn(B, H, T_, C // H, **kw)} for _ in range(L)]
-        size = sum(s["k"].numel() * s["k"].element_size() * 2 for s in states)
+        states = [model.KVCache() for _ in range(L)]
+        for s in states:  # prefilled with T_ tokens
+            s.append(torch.randn(B, H, T_, C // H, **kw), torch.randn(B, H, T_, C // H, **kw))
+        size = sum(s.nbytes() for s in states)
     else:
         states = []
         for _ in range(L):
@@ -335,7 +337,9 @@ def run_suite(suite, impl_list, mode_list, T_list, results, bw):
                            dtype=str(DTYPE).replace("torch.", ""), causal=causal)
                 if (impl, mode) in last:
                     T0, ms0 = last[(impl, mode)]
-                    power = 2 if impl == "sdpa" and suite in ("op", "model") else 1
+                    # how the cost grows with T: attention T^2 per sequence / T per decoded token;
+                    # TSSA T per sequence and constant per decoded token (its state does not grow)
+                    power = (1 if per_call else 2) if impl == "sdpa" else (0 if per_call else 1)
                     est_s = ms0 * (T_ / T0) ** power * (repeats + warmup) / 1e3
                     if est_s > max_case_s:
                         rec.update(note=f"skipped: estimated {est_s:.0f} s > max_case_s")

@@ -12,7 +12,8 @@ Three back ends compute the same maths with the same hand-derived backward:
             torch cumsum between kernels). Softmax across heads in PyTorch on (B, H, T).
             Also runs under TRITON_INTERPRET=1 on CPU (slow; that is how the tests run it).
   "cpu"     CPU: a small C file compiled once with the system C compiler (cc -O3 -fopenmp,
-            cached in ~/.cache/nanotost), called through ctypes. All heads of a token are
+            cached in ~/.cache/nanotost or a per-user temp folder; without -march=native or
+            OpenMP if the compiler rejects them), called through ctypes. All heads of a token are
             handled together (softmax and its backward inline), w is streamed in the layout
             model.py makes; causal with a batch row per thread: one pass forward, one pass
             backward; otherwise chunks of tokens in parallel with carries between passes.
@@ -42,12 +43,15 @@ The softmax across heads couples the heads: kernels that own one head need two p
 each way with a (B, H, T) softmax step between them; the CPU kernels own every head of a token.
 """
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
+import threading
 import warnings
 
 import torch
@@ -591,17 +595,31 @@ void tssa_step(const float *w, const float *temp, const float *bias, float *sum_
 }
 """
 
-C_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c99"]
+# Flag sets tried in order: the first that builds wins. Without -march=native (compilers that
+# reject it), then without OpenMP (e.g. clang with no libomp: the pragmas are ignored and the
+# kernels run on one thread; the C source calls no omp_* function, so it builds either way).
+C_FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
+C_COMMON = ["-fPIC", "-shared", "-std=c99"]
 _c_lib_cache = []  # [lib or None] once tried
+_c_lib_lock = threading.Lock()  # one build per process, even if two threads ask at once
 
 
-def _cache_dir():
-    root = os.environ.get("NANOTOST_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nanotost")
-    try:
-        os.makedirs(root, exist_ok=True)
-        return root
-    except OSError:
-        return tempfile.gettempdir()
+def _cache_dirs():
+    """Where the compiled kernels may live, in order: $NANOTOST_CACHE, else
+    $XDG_CACHE_HOME/nanotost or ~/.cache/nanotost; then a per-user folder in the temp dir
+    (read-only home directories, containers). Only folders we can create and write to."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    candidates = [os.environ.get("NANOTOST_CACHE") or os.path.join(base, "nanotost"),
+                  os.path.join(tempfile.gettempdir(), f"nanotost-{uid}")]
+    for root in candidates:
+        try:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+        except OSError:
+            continue
+        owned = not hasattr(os, "getuid") or os.stat(root).st_uid == os.getuid()  # never load another user's .so
+        if owned and os.access(root, os.W_OK | os.X_OK):
+            yield root
 
 
 def _cpu_signature():  # -march=native code must not be reused on another CPU model
@@ -613,36 +631,70 @@ def _cpu_signature():  # -march=native code must not be reused on another CPU mo
     return "".join(lines) + platform.machine()
 
 
+def _build(path):
+    """Compile C_SOURCE into path with the first flag set that works. Concurrency-safe: each
+    process compiles in its own temp folder and publishes the result with an atomic rename,
+    so two processes building at once (torchrun ranks, pytest workers) both end with a whole
+    file and nobody ever loads half of one. Raises the last build error if no flags work."""
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    err = None
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp:
+        src, tmp_so = os.path.join(tmp, "fast_tssa.c"), os.path.join(tmp, "fast_tssa.so")
+        with open(src, "w") as f:
+            f.write(C_SOURCE)
+        for flags in C_FLAG_SETS:
+            try:
+                subprocess.run([*cc, *flags, *C_COMMON, src, "-o", tmp_so, "-lm"], check=True,
+                               capture_output=True, timeout=300)
+            except (OSError, subprocess.SubprocessError) as e:
+                err = e
+                continue
+            os.replace(tmp_so, path)  # same folder, so an atomic rename
+            return flags
+    raise err
+
+
 def c_library():
     """The compiled C kernels (ctypes.CDLL), or None if no C compiler could build them
     (then the CPU falls back to model.py's reference; impl="fast" uses the "torch" back end).
-    Built once into ~/.cache/nanotost (or $NANOTOST_CACHE) keyed by source, flags and CPU."""
+    Built once into the first writable folder of _cache_dirs(), keyed by source, flag sets,
+    compiler and CPU; later processes load the cached file. NANOTOST_NO_C=1 skips the C
+    kernels altogether."""
     if _c_lib_cache:
         return _c_lib_cache[0]
-    lib = None
-    if os.environ.get("NANOTOST_NO_C") != "1":
-        key = hashlib.sha256((C_SOURCE + " ".join(C_FLAGS) + _cpu_signature()).encode()).hexdigest()[:16]
-        path = os.path.join(_cache_dir(), f"fast_tssa_{key}.so")
+    with _c_lib_lock:
+        if not _c_lib_cache:
+            _c_lib_cache.append(_load_c_library())
+    return _c_lib_cache[0]
+
+
+def _load_c_library():
+    if os.environ.get("NANOTOST_NO_C") == "1":
+        return None
+    key = (C_SOURCE + repr(C_FLAG_SETS + (C_COMMON,)) + os.environ.get("CC", "cc") + _cpu_signature()).encode()
+    name = f"fast_tssa_{hashlib.sha256(key).hexdigest()[:16]}.so"
+    errors = []
+    for root in _cache_dirs():
+        path = os.path.join(root, name)
         try:
-            if not os.path.exists(path):
-                cc = os.environ.get("CC", "cc")
-                with tempfile.TemporaryDirectory() as tmp:
-                    src, tmp_so = os.path.join(tmp, "fast_tssa.c"), os.path.join(tmp, "fast_tssa.so")
-                    with open(src, "w") as f:
-                        f.write(C_SOURCE)
-                    subprocess.run([cc, *C_FLAGS, src, "-o", tmp_so, "-lm"], check=True, capture_output=True, timeout=120)
-                    staged = f"{path}.{os.getpid()}.tmp"
-                    with open(tmp_so, "rb") as f_in, open(staged, "wb") as f_out:
-                        f_out.write(f_in.read())
-                    os.replace(staged, path)  # atomic: parallel test workers never see half a file
-            lib = ctypes.CDLL(path)
+            if os.path.exists(path):
+                try:
+                    return ctypes.CDLL(path)
+                except OSError:  # not loadable (e.g. a foreign file): build it again
+                    pass
+            flags = _build(path)
+            if flags != C_FLAG_SETS[0]:
+                warnings.warn(f"fast_tssa: built the C kernels with {' '.join(flags)} only (the compiler rejected "
+                              f"{' '.join(C_FLAG_SETS[0])}); without -fopenmp they run on one thread.")
+            return ctypes.CDLL(path)
         except (OSError, subprocess.SubprocessError) as e:
-            detail = getattr(e, "stderr", b"") or b""
-            warnings.warn(f"fast_tssa: could not build the C kernels ({e}; {detail.decode(errors='replace')[-300:]}); "
-                          "CPU runs use the PyTorch reference. Install a C compiler with OpenMP (gcc) to enable them.")
-            lib = None
-    _c_lib_cache.append(lib)
-    return lib
+            detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[-300:]
+            errors.append(f"{root}: {e} {detail}".strip())
+            if isinstance(e, (subprocess.SubprocessError, FileNotFoundError)) and not os.path.exists(path):
+                break  # the compiler failed (not the folder): another folder will not help
+    warnings.warn("fast_tssa: could not build the C kernels (" + "; ".join(errors or ["no writable cache folder"])
+                  + "); CPU runs use the PyTorch reference. Install a C compiler (gcc) to enable them.")
+    return None
 
 
 def _ptr(t):  # a tensor's data pointer for ctypes (None -> NULL)
@@ -688,8 +740,9 @@ class CKernels:
         temp = temp.float().contiguous()
         bias = None if bias is None else bias.float()
         sbias = None if bias is None else (ctypes.c_longlong * 2)(*bias.stride())
-        pi, u = torch.empty(B, H, T), torch.empty(B, H, T)
-        cS, cM, cN = torch.empty(B, nC, H, p), torch.empty(B, nC, H, p), torch.empty(B, nC, H)
+        f32 = dict(dtype=torch.float32)  # explicit: a float64 default dtype must not reach the C pointers
+        pi, u = torch.empty(B, H, T, **f32), torch.empty(B, H, T, **f32)
+        cS, cM, cN = torch.empty(B, nC, H, p, **f32), torch.empty(B, nC, H, p, **f32), torch.empty(B, nC, H, **f32)
         out = torch.empty_like(wk)  # same strides as w: merging the heads afterwards is a view
         if CKernels.sequential(B, causal, mask):
             lib.tssa_seq_fwd(_ptr(wk), sw, _ptr(temp), _ptr(bias), sbias, d, _ptr(pi), _ptr(u), _ptr(out),
@@ -714,17 +767,18 @@ class CKernels:
         carry = lambda part, K: lib.tssa_carry(_ptr(part), *(ctypes.c_longlong(n) for n in (B, nC, K)), mode)
         cS, cM, cN = saved
         temp32 = temp.float().contiguous()
-        gw, gl = torch.empty_like(wk), torch.empty(B, H, T)
+        f32 = dict(dtype=torch.float32)
+        gw, gl = torch.empty_like(wk), torch.empty(B, H, T, **f32)
         if CKernels.sequential(B, causal, mask):
-            gtemp_part = torch.empty(B, H)
+            gtemp_part = torch.empty(B, H, **f32)
             lib.tssa_seq_bwd(_ptr(wk), sw, _ptr(g), sg, _ptr(pi), _ptr(u), _ptr(temp32), d, _ptr(cS), _ptr(cM),
                              _ptr(cN), _ptr(gw), _strides(gw), _ptr(gl), _ptr(gtemp_part), nth)
         else:
-            cGM, cGN = torch.empty(B, nC, H, p), torch.empty(B, nC, H)
+            cGM, cGN = torch.empty(B, nC, H, p, **f32), torch.empty(B, nC, H, **f32)
             lib.tssa_bwd_sum_gm(_ptr(wk), sw, _ptr(g), sg, _ptr(pi), d, _ptr(cM), _ptr(cN), _ptr(cGM), _ptr(cGN), nth)
             carry(cGM, H * p)
             carry(cGN, H)
-            cGS, gtemp_part = torch.empty(B, nC, H, p), torch.empty(B * nC, H)
+            cGS, gtemp_part = torch.empty(B, nC, H, p, **f32), torch.empty(B * nC, H, **f32)
             lib.tssa_bwd_pi(_ptr(wk), sw, _ptr(g), sg, _ptr(pi), _ptr(u), _ptr(temp32), d, _ptr(cS), _ptr(cM),
                             _ptr(cN), _ptr(cGM), _ptr(cGN), _ptr(gw), _strides(gw), _ptr(gl), _ptr(cGS),
                             _ptr(gtemp_part), nth)
@@ -738,7 +792,7 @@ class CKernels:
         B, H, p = w_t.shape
         x = w_t.float().contiguous()
         temp, bias = temp.float().contiguous(), bias.float().contiguous()
-        out, pi = torch.empty(B, H, p), torch.empty(B, H)
+        out, pi = torch.empty(B, H, p, dtype=torch.float32), torch.empty(B, H, dtype=torch.float32)
         ll = ctypes.c_longlong
         c_library().tssa_step(_ptr(x), _ptr(temp), _ptr(bias), _ptr(state.sum_sq), _ptr(state.sum_pi_sq),
                               _ptr(state.sum_pi), _ptr(out), _ptr(pi), ll(B), ll(H), ll(p))
@@ -748,13 +802,22 @@ class CKernels:
 # -----------------------------------------------------------------------------
 # 3. Back end "triton": chunked kernels (CUDA; TRITON_INTERPRET=1 runs them on CPU)
 #
-# Every kernel runs on a grid (B * H, chunks of BLOCK_T tokens) and loads one (BLOCK_T, P)
-# tile of w (P = p rounded up to a power of two, masked). A running sum over tokens is
-# (scan inside the tile) + (carry = exclusive prefix of the chunk totals, computed between
-# kernels by a tiny torch cumsum over the chunk axis). Non-causal: the carry is the total
-# and no scan is needed (CAUSAL=False). Statistics in fp32; w, out, g, dw in their dtype.
+# Every kernel runs one program per (batch row b, head h, chunk of BLOCK_T tokens) and loads
+# one (BLOCK_T, P) tile of w (P = p rounded up to a power of two, masked). A running sum over
+# tokens is (scan inside the tile) + (carry = exclusive prefix of the chunk totals, computed
+# between kernels by a tiny torch cumsum over the chunk axis). Non-causal: the carry is the
+# total and no scan is needed (CAUSAL=False). Statistics in fp32; w, out, g, dw in their
+# dtype. Programs only write their own tile and their own chunk total: no atomics, no races.
 
 if triton is not None:
+
+    @triton.jit
+    def _pids(BH):
+        """(row b * H + h, chunk) of this program. A 1-D grid of B * H * nC programs, heads
+        fastest: CUDA caps the 2nd and 3rd grid dimensions at 65535, which a 2-D (B * H, nC)
+        grid would pass at T = 4M tokens (or B * H = 64K rows the other way round)."""
+        pid = tl.program_id(0)
+        return pid % BH, pid // BH
 
     @triton.jit
     def _tile(ptr, s_b, s_h, s_t, pid_bh, H, t0, T, p, BT: tl.constexpr, P: tl.constexpr):
@@ -784,15 +847,15 @@ if triton is not None:
         tl.store(ptr + (pid_bh.to(tl.int64) * nC + c) * p + i, tl.sum(x, axis=0), mask=i < p)
 
     @triton.jit
-    def _k_sum_q(w_ptr, s_b, s_h, s_t, part_ptr, H, T, p, nC, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = tl.program_id(0), tl.program_id(1)
+    def _k_sum_q(w_ptr, s_b, s_h, s_t, part_ptr, H, T, p, nC, BH, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = _pids(BH)
         x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         _store_chunk_total(part_ptr, x * x, pid_bh, c, nC, p, P)
 
     @triton.jit
-    def _k_stats(w_ptr, s_b, s_h, s_t, carry_ptr, r_ptr, H, T, p, nC,
+    def _k_stats(w_ptr, s_b, s_h, s_t, carry_ptr, r_ptr, H, T, p, nC, BH,
                  CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        pid_bh, c = _pids(BH)
         x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         q = x * x
         S = _carry(carry_ptr, pid_bh, c, nC, p, P)[None, :]
@@ -803,9 +866,9 @@ if triton is not None:
         tl.store(r_ptr + pid_bh.to(tl.int64) * T + t, r, mask=t < T)
 
     @triton.jit
-    def _k_sum_pi(w_ptr, s_b, s_h, s_t, pi_ptr, partM_ptr, partN_ptr, H, T, p, nC,
+    def _k_sum_pi(w_ptr, s_b, s_h, s_t, pi_ptr, partM_ptr, partN_ptr, H, T, p, nC, BH,
                   BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        pid_bh, c = _pids(BH)
         x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
         _store_chunk_total(partM_ptr, Pt[:, None] * (x * x), pid_bh, c, nC, p, P)
@@ -824,9 +887,9 @@ if triton is not None:
         return M, n
 
     @triton.jit
-    def _k_apply(w_ptr, s_b, s_h, s_t, pi_ptr, cM_ptr, cN_ptr, out_ptr, o_b, o_h, o_t, H, T, p, nC,
+    def _k_apply(w_ptr, s_b, s_h, s_t, pi_ptr, cM_ptr, cN_ptr, out_ptr, o_b, o_h, o_t, H, T, p, nC, BH,
                  CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        pid_bh, c = _pids(BH)
         x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
         M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
@@ -846,8 +909,8 @@ if triton is not None:
 
     @triton.jit
     def _k_sum_gm(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, cM_ptr, cN_ptr, partM_ptr, partN_ptr,
-                  H, T, p, nC, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = tl.program_id(0), tl.program_id(1)
+                  H, T, p, nC, BH, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = _pids(BH)
         x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
@@ -869,8 +932,8 @@ if triton is not None:
 
     @triton.jit
     def _k_grad_pi(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, cM_ptr, cN_ptr, cGM_ptr, cGN_ptr, gpi_ptr,
-                   H, T, p, nC, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = tl.program_id(0), tl.program_id(1)
+                   H, T, p, nC, BH, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        pid_bh, c = _pids(BH)
         x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
@@ -881,9 +944,9 @@ if triton is not None:
         tl.store(gpi_ptr + pid_bh.to(tl.int64) * T + t, gpi, mask=t < T)
 
     @triton.jit
-    def _k_sum_gs(w_ptr, s_b, s_h, s_t, R_ptr, cS_ptr, part_ptr, H, T, p, nC,
+    def _k_sum_gs(w_ptr, s_b, s_h, s_t, R_ptr, cS_ptr, part_ptr, H, T, p, nC, BH,
                   CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        pid_bh, c = _pids(BH)
         x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         Rt = _row(R_ptr, pid_bh, c * BT, T, BT)
         q = x * x
@@ -895,9 +958,9 @@ if triton is not None:
 
     @triton.jit
     def _k_grad_w(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, R_ptr, cS_ptr, cM_ptr, cN_ptr, cGM_ptr,
-                  cGN_ptr, cGS_ptr, gw_ptr, o_b, o_h, o_t, H, T, p, nC,
+                  cGN_ptr, cGS_ptr, gw_ptr, o_b, o_h, o_t, H, T, p, nC, BH,
                   CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = tl.program_id(0), tl.program_id(1)
+        pid_bh, c = _pids(BH)
         x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
@@ -970,59 +1033,62 @@ class TritonKernels(TwoPassKernels):
 
     @staticmethod
     def _grid(wk):
+        """Launch grid, meta-parameters, (H, T, p, nC, BH) and a helper making fp32 buffers."""
         B, H, T, p = wk.shape
         P = triton.next_power_of_2(p)
         BT = max(16, min(BLOCK_T, 8192 // P))  # a tile of at most 8K fp32 values
         nC = triton.cdiv(T, BT)
-        return (B * H, nC), dict(BT=BT, P=P), (H, T, p, nC)
+        # ~10 live (BT, P) fp32 tiles in the backward kernels: 8 warps keep a 64 x 64 tile at
+        # 16 registers a thread per tile instead of 32 (spills). Chosen, not tuned on a GPU.
+        meta = dict(BT=BT, P=P, num_warps=8 if BT * P >= 4096 else 4)
+        buf = lambda *shape: torch.empty(*shape, device=wk.device, dtype=torch.float32)
+        return (B * H * nC,), meta, (H, T, p, nC, B * H), buf
 
     @staticmethod
     def stats(wk, causal):
-        grid, meta, (H, T, p, nC) = TritonKernels._grid(wk)
-        part = torch.empty(grid[0], nC, p, device=wk.device)
-        _k_sum_q[grid](wk, *wk.stride()[:3], part, H, T, p, nC, **meta)
+        grid, meta, dims, buf = TritonKernels._grid(wk)
+        part = buf(dims[4], dims[3], dims[2])
+        _k_sum_q[grid](wk, *wk.stride()[:3], part, *dims, **meta)
         cS = _exclusive_prefix(part, causal)
-        r = torch.empty(wk.shape[:3], device=wk.device)
-        _k_stats[grid](wk, *wk.stride()[:3], cS, r, H, T, p, nC, CAUSAL=causal, **meta)
+        r = buf(*wk.shape[:3])
+        _k_stats[grid](wk, *wk.stride()[:3], cS, r, *dims, CAUSAL=causal, **meta)
         return r, (cS,)
 
     @staticmethod
     def apply(wk, pi, causal, out_dtype):
-        grid, meta, (H, T, p, nC) = TritonKernels._grid(wk)
-        pi = pi.contiguous()
-        partM = torch.empty(grid[0], nC, p, device=wk.device)
-        partN = torch.empty(grid[0], nC, device=wk.device)
-        _k_sum_pi[grid](wk, *wk.stride()[:3], pi, partM, partN, H, T, p, nC, **meta)
+        grid, meta, dims, buf = TritonKernels._grid(wk)
+        pi = pi.float().contiguous()
+        partM, partN = buf(dims[4], dims[3], dims[2]), buf(dims[4], dims[3])
+        _k_sum_pi[grid](wk, *wk.stride()[:3], pi, partM, partN, *dims, **meta)
         cM, cN = _exclusive_prefix(partM, causal), _exclusive_prefix(partN, causal)
         out = torch.empty_like(wk, dtype=out_dtype)
-        _k_apply[grid](wk, *wk.stride()[:3], pi, cM, cN, out, *out.stride()[:3], H, T, p, nC, CAUSAL=causal, **meta)
+        _k_apply[grid](wk, *wk.stride()[:3], pi, cM, cN, out, *out.stride()[:3], *dims, CAUSAL=causal, **meta)
         return out, (cM, cN)
 
     @staticmethod
     def grad_pi(wk, g, pi, causal, saved_out):
-        grid, meta, (H, T, p, nC) = TritonKernels._grid(wk)
+        grid, meta, dims, buf = TritonKernels._grid(wk)
         cM, cN = saved_out
-        g = TritonKernels.prepare(g)
-        partM = torch.empty(grid[0], nC, p, device=wk.device)
-        partN = torch.empty(grid[0], nC, device=wk.device)
+        g, pi = TritonKernels.prepare(g), pi.float().contiguous()
+        partM, partN = buf(dims[4], dims[3], dims[2]), buf(dims[4], dims[3])
         args = (wk, *wk.stride()[:3], g, *g.stride()[:3], pi, cM, cN)
-        _k_sum_gm[grid](*args, partM, partN, H, T, p, nC, CAUSAL=causal, **meta)
+        _k_sum_gm[grid](*args, partM, partN, *dims, CAUSAL=causal, **meta)
         cGM, cGN = _exclusive_suffix(partM, causal), _exclusive_suffix(partN, causal)
-        gpi = torch.empty(wk.shape[:3], device=wk.device)
-        _k_grad_pi[grid](*args, cGM, cGN, gpi, H, T, p, nC, CAUSAL=causal, **meta)
+        gpi = buf(*wk.shape[:3])
+        _k_grad_pi[grid](*args, cGM, cGN, gpi, *dims, CAUSAL=causal, **meta)
         return gpi, (g, cGM, cGN)
 
     @staticmethod
     def grad_w(wk, g, pi, R, causal, saved_stats, saved_out, saved_pi, out_dtype):
-        grid, meta, (H, T, p, nC) = TritonKernels._grid(wk)
+        grid, meta, dims, buf = TritonKernels._grid(wk)
         (cS,), (cM, cN), (g, cGM, cGN) = saved_stats, saved_out, saved_pi
-        R = R.contiguous()
-        part = torch.empty(grid[0], nC, p, device=wk.device)
-        _k_sum_gs[grid](wk, *wk.stride()[:3], R, cS, part, H, T, p, nC, CAUSAL=causal, **meta)
+        pi, R = pi.float().contiguous(), R.float().contiguous()
+        part = buf(dims[4], dims[3], dims[2])
+        _k_sum_gs[grid](wk, *wk.stride()[:3], R, cS, part, *dims, CAUSAL=causal, **meta)
         cGS = _exclusive_suffix(part, causal)
         gw = torch.empty_like(wk, dtype=out_dtype)
         _k_grad_w[grid](wk, *wk.stride()[:3], g, *g.stride()[:3], pi, R, cS, cM, cN, cGM, cGN, cGS, gw,
-                        *gw.stride()[:3], H, T, p, nC, CAUSAL=causal, **meta)
+                        *gw.stride()[:3], *dims, CAUSAL=causal, **meta)
         return gw
 
     @staticmethod
@@ -1030,10 +1096,17 @@ class TritonKernels(TwoPassKernels):
         B, H, p = w_t.shape
         x = w_t.contiguous()
         out = torch.empty_like(x)
-        pi = torch.empty(B, H, device=x.device)
+        pi = torch.empty(B, H, device=x.device, dtype=torch.float32)
+        bias = bias.float()
         _k_step[(B,)](x, temp.float().contiguous(), bias, bias.stride(0), state.sum_sq, state.sum_pi_sq,
                       state.sum_pi, out, pi, H, p, HP=triton.next_power_of_2(H), P=triton.next_power_of_2(p))
         return out, pi
+
+
+def _on_device(t):
+    """Launch on t's GPU (Triton launches on the current CUDA device: a tensor on cuda:1 while
+    cuda:0 is current would be an illegal address); nothing to do elsewhere."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 # -----------------------------------------------------------------------------
@@ -1048,7 +1121,7 @@ class FusedTSSA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, w, temp, bias, mask, causal, kernels):
-        with torch.autocast(w.device.type, enabled=False):
+        with torch.autocast(w.device.type, enabled=False), _on_device(w):
             wm = w if mask is None else w * mask[:, None, :, None].to(w.dtype)  # padded tokens are zeros
             out, pi, u, saved = kernels.forward(wm, temp, bias, mask, causal)
         tensors = [x for x in saved if torch.is_tensor(x)]
@@ -1065,7 +1138,7 @@ class FusedTSSA(torch.autograd.Function):
         w, temp, mask, pi, u, *tensors = ctx.saved_tensors
         tensors, constants = iter(tensors), iter(ctx.constants)
         saved = tuple(next(tensors) if is_t else next(constants) for is_t in ctx.layout)
-        with torch.autocast(w.device.type, enabled=False):
+        with torch.autocast(w.device.type, enabled=False), _on_device(w):
             wm = w if mask is None else w * mask[:, None, :, None].to(w.dtype)
             gw, gtemp, gbias = ctx.kernels.backward(wm, g_out, temp, pi, u, mask, saved, ctx.causal)
             if mask is not None:
@@ -1136,7 +1209,7 @@ def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, kernels=None):
     H = w_t.shape[1]
     pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)
     bias = pos_bias[:, min(state.pos, pos_bias.shape[1] - 1)]  # (H,); the last one past the end
-    with torch.no_grad():
+    with torch.no_grad(), _on_device(w_t):
         out, pi = (kernels or kernels_for(w_t)).step(w_t, temp.reshape(H), bias.float(), state)
     state.pos += 1
     return (out, state, pi) if return_pi else (out, state)

@@ -253,16 +253,14 @@ class SoftmaxAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x, mask=None, state=None, return_maps=False):
-        """state: a dict {"k": (B, H, T, p), "v": ...} KV cache, or None."""
+        """state: a KVCache to prefill or extend (decoding), or None."""
         q, k, v = (_split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))
         is_causal = self.causal
         if state is not None:
-            if "k" in state:
-                k, v = torch.cat([state["k"], k], 2), torch.cat([state["v"], v], 2)
-                is_causal = self.causal and q.shape[2] > 1  # one new query sees the whole cache
-                if is_causal:
-                    raise ValueError("the KV cache takes one token at a time after the prefill")
-            state["k"], state["v"] = k, v
+            if state.length and q.shape[2] > 1 and self.causal:
+                raise ValueError("the KV cache takes one token at a time after the prefill")
+            is_causal = self.causal and state.length == 0  # one new query sees the whole cache
+            k, v = state.append(k, v)
         attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T) keys to keep
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                            dropout_p=self.dropout_p if self.training else 0.0)
@@ -270,7 +268,36 @@ class SoftmaxAttention(nn.Module):
         return y if state is None else (y, state)
 
     def init_state(self, B, device=None):
-        return {}
+        return KVCache()
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every past token, for softmax decoding: grows with the context.
+    Allocated with room to spare (growing by half when full), so appending a token writes in
+    place instead of copying the whole cache every step."""
+
+    k: torch.Tensor | None = None  # (B, H, capacity, p)
+    v: torch.Tensor | None = None
+    length: int = 0  # tokens stored
+
+    def append(self, k, v):
+        """Store k, v (B, H, T_new, p); return views of all keys and values so far."""
+        n, end = self.length, self.length + k.shape[2]
+        if self.k is None or end > self.k.shape[2]:
+            grown = []
+            for old, new in ((self.k, k), (self.v, v)):
+                buf = new.new_empty(*new.shape[:2], max(end, n + n // 2 + 64), new.shape[3])
+                if n:
+                    buf[:, :, :n] = old[:, :, :n]
+                grown.append(buf)
+            self.k, self.v = grown
+        self.k[:, :, n:end], self.v[:, :, n:end] = k, v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def nbytes(self):  # of the stored tokens
+        return 0 if self.k is None else 2 * self.k[:, :, :self.length].numel() * self.k.element_size()
 
 
 ATTENTION = {"tssa": TSSA, "softmax": SoftmaxAttention}

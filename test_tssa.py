@@ -225,6 +225,19 @@ def test_generate_past_block_size(attn):
         assert nxt.item() == logits[0, -1].argmax().item()
 
 
+def test_kv_cache_grows_in_place_and_keeps_every_token():
+    """The softmax baseline's KV cache: a prefill, then one token at a time across several
+    reallocations, holds exactly the concatenation of everything appended."""
+    torch.manual_seed(11)
+    cache, ks, vs = model.KVCache(), [], []
+    for T_new in [5] + [1] * 200:  # capacity 5 -> 71 -> 170 -> ...: several growths
+        k, v = torch.randn(2, 3, T_new, 4), torch.randn(2, 3, T_new, 4)
+        k_all, v_all = cache.append(k, v)
+        ks.append(k), vs.append(v)
+    assert torch.equal(k_all, torch.cat(ks, 2)) and torch.equal(v_all, torch.cat(vs, 2))
+    assert cache.length == 205 and cache.nbytes() == 2 * 2 * 3 * 205 * 4 * 4
+
+
 def test_noncausal_tssa_is_permutation_equivariant():
     torch.manual_seed(8)
     w = torch.randn(2, 3, 11, 4, dtype=F64)

@@ -3,7 +3,7 @@ Tests for lra/: generators (deterministic, valid labels checked independently), 
 all five release layouts (files written here), the PNG decoder, padding masks through the
 whole encoder, parameter budgets of the configs, learning on tiny ListOps, exact resume.
 
-    /work/venv/bin/python -m pytest -q lra/test_lra.py -x     (CPU, offline, ~30 s)
+    python -m pytest -q lra/test_lra.py     (CPU, offline, ~10-45 s)
 """
 
 import os
@@ -344,6 +344,50 @@ def test_missing_data_says_where_to_get_it(tmp_path):
 # model
 
 
+def masked_tssa_numpy(w, temp, n):
+    """Notes §3 over the first n tokens only, in float64 numpy, written from the formulas:
+    w (H, T, p) of one sequence -> (out (H, n, p), Pi (H, n), second moments s (H, p))."""
+    w = w[:, :n].astype(np.float64)  # padded tokens are simply not there
+    sq = w ** 2
+    logits = temp[:, None] * (sq / sq.sum(axis=1, keepdims=True)).sum(-1)  # (H, n)
+    pi = np.exp(logits - logits.max(0)) / np.exp(logits - logits.max(0)).sum(0)  # softmax over heads
+    s = (pi[..., None] * sq).sum(1) / pi.sum(1)[:, None]  # (H, p): Pi-weighted second moments
+    return -pi[..., None] * w / (1.0 + s[:, None, :]), pi, s
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])  # "auto": fast_tssa's kernels where they apply
+def test_masked_tssa_statistics_leave_padding_out(impl):
+    """The operator itself (model.tssa with a mask): Pi and the second moments are those of
+    the real tokens alone, whatever follows them; padded tokens get Pi = 0 and output 0, and
+    no gradient flows from real outputs into padded inputs."""
+    from model import tssa
+
+    torch.manual_seed(0)
+    H, p, lengths = 3, 4, [6, 19]
+    real = torch.randn(2, H, 19, p)
+    temp = torch.tensor([1.0, 0.5, 2.0])
+    want = [masked_tssa_numpy(real[b].numpy(), temp.numpy(), n) for b, n in enumerate(lengths)]
+    for extra in (0, 7, 50):
+        T = 19 + extra
+        mask = torch.arange(T)[None] < torch.tensor(lengths)[:, None]  # (2, T)
+        junk = 30 * torch.randn(2, H, T, p)  # large, so any leak would show
+        w = torch.where(mask[:, None, :, None], torch.nn.functional.pad(real, (0, 0, 0, extra)), junk)
+        w.requires_grad_(True)
+        out, pi = tssa(w, temp, return_pi=True, mask=mask, impl=impl)
+        for b, n in enumerate(lengths):
+            out_np, pi_np, _ = want[b]
+            np.testing.assert_allclose(out[b, :, :n].detach().numpy(), out_np, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(pi[b, :, :n].detach().numpy(), pi_np, rtol=1e-4, atol=1e-6)
+            assert not out[b, :, n:].any() and not pi[b, :, n:].any()  # (empty when n == T)
+        real_out = (out * mask[:, None, :, None]).sum()  # outputs at real tokens only
+        (grad,) = torch.autograd.grad(real_out, w)
+        pad = ~mask[:, None, :, None].expand_as(grad)  # sequence 0 is always padded
+        assert not grad[pad].any() and grad[~pad].abs().max() > 0
+    # control: without the mask the junk does change the statistics of the real tokens
+    out_unmasked = tssa(w.detach(), temp, mask=None, impl=impl)
+    assert (out_unmasked[0, :, :6] - torch.from_numpy(want[0][0]).float()).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("attn,norm,two_tower", [("tssa", "pre", False), ("tssa", "post", False),
                                                  ("softmax", "pre", False), ("tssa", "pre", True)])
 def test_padding_never_changes_real_tokens(attn, norm, two_tower):
@@ -413,11 +457,10 @@ def test_configs_carry_the_paper_settings_at_equal_budgets():
 
 
 def tiny_args(data_dir, out_dir, **over):
-    args = dict(task="listops", data_dir=data_dir, cache_dir="", out_dir=out_dir, max_len=64, pad_multiple=8,
-                n_layer=2, n_embd=64, n_head=4, mlp_hidden=128, dropout=0.0, batch_size=32, learning_rate=4e-3,
-                warmup_iters=20, max_iters=200, eval_interval=100, log_interval=1000, num_threads=1)
+    """configs/listops_tiny_tost.py (the README's tiny rows), shortened to 200 steps."""
+    args = dict(data_dir=data_dir, out_dir=out_dir, max_iters=200, eval_interval=100, log_interval=1000)
     args.update(over)
-    return [f"--{k}={v}" for k, v in args.items()]
+    return [os.path.join(CONFIGS, "listops_tiny_tost.py")] + [f"--{k}={v}" for k, v in args.items()]
 
 
 @pytest.fixture(scope="module")

@@ -126,6 +126,73 @@ def test_all_zero_input_is_finite(kernels):
     assert out.abs().max() == 0
 
 
+@needs_c
+def test_cpu_kernels_ignore_a_float64_default_dtype():
+    # the C kernels write fp32 through raw pointers: their buffers must not follow the default dtype
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        check_causal(CKernels, (1, 3, 150, 24))
+        check_causal(CKernels, (3, 2, 40, 8))  # the one-pass path (B >= threads)
+    finally:
+        torch.set_default_dtype(prev)
+
+
+# -----------------------------------------------------------------------------
+# no C compiler, and building the C kernels
+
+
+def test_no_c_compiler_falls_back_to_torch(monkeypatch, tmp_path):
+    """With no usable C compiler: one warning, c_library() is None, "auto" runs model.py's
+    reference, impl="fast" the PyTorch form of the fused backward, decoding the reference step."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("NANOTOST_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("NANOTOST_NO_C", raising=False)
+    monkeypatch.setattr(fast_tssa, "_c_lib_cache", [])  # forget the library this process built
+    with pytest.warns(UserWarning, match="could not build the C kernels"):
+        assert fast_tssa.c_library() is None
+    assert fast_tssa.c_library() is None  # tried once per process
+    assert not list((tmp_path / "cache").iterdir())  # nothing half-built left behind
+    w, temp, pos_bias, g = make_inputs(1, 3, 70, 8)
+    assert not fast_tssa.applies(w, "softmax", "auto")
+    assert fast_tssa.kernels_for(w) is (fast_tssa.TritonKernels if fast_tssa.INTERPRET else TorchKernels)
+    out = model.causal_tssa(w, temp, pos_bias)
+    assert out.grad_fn.name() != "FusedTSSABackward"  # the reference
+    ref = run(lambda: model.causal_tssa(w, temp, pos_bias, return_pi=True, impl="reference"), w, temp, pos_bias, g)
+    fast = run(lambda: model.causal_tssa(w, temp, pos_bias, return_pi=True, impl="fast"), w, temp, pos_bias, g)
+    for f, r in zip([fast[0], fast[1], *fast[2]], [ref[0], ref[1], *ref[2]]):
+        assert rel_rms(f, r) < FP32_TOL
+    state = model.TSSAState.zeros(1, 3, 8)
+    assert not fast_tssa.step_applies(w[:, :, 0].detach(), temp.detach(), pos_bias.detach(), state)
+    m = tiny_gpt().eval()
+    assert m.generate(torch.zeros(1, 4, dtype=torch.long), 3, temperature=0).shape == (1, 7)
+
+
+BUILD_SCRIPT = "import fast_tssa, sys; lib = fast_tssa.c_library(); print(lib._name if lib else 'NONE'); sys.exit(lib is None)"
+
+
+@needs_c
+def test_c_build_concurrent_and_cache_folder_fallback(tmp_path):
+    """Two processes building at once into an empty cache (as torchrun ranks do) both load a
+    whole library and leave one file; an unusable $NANOTOST_CACHE (here under a plain file)
+    falls back to a per-user folder in the temp dir."""
+    (tmp_path / "file").write_text("")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(os.environ, NANOTOST_CACHE=str(tmp_path / "file" / "cache"), TMPDIR=str(tmpdir),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    env.pop("NANOTOST_NO_C", None)
+    env.pop("TRITON_INTERPRET", None)
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [proc.communicate(timeout=300) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outs]
+    paths = {out.strip() for out, _ in outs}
+    assert len(paths) == 1 and paths.pop().startswith(str(tmpdir / "nanotost-"))
+    cache = next(tmpdir.glob("nanotost-*"))
+    assert [f.suffix for f in cache.iterdir()] == [".so"]  # no temp files left behind
+
+
 # -----------------------------------------------------------------------------
 # the hand-derived backward, in float64
 
@@ -246,13 +313,16 @@ TRITON_SCRIPT = textwrap.dedent("""
     from fast_tssa import TritonKernels as K
     assert fast_tssa.INTERPRET, "TRITON_INTERPRET=1 was not seen at import"
     results = {}
-    def case(name, B, H, T, p, dtype, causal, masked, seed):
+    def case(name, B, H, T, p, dtype, causal, masked, seed, layout="model"):
         g = torch.Generator().manual_seed(seed)
         x = torch.randn(B, T, H * p, generator=g).to(dtype)
         w = x.view(B, T, H, p).transpose(1, 2).detach().requires_grad_()
         temp = (0.5 + torch.rand(H, generator=g)).requires_grad_()
         bias = (0.3 * torch.randn(H, T, generator=g)).requires_grad_()
         gout = torch.randn(B, T, H * p, generator=g).to(dtype).view(B, T, H, p).transpose(1, 2)
+        if layout == "contiguous":  # w contiguous as (B, H, T, p); dL/dout with stride 0 everywhere
+            w = w.detach().contiguous().requires_grad_()
+            gout = torch.randn((), generator=g).to(dtype).expand(B, H, T, p)
         mask = None
         if masked:
             mask = torch.ones(B, T, dtype=torch.bool)
@@ -270,6 +340,8 @@ TRITON_SCRIPT = textwrap.dedent("""
     case("causal_bf16", 1, 2, 70, 16, torch.bfloat16, True, False, 2)
     case("causal_fp16", 1, 2, 40, 8, torch.float16, True, False, 3)
     case("noncausal_mask", 2, 3, 90, 12, torch.float32, False, True, 4)
+    case("causal_big_p", 1, 2, 40, 300, torch.float32, True, False, 6)  # P = 512: 16-token tiles, 3 chunks
+    case("causal_layouts", 2, 1, 100, 10, torch.float32, True, False, 7, "contiguous")  # H = 1, other strides
     # the fused decoding step
     import model
     g = torch.Generator().manual_seed(5)
@@ -298,7 +370,8 @@ def triton_results(tmp_path_factory):
     return torch.load(path, weights_only=False)
 
 
-@pytest.mark.parametrize("name", ["causal_fp32_odd", "causal_fp32_batch", "causal_bf16", "causal_fp16", "noncausal_mask"])
+@pytest.mark.parametrize("name", ["causal_fp32_odd", "causal_fp32_batch", "causal_bf16", "causal_fp16", "noncausal_mask",
+                                  "causal_big_p", "causal_layouts"])
 def test_triton_kernels_match_reference(triton_results, name):
     r = triton_results[name]
     w = r["w"].requires_grad_()

@@ -1,0 +1,24 @@
+# The softmax Transformer partner of listops_tiny_tost.py at the same parameter count (MLP
+# 128 - 64 = 64); everything else identical:
+#   python lra/train.py lra/configs/listops_tiny_softmax.py --seed=1
+task = "listops"
+data_dir = "data/listops_tiny"
+cache_dir = ""
+max_len = 64
+pad_multiple = 8
+attn = "softmax"
+n_layer = 2
+n_embd = 64
+n_head = 4
+mlp_hidden = 64  # 128 - 64: equal parameters
+dropout = 0.0
+batch_size = 32
+learning_rate = 4e-3
+lr_schedule = "linear"
+warmup_iters = 20
+weight_decay = 1e-2
+max_iters = 1000
+eval_interval = 250
+log_interval = 250
+num_threads = 1
+out_dir = "out-lra/listops_tiny_softmax"
