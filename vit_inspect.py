@@ -34,18 +34,17 @@ evaluation (centre crop, normalisation; no augmentation), n_rvar of each, a fixe
 a theorem only for the tied operator (output map = step * U, notes §2); with the learned,
 untied c_proj it is an empirical question, and the tool reports what it finds.
 
-PNGs are written with zlib + struct (no imaging library); text uses a built-in 3x5 font.
+PNGs are written by pngio.py (zlib + struct, no imaging library); text uses a built-in 3x5 font.
 """
 
 import json
 import os
-import struct
 import sys
-import zlib
 
 import numpy as np
 import torch
 
+import pngio
 import trainkit
 import vit_train
 from model import compression_objective
@@ -78,25 +77,9 @@ RAMP = np.array([(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253
 # PNG writing
 
 
-def _chunk(kind, payload):
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload) & 0xFFFFFFFF)
-
-
-def encode_png(pixels):
-    """PNG bytes of uint8 pixels (H, W) grey or (H, W, 3) RGB; rows unfiltered."""
-    pixels = np.ascontiguousarray(pixels)
-    if pixels.dtype != np.uint8 or pixels.ndim not in (2, 3) or (pixels.ndim == 3 and pixels.shape[2] != 3):
-        raise ValueError(f"encode_png takes uint8 (H, W) or (H, W, 3), got {pixels.dtype} {pixels.shape}")
-    H, W = pixels.shape[:2]
-    rows = np.concatenate([np.zeros((H, 1), np.uint8), pixels.reshape(H, -1)], axis=1)  # filter 0 per row
-    header = struct.pack(">IIBBBBB", W, H, 8, 0 if pixels.ndim == 2 else 2, 0, 0, 0)
-    return (vit_train.PNG_SIGNATURE + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
-            + _chunk(b"IEND", b""))
-
-
 def write_png(path, pixels):
     with open(path, "wb") as f:
-        f.write(encode_png(pixels))
+        f.write(pngio.encode_png(pixels))
     return [int(pixels.shape[1]), int(pixels.shape[0])]  # width, height
 
 

@@ -36,10 +36,8 @@ losses go to out_dir/log.jsonl, one JSON object per line.
 import math
 import os
 import socket
-import struct
 import sys
 import time
-import zlib
 from contextlib import nullcontext
 
 import numpy as np
@@ -47,6 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import pngio
 import trainkit
 from model import ToSTViT, ViTConfig, make_attention
 
@@ -148,66 +147,7 @@ def normalisation_for(name):
 
 
 # -----------------------------------------------------------------------------
-# 1. Images from disk: a small PNG decoder (no imaging library needed), Pillow for the rest
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _paeth(a, b, c):
-    p = a + b - c
-    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-    return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-
-
-def decode_png(data):
-    """8/16-bit non-interlaced PNG bytes -> uint8 (H, W, C) with C = 1, 2, 3 or 4 (palette
-    images are expanded to RGB). Anything else: a clear error that asks for Pillow."""
-    if data[:8] != PNG_SIGNATURE:
-        raise ValueError("not a PNG file (bad signature)")
-    pos, idat, palette, header = 8, [], None, None
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        payload = data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-        if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", payload)
-        elif kind == b"PLTE":
-            palette = np.frombuffer(payload, np.uint8).reshape(-1, 3)
-        elif kind == b"IDAT":
-            idat.append(payload)
-        elif kind == b"IEND":
-            break
-    W, H, depth, colour, _, _, interlace = header
-    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
-    if depth not in (8, 16) or interlace:
-        raise ValueError(f"PNG with bit depth {depth}{' and interlacing' if interlace else ''} needs Pillow: "
-                         "pip install Pillow")
-    bpp = channels * depth // 8  # bytes per pixel
-    row_bytes = W * bpp
-    raw = zlib.decompress(b"".join(idat))
-    out = np.zeros((H, row_bytes), np.uint8)
-    prev = np.zeros(row_bytes, np.uint8)
-    for y in range(H):  # undo the row filters (PNG spec §9)
-        kind, row = raw[y * (row_bytes + 1)], np.frombuffer(raw, np.uint8, row_bytes, y * (row_bytes + 1) + 1)
-        if kind == 0:
-            cur = row.copy()
-        elif kind == 1:  # Sub: running sum per byte position within the pixel
-            cur = np.cumsum(row.reshape(W, bpp), axis=0, dtype=np.uint8).reshape(-1)
-        elif kind == 2:  # Up
-            cur = row + prev
-        else:  # Average (3) or Paeth (4): sequential in the reconstructed left byte
-            cur, r, up = bytearray(row_bytes), row.tolist(), prev.tolist()
-            for i in range(row_bytes):
-                left, upleft = (cur[i - bpp], up[i - bpp]) if i >= bpp else (0, 0)
-                pred = (left + up[i]) // 2 if kind == 3 else _paeth(left, up[i], upleft)
-                cur[i] = (r[i] + pred) & 0xFF
-            cur = np.frombuffer(bytes(cur), np.uint8)
-        out[y] = prev = cur
-    pixels = out.reshape(H, W, bpp)
-    if depth == 16:
-        pixels = pixels[:, :, 0::2]  # the high byte of each big-endian sample
-    return palette[pixels[:, :, 0]] if colour == 3 else pixels
-
+# 1. Images from disk: PNG through pngio.py (no imaging library needed), Pillow for the rest
 
 def load_image(path):
     """Any image file -> uint8 tensor (3, H, W), RGB."""
@@ -219,10 +159,13 @@ def load_image(path):
             pixels = np.asarray(im.convert("RGB"))
     elif ext == ".png":
         with open(path, "rb") as f:
-            pixels = decode_png(f.read())
+            pixels = pngio.decode_png(f.read())
     else:
         raise RuntimeError(f"decoding {ext} files needs Pillow (pip install Pillow); only PNG and .npy "
                            f"decode without it ({path})")
+    pixels = np.asarray(pixels)
+    if pixels.dtype == np.uint16:  # 16-bit PNG: keep the high byte
+        pixels = pixels >> 8
     pixels = np.array(pixels, dtype=np.uint8)  # a writable copy
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]

@@ -40,7 +40,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lra.png import decode_png, to_grey
+from pngio import decode_png, to_grey
 
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 RELEASE_PAGE = "https://github.com/google-research/long-range-arena"

@@ -34,7 +34,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `lra` and the repo's modules importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lra.png import encode_png
+from pngio import encode_png
 
 # -----------------------------------------------------------------------------
 # ListOps

@@ -26,7 +26,7 @@ import trainkit
 from lra import generate, train
 from lra.data import LISTOPS_VOCAB, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
-from lra.png import decode_png, encode_png, to_grey
+from pngio import decode_png, encode_png, to_grey
 
 torch.set_num_threads(1)  # on a shared 2-core machine more threads only contend
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+import pngio
 import trainkit
 import vit_inspect
 import vit_train
@@ -350,7 +351,7 @@ def test_inspect_writes_valid_pngs_of_the_expected_sizes(trained, inspected):
     ck = trainkit.load_checkpoint(os.path.join(trained, "ckpt.pt"))
     _, val = vit_train.build_sources({**vit_train.DEFAULTS, **ck["config"]})
     img = vit_train.CropView(val, 16, train=False, crop_pct=1.0)[1][0]  # val[1], shown second
-    pixels = vit_train.decode_png(open(os.path.join(out, "pi_01.png"), "rb").read())
+    pixels = pngio.decode_png(open(os.path.join(out, "pi_01.png"), "rb").read())
     top = vit_inspect.PAD + 2 * vit_inspect.LABEL_H
     panel = pixels[top:top + cell, vit_inspect.PAD:vit_inspect.PAD + cell]
     assert np.array_equal(panel, img.permute(1, 2, 0).numpy().repeat(8, 0).repeat(8, 1))

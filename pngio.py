@@ -1,10 +1,11 @@
 """
-Minimal PNG reading and writing with zlib + struct, so the Pathfinder generator and the
-image loaders need no imaging library. Reading uses Pillow when it is installed (faster);
+pngio.py: minimal PNG reading and writing with zlib + struct, so the image-folder loader of
+vit_train.py, the pictures of vit_inspect.py, and LRA's Pathfinder generator and loaders need
+no imaging library. Reading uses Pillow when it is installed (faster);
 this decoder is the fallback and handles what LRA's files use: non-interlaced PNGs of any
 colour type at bit depths 1-16, all five row filters.
 
-    from lra.png import encode_png, decode_png, to_grey
+    from pngio import encode_png, decode_png, to_grey
     data = encode_png(pixels)          # pixels: uint8 (H, W) grey or (H, W, 3) RGB
     img = decode_png(data)             # -> (H, W, C) uint8 (uint16 for 16-bit files)
 """
