@@ -202,6 +202,16 @@ def expand_inputs(patterns):
     return files
 
 
+def read_text(path):
+    """A text file's whole content (UTF-8), or a PrepareError saying it is not UTF-8 text."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise PrepareError(f"{path} is not UTF-8 text ({e}); convert it first, e.g. "
+                           f"iconv -f latin1 -t utf-8 {path} > converted.txt") from None
+
+
 def local_kind(files):
     """The datasets loader for a list of files: one kind per call."""
     kinds = {"json" if f.endswith((".json", ".jsonl")) else "parquet" if f.endswith(".parquet") else "text"
@@ -230,7 +240,8 @@ def load_local(files, field):
         return ds, "text", dict(join="concat", sep="")
     ds = datasets.load_dataset(kind, data_files=files, split="train")
     if field not in ds.column_names:
-        raise PrepareError(f"the files have no column {field!r} (columns: {ds.column_names}); pass --text_field")
+        raise PrepareError(f"the files have no column {field!r} (columns: {ds.column_names}); "
+                           "name the text column with --text_field")
     return ds, field, dict(join="eot")
 
 
@@ -260,7 +271,8 @@ def load_hub(name, args):
         raise PrepareError(f"could not load {what}: {why}. {hint}") from e
     field = args.text_field if args.text_field != "text" else spec["field"]
     if field not in ds.column_names:
-        raise PrepareError(f"{spec['path']} has no column {field!r} (columns: {ds.column_names}); pass --text_field")
+        raise PrepareError(f"{spec['path']} has no column {field!r} (columns: {ds.column_names}); "
+                           "name the text column with --text_field")
     return ds, field, dict(join=spec["join"], sep=spec.get("sep", "")), spec
 
 
@@ -474,10 +486,12 @@ def prepare(args):
         if source["kind"] == "pydocs":
             docs, sep = pydocs_texts(args.max_chars), "\n\n"
         elif source["kind"] == "local" and local_kind(files) == "text":
-            docs, sep = [open(f, encoding="utf-8").read() for f in files], ""
-        else:
-            ds, field, _ = load_local(files, args.text_field) if args.input else load_hub(args.dataset, args)[:3]
-            docs, sep = list(ds[field]), "\n\n"
+            docs, sep = [read_text(f) for f in files], ""
+        else:  # rows of jsonl / parquet / the Hub: documents, or pieces of one text joined with their sep
+            ds, field, join_spec = load_local(files, args.text_field) if args.input else load_hub(args.dataset, args)[:3]
+            docs, sep = list(ds[field]), "\n\n" if join_spec["join"] == "eot" else join_spec["sep"]
+            if join_spec["join"] == "concat":
+                docs, sep = ["".join(d + sep for d in docs)], ""  # one text, as the BPE path joins it
         counts, chars = prepare_char(docs, sep, out_dir, splits_plan=splits_plan, val_fraction=val_fraction,
                                      seed=args.seed)
         meta.update(tokenizer="char", vocab_size=len(chars), chars="".join(chars))

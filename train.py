@@ -9,14 +9,17 @@ Train a ToST language model (or the GPT-2 softmax baseline), nanoGPT-style.
 Multi-node (2 nodes x 8 GPUs): on node 0
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=<node 0 ip> --master_port=29500 \\
         train.py config/tost_owt.py
-and the same with --node_rank=1 on node 1 (add NCCL_IB_DISABLE=1 without InfiniBand).
+and the same with --node_rank=1 on node 1 (add NCCL_IB_DISABLE=1 without InfiniBand). Every node
+reads <data_dir>/<dataset> and writes out_dir from rank 0 only: use a shared filesystem, or run
+prepare_openwebtext.py on each node first. CPU-only machines use gloo (the same commands).
 
 Settings are the module globals below; a config file (python, positional) then --key=value
 overrides them; unknown keys or values of the wrong type stop with a clear message.
 
 Data: <data_dir>/<dataset>/{train,val}.bin + meta.json from prepare_openwebtext.py. The
 embedded corpus "pydocs_char" (docstrings of Python's standard library) is prepared here on
-first use; `--text_path=book.txt` prepares any text file at character level the same way.
+first use; `--text_path=book.txt` prepares any text file at character level the same way
+(as <data_dir>/book_char unless --dataset names it; a changed file is noticed, not reused).
 
 Batches are a pure function of (seed, iteration, micro-batch index), so a checkpoint's
 iteration number is its data position: init_from="resume" continues exactly, with the loss
@@ -61,7 +64,7 @@ wandb_run_name = "tost"
 # data
 dataset = "openwebtext"
 data_dir = "data"
-text_path = ""  # a plain text file to prepare at character level as <data_dir>/<dataset>
+text_path = ""  # a plain text file, prepared at character level as <data_dir>/<file stem>_char (or <dataset>)
 gradient_accumulation_steps = 5 * 8  # micro-batches per iteration, over all ranks together
 batch_size = 12  # sequences per micro-batch
 block_size = 1024
@@ -118,32 +121,55 @@ def dataset_folder(C):
     return os.path.join(C.data_dir, C.dataset)
 
 
+NAMED_CORPORA = ("openwebtext", "wikitext2", "lambada", "ptb", "pydocs_char")
+
+
+def text_dataset_name(C):
+    """The dataset name a text_path run uses: C.dataset, unless that is one of the named corpora
+    (e.g. the default "openwebtext" or a config's "pydocs_char"), then "<file stem>_char"."""
+    if C.dataset not in NAMED_CORPORA:
+        return C.dataset
+    return os.path.splitext(os.path.basename(C.text_path))[0] + "_char"
+
+
 def ensure_dataset(C, dist):
-    """The dataset's meta.json, preparing the embedded corpus or text_path on first use (rank 0
-    prepares, the others wait)."""
+    """The dataset's meta.json. The embedded corpus is prepared on first use; text_path is
+    prepared (or found already prepared: prepare() is idempotent and notices a changed file)
+    on every run. Rank 0 prepares, then tells the other ranks whether it worked."""
     from prepare_openwebtext import PrepareError, parse_args, prepare, read_meta
 
+    if C.text_path:
+        if not os.path.isfile(C.text_path):
+            raise UserError(f"text_path {C.text_path!r} is not a file")
+        C.dataset = text_dataset_name(C)
     folder = dataset_folder(C)
-    auto = C.text_path != "" or C.dataset == "pydocs_char"
-    if read_meta(folder) is None and auto and dist.is_master:
+    error = None  # rank 0's preparation error, shared with every rank
+    if dist.is_master and (C.text_path or (C.dataset == "pydocs_char" and read_meta(folder) is None)):
         argv = [f"--data_dir={C.data_dir}", f"--name={C.dataset}", "--char"]
         argv += [f"--input={C.text_path}"] if C.text_path else ["--dataset=pydocs_char"]
         try:
             prepare(parse_args(argv))
-        except PrepareError as e:  # reported here; every rank then stops on the missing meta.json below
-            print(f"train.py: {e}", file=sys.stderr)
-    if dist.ddp:
-        torch_dist.barrier()
+        except PrepareError as e:
+            error = str(e)
+            if "prepared from other settings" in error:  # prepare.py's hints are its own flags
+                source = (read_meta(folder) or {}).get("request", {}).get("source")
+                error = (f"{folder} was prepared from other text ({source}): another file, or an earlier "
+                         f"version of {C.text_path or 'the embedded corpus'}. Pass --dataset=<another name>, "
+                         f"or delete {folder} to prepare it again")
+    if dist.ddp:  # also the barrier: the others wait here until rank 0 is done
+        shared = [error]
+        torch_dist.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error is not None:
+        raise UserError(error)
     meta = read_meta(folder)
     if meta is None:
         raise UserError(
             f"dataset {C.dataset!r} is not prepared ({folder}/meta.json is missing). Run "
-            f"`python prepare_openwebtext.py --dataset={C.dataset} --data_dir={C.data_dir}` (names: openwebtext, "
-            "wikitext2, lambada, ptb, pydocs_char), or `--input=<files> --name=...` for your own text; "
-            "or train on the embedded corpus with --dataset=pydocs_char, or on a text file with --text_path=...")
-    if C.text_path and meta["request"]["source"].get("files", [{}])[0].get("path") != os.path.abspath(C.text_path):
-        raise UserError(f"{folder} was prepared from other text ({meta['request']['source']}); "
-                         f"choose another --dataset name for {C.text_path}")
+            f"`python prepare_openwebtext.py --dataset={C.dataset} --data_dir={C.data_dir}` (names: "
+            f"{', '.join(NAMED_CORPORA)}), or `--input=<files> --name={C.dataset}` for your own text "
+            "(text, jsonl or parquet); or train on the embedded corpus with --dataset=pydocs_char, or on any "
+            "text file at character level with --text_path=<file>")
     return meta
 
 
@@ -369,7 +395,7 @@ def run_eval_only(C, dist, device, dt, meta):
     data = TokenData(dataset_folder(C), meta, model.config.block_size, device)
     t0 = time.time()
     loss, n = score_split(model, data, C.eval_split, C, dist, ctx)
-    record = dict(mode="eval_only", ckpt=ckpt_path, iter=ckpt["iter_num"], dataset=C.dataset, split=C.eval_split,
+    record = dict(type="eval_only", ckpt=ckpt_path, iter=ckpt["iter_num"], dataset=C.dataset, split=C.eval_split,
                   loss=loss, ppl=math.exp(loss), tokens=n, block_size=data.block_size,
                   stride=C.eval_stride or data.block_size)
     log(dist, f"{C.dataset} {C.eval_split}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} "

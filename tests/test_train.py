@@ -4,7 +4,10 @@ CPU only, offline, tiny models (2 layers, width 32, context 32).
 
     python -m pytest -q tests/test_train.py
 
-The scripts run as subprocesses, as a user runs them (resume across processes, torchrun).
+The scripts run as subprocesses where the process boundary is the point (the first training
+run, resume in a new process, torchrun, the prepare command line); the other checks call the
+same main() in this process, which saves the seconds an interpreter + torch start costs.
+The whole file takes about 30 s on 2 idle cores.
 """
 
 import json
@@ -14,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -23,6 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import prepare_openwebtext as prep  # noqa: E402
+import sample  # noqa: E402
 import train  # noqa: E402
 import trainkit as tk  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -50,6 +55,21 @@ def run(script, *args, check=True, extra_env=None):
     if check and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
+
+
+def call_main(module, *argv, capsys):
+    """module.main(argv) in this process (the same code path as the command line, without the
+    seconds an interpreter + torch start costs). Returns (exit code, stdout, stderr); a message
+    passed to sys.exit counts as stderr with code 1, as the interpreter does."""
+    try:
+        module.main(list(argv))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    if isinstance(code, str):
+        code, err = 1, err + code
+    return code, out, err
 
 
 def read_log(out_dir, kind):
@@ -102,35 +122,55 @@ def greedy_by_full_forward(model, ids, n_new):
     """Greedy continuation re-running the whole (parallel, non-recurrent) forward every token."""
     idx = torch.tensor([ids])
     for _ in range(n_new):
-        logits, _ = model(idx)
+        logits, _ = model(idx[:, -model.config.block_size:])  # (softmax past block_size: a sliding window)
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return idx[0].tolist()
 
 
-def test_sample_greedy_matches_full_forward(tiny_run):
-    prompt = "Return the"
-    p = run("sample.py", f"--out_dir={tiny_run['out']}", f"--start={prompt}", "--num_samples=2",
-            "--max_new_tokens=20", "--temperature=0", "--num_threads=1")
-    samples = p.stdout.split("-" * 60)[1:-1]
-    assert len(samples) == 2 and "tokens/s" in p.stdout
-    ckpt = tk.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"))
+def check_sample_greedy(out_dir, prompt, n_new, capsys):
+    """sample.py at temperature 0 gives, for each of 2 samples, the greedy continuation that
+    re-running the full forward pass on every prefix gives."""
+    code, out, err = call_main(sample, f"--out_dir={out_dir}", f"--start={prompt}", "--num_samples=2",
+                               f"--max_new_tokens={n_new}", "--temperature=0", "--num_threads=1", capsys=capsys)
+    assert code == 0, err
+    samples = out.split("-" * 60)[1:-1]
+    assert len(samples) == 2 and "tokens/s" in out
+    ckpt = tk.load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(ckpt["model"])
     model.eval()
     encode, decode = prep.load_tokenizer(ckpt["tokenizer"])
     with torch.no_grad():
-        expected = decode(greedy_by_full_forward(model, encode(prompt), 20))
-    # sample.py decodes from TSSA's recurrent state; the reference re-runs the parallel form
+        expected = decode(greedy_by_full_forward(model, encode(prompt), n_new))
     assert samples[0].strip("\n") == expected == samples[1].strip("\n")
 
 
-def test_eval_only_scores_the_whole_split(tiny_run):
-    p = run("train.py", "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}", f"--out_dir={tiny_run['out']}",
-            "--eval_only=True", "--eval_tokens=2000", "--batch_size=16", "--num_threads=1", "--device=cpu")
-    assert "perplexity" in p.stdout
-    with open(os.path.join(tiny_run["out"], "log.jsonl")) as f:
-        record = [json.loads(line) for line in f][-1]
-    assert record["mode"] == "eval_only" and record["tokens"] == 2000
+def test_sample_greedy_matches_full_forward(tiny_run, capsys):
+    # sample.py decodes from TSSA's recurrent state; the reference re-runs the parallel form
+    check_sample_greedy(tiny_run["out"], "Return the", 20, capsys)
+
+
+def test_sample_softmax_checkpoint(tiny_run, tmp_path, capsys):
+    """The softmax baseline's checkpoint samples too (KV cache, then a sliding window past
+    block_size: 10 + 30 tokens > 32, like the cropped reference)."""
+    tiny = tk.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"))
+    args = dict(tiny["model_args"], attn="softmax", layer_scale_init=None)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**args))  # untrained: a random but fixed greedy path is enough here
+    with torch.no_grad():  # spread the logits (init std 0.02 leaves near-ties that float rounding could flip)
+        model.wte.weight.mul_(50)
+    tk.save_checkpoint(dict(model=model.state_dict(), model_args=args, iter_num=0, tokenizer=tiny["tokenizer"]),
+                       str(tmp_path / "ckpt.pt"))
+    check_sample_greedy(str(tmp_path), "Return the", 30, capsys)
+
+
+def test_eval_only_scores_the_whole_split(tiny_run, capsys):
+    code, out, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}",
+                               f"--out_dir={tiny_run['out']}", "--eval_only=True", "--eval_tokens=2000",
+                               "--batch_size=16", "--num_threads=1", "--device=cpu", capsys=capsys)
+    assert code == 0 and "perplexity" in out, err
+    record = read_log(tiny_run["out"], "eval_only")[-1]
+    assert record["tokens"] == 2000 and record["split"] == "val"
     # independent reference: the first 2001 tokens of val cut into windows of 32, each scored by a plain forward
     ckpt = tk.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"))
     model = GPT(GPTConfig(**ckpt["model_args"]))
@@ -186,19 +226,19 @@ def test_resume_continues_exactly(tiny_run, tmp_path):
         assert all(torch.equal(sa[k], sb[k]) for k in ("exp_avg", "exp_avg_sq"))
 
 
-def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_run, tmp_path):
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_run, tmp_path, capsys):
     out = str(tmp_path / "out")
     common = ["--dataset=pydocs_char", f"--data_dir={tiny_run['data']}", f"--out_dir={out}", *TINY,
               "--eval_interval=2", "--warmup_iters=0"]
-    run("train.py", *common, "--max_iters=2")
+    assert call_main(train, *common, "--max_iters=2", capsys=capsys)[0] == 0
     ckpt_path = os.path.join(out, "ckpt.pt")
     before = open(ckpt_path, "rb").read()
     # a learning rate of 1e30 throws the weights to ~1e30; the next forward overflows float32
-    p = run("train.py", *common, "--max_iters=6", "--init_from=resume", "--learning_rate=1e30",
-            "--decay_lr=False", check=False)
-    assert p.returncode == 1
-    assert "non-finite training loss" in p.stderr and "last good checkpoint" in p.stderr
-    assert "Traceback" not in p.stderr
+    # (any other exception than the clean exit would propagate and fail the test)
+    code, _, err = call_main(train, *common, "--max_iters=6", "--init_from=resume", "--learning_rate=1e30",
+                             "--decay_lr=False", capsys=capsys)
+    assert code == 1
+    assert "non-finite training loss" in err and "last good checkpoint" in err
     assert open(ckpt_path, "rb").read() == before  # untouched: still the iter-2 checkpoint
     ckpt = tk.load_checkpoint(ckpt_path)
     assert ckpt["iter_num"] == 2 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
@@ -256,7 +296,7 @@ tk.cleanup_distributed(dist)
 """
 
 
-def test_torchrun_two_processes_match_one(tiny_run, tmp_path):
+def test_torchrun_two_processes_match_one(tiny_run, tmp_path, capsys):
     """torchrun with 2 gloo processes x 1 micro-batch == 1 process x 2 micro-batches: the same
     sequences every iteration (batches are seeded by their global index), gradients averaged
     across ranks. Both ranks end with identical weights; the checkpoint matches the single
@@ -270,7 +310,7 @@ def test_torchrun_two_processes_match_one(tiny_run, tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     p = run(torchrun, "--standalone", "--nproc_per_node=2", str(worker), *common, f"--out_dir={ddp}")
     assert "2 process(es)" in p.stdout
-    run("train.py", *common, f"--out_dir={single}")
+    assert call_main(train, *common, f"--out_dir={single}", capsys=capsys)[0] == 0
     r0, r1 = (torch.load(os.path.join(ddp, f"rank{r}.pt")) for r in (0, 1))
     assert all(torch.equal(r0[k], r1[k]) for k in r0)  # DDP keeps the replicas identical, bit for bit
     ckpt_ddp, ckpt_single = load_weights(ddp), load_weights(single)
@@ -364,7 +404,7 @@ def test_prepare_fails_fast_offline(tmp_path, monkeypatch):
 # configuration errors
 
 
-def test_config_errors_are_clear(tmp_path):
+def test_config_errors_are_clear(tmp_path, capsys):
     defaults = train.DEFAULTS
     assert "MODEL_KEYS" not in defaults and "out_dir" in defaults  # only the settings block
     c = tk.configure(defaults, ["--dropout=0", "--compile=false", "--max_iters=1e3"])
@@ -376,8 +416,112 @@ def test_config_errors_are_clear(tmp_path):
     bad.write_text("n_layers = 4\n")
     with pytest.raises(tk.ConfigError, match="n_layer"):  # suggests the close match
         tk.configure(defaults, [str(bad)])
-    p = run("train.py", "--n_embed=64", check=False)
-    assert p.returncode != 0 and "unknown config key 'n_embed'" in p.stderr and "n_embd" in p.stderr
-    assert "Traceback" not in p.stderr
-    p = run("train.py", f"--data_dir={tmp_path}", "--dataset=nothing_here", "--device=cpu", check=False)
-    assert p.returncode != 0 and "prepare_openwebtext.py --dataset=nothing_here" in p.stderr
+    with pytest.raises(tk.ConfigError, match="expects bool"):
+        tk.configure(defaults, ["--compile=maybe"])
+    with pytest.raises(tk.ConfigError, match="expects int"):
+        tk.configure(defaults, ["--max_iters=2.5"])
+    with pytest.raises(tk.ConfigError, match="--key=value"):
+        tk.configure(defaults, ["--max_iters"])
+    # through train.main, as on the command line: a one-line message and exit code 1, no traceback
+    code, _, err = call_main(train, "--n_embed=64", capsys=capsys)
+    assert code == 1 and "unknown config key 'n_embed'" in err and "n_embd" in err
+    code, _, err = call_main(train, "config/no_such_config.py", capsys=capsys)
+    assert code == 1 and "not found" in err
+    code, _, err = call_main(train, f"--data_dir={tmp_path}", "--dataset=nothing_here", "--device=cpu",
+                             capsys=capsys)
+    assert code == 1 and "prepare_openwebtext.py --dataset=nothing_here" in err
+    code, _, err = call_main(train, f"--data_dir={tmp_path}", "--text_path=/no/such/file.txt", capsys=capsys)
+    assert code == 1 and "is not a file" in err
+
+
+# -----------------------------------------------------------------------------
+# any text file, and the evaluation sets of the paper
+
+
+def test_text_path_trains_on_any_text_file(tmp_path, capsys):
+    """--text_path=<file>: prepared at character level as <stem>_char (not over the config's
+    dataset), trained on, and re-prepared only if the file is unchanged; an edited file is
+    refused instead of silently training on the old tokens."""
+    src = tmp_path / "poem.txt"
+    text = "".join(f"Line {i}: roses are red, violets are blue.\n" for i in range(300))
+    src.write_text(text, encoding="utf-8")
+    data, out = str(tmp_path / "data"), str(tmp_path / "out")
+    common = [f"--text_path={src}", f"--data_dir={data}", f"--out_dir={out}", *TINY, "--eval_iters=2"]
+    code, stdout, err = call_main(train, *common, "--max_iters=2", "--eval_interval=2", capsys=capsys)
+    assert code == 0, err
+    meta = prep.read_meta(os.path.join(data, "poem_char"))
+    assert meta["chars"] == "".join(sorted(set(text)))
+    ids = np.concatenate([np.fromfile(os.path.join(data, "poem_char", f"{s}.bin"), dtype=np.uint16)
+                          for s in ("train", "val")])
+    assert "".join(meta["chars"][i] for i in ids) == text
+    assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"))["tokenizer"]["chars"] == meta["chars"]
+    assert not os.path.exists(os.path.join(data, "openwebtext"))
+    src.write_text(text + "A new line with new letters: qxz!\n", encoding="utf-8")
+    code, _, err = call_main(train, *common, "--max_iters=2", "--eval_interval=2", capsys=capsys)
+    assert code == 1 and "earlier version" in err and "--dataset=" in err
+
+
+# What the Hub serves for each evaluation set (fake rows), and the token stream expected from them.
+FAKE_HUB_ROWS = {
+    "wikitext2": ["", " = Robert Boulter = \n", "", " Robert Boulter is an English film actor . \n"],
+    "lambada": ["the old man looked at the sea", "she opened the door and said hello"],
+    "ptb": ["no it was n't black monday", "but while the new york stock exchange did n't fall"],
+}
+
+
+def expected_stream(name, rows):
+    sep = {"wikitext2": "", "lambada": "<|endoftext|>", "ptb": "\n"}[name]
+    return "".join(row + sep for row in rows)
+
+
+@needs_bpe
+def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
+    """WikiText-2, LAMBADA and PTB (Table 4 of the paper): the Hub repositories of
+    prepare_openwebtext.HUB are asked for their test split (a fake load_dataset stands in for
+    the network), written whole as test.bin with GPT-2 BPE, and eval_only scores a GPT-2 BPE
+    checkpoint on them: the loss equals a plain forward over the same windows."""
+    import datasets
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.path.abspath(TIKTOKEN_CACHE))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # no network probe
+    asked = []
+
+    def fake_load_dataset(path, config=None, split=None, revision=None, **kw):
+        name = next(n for n, spec in prep.HUB.items() if spec["path"] == path)
+        asked.append((name, config, split))
+        return datasets.Dataset.from_dict({prep.HUB[name]["field"]: FAKE_HUB_ROWS[name]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    data = str(tmp_path / "data")
+    enc = prep.gpt2_encoding()
+    for name, rows in FAKE_HUB_ROWS.items():
+        meta = prep.prepare(prep.parse_args([f"--dataset={name}", f"--data_dir={data}", "--num_proc=1"]))
+        assert list(meta["splits"]) == ["test"] and meta["tokenizer"] == "gpt2"
+        ids = np.fromfile(os.path.join(data, name, "test.bin"), dtype=np.uint16).tolist()
+        assert enc.decode(ids) == expected_stream(name, rows)
+    assert asked == [(n, prep.HUB[n]["config"], "test") for n in FAKE_HUB_ROWS]
+
+    # a tiny random GPT-2 BPE model, saved as train.py saves, scored on the WikiText-2 test split
+    args = dict(block_size=8, vocab_size=train.padded_vocab(enc.n_vocab), n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**args)).eval()
+    out = str(tmp_path / "out")
+    tk.save_checkpoint(dict(model=model.state_dict(), model_args=asdict(model.config), iter_num=0,
+                            tokenizer=train.tokenizer_info(prep.read_meta(os.path.join(data, "wikitext2")))),
+                       os.path.join(out, "ckpt.pt"))
+    common = ["--dataset=wikitext2", f"--data_dir={data}", f"--out_dir={out}", "--eval_only=True", "--device=cpu"]
+    code, _, err = call_main(train, *common, capsys=capsys)  # the default split is val: not in an evaluation set
+    assert code == 1 and "splits: test" in err
+    code, stdout, err = call_main(train, *common, "--eval_split=test", capsys=capsys)
+    assert code == 0 and "perplexity" in stdout, err
+    record = read_log(out, "eval_only")[-1]
+    ids = np.fromfile(os.path.join(data, "wikitext2", "test.bin"), dtype=np.uint16).astype(np.int64)
+    total = 0.0
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, 8):  # non-overlapping windows of block_size 8
+            y = torch.from_numpy(ids[s + 1:s + 9][None])
+            _, loss = model(torch.from_numpy(ids[s:s + y.shape[1]][None]), y)
+            total += loss.item() * y.numel()
+    assert record["split"] == "test" and record["tokens"] == len(ids) - 1
+    # float32 over a few dozen tokens, summed in another order: equal to ~1e-6 relative
+    assert record["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
