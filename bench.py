@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import fast_tssa
 import model
-from trainkit import config_defaults, configure
+from trainkit import config_defaults, configure, run_cli
 
 # -----------------------------------------------------------------------------
 # settings (override with a config file or --key=value)
@@ -373,7 +373,7 @@ def run_suite(suite, impl_list, mode_list, T_list, results, bw):
                     torch.cuda.empty_cache()
 
 
-HEADER = f"{'suite':<13}{'impl':<10}{'mode':<7}{'T':>7}{'ms':>11}{'cpu ms':>11}{'peak MB':>10}{'GB/s':>8}{'x floor':>9}  note"
+_HEADER = f"{'suite':<13}{'impl':<10}{'mode':<7}{'T':>7}{'ms':>11}{'cpu ms':>11}{'peak MB':>10}{'GB/s':>8}{'x floor':>9}  note"
 
 
 def print_row(r):
@@ -433,7 +433,7 @@ def main():
           f"copy bandwidth {bw:.1f} GB/s; torch {torch.__version__}; fast_tssa kernels: "
           f"{fast_tssa.kernels_for(torch.empty(1, 1, 1, 1, device=DEVICE, dtype=DTYPE)).name}")
     results = []
-    print(HEADER)
+    print(_HEADER)
     for suite in suite_list:
         Ts = {"model": mT, "model_decode": dT}.get(suite, T_list)
         run_suite(suite, impls.split(","), modes.split(","), Ts, results, bw)
@@ -448,4 +448,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

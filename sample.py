@@ -55,10 +55,6 @@ def read_prompt(text):
 
 
 def main(argv):
-    if "--help" in argv or "-h" in argv:
-        settings = tk.config_defaults(globals())
-        print(__doc__ + "\nSettings (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in settings.items()))
-        return None
     C = tk.configure(tk.config_defaults(globals()), argv)
     if C["num_threads"] > 0:
         torch.set_num_threads(C["num_threads"])

@@ -354,9 +354,6 @@ def resolve_device_and_dtype(C, dist):
 
 def setup(argv):
     """Config, distributed setup, device, precision, seeds. Returns (C, dist, device, dtype)."""
-    if "--help" in argv or "-h" in argv:
-        print(__doc__ + "\nSettings (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in DEFAULTS.items()))
-        sys.exit(0)
     config = tk.configure(DEFAULTS, argv)
     C = SimpleNamespace(**config)
     if C.init_from not in ("scratch", "resume"):

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import sys
 import tempfile
 import warnings
 from contextlib import nullcontext
@@ -89,6 +90,10 @@ def configure(defaults, argv):
     """Settings from `defaults` (a dict of name -> value), overridden in order by each
     config file named in argv (a python file whose top-level assignments are settings) and
     each --key=value. Returns the new dict; raises ConfigError on anything unknown or mistyped."""
+    if "--help" in argv or "-h" in argv:
+        doc = sys.modules["__main__"].__doc__ or ""
+        print(doc.rstrip() + "\n\nSettings (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+        raise SystemExit(0)
     config = dict(defaults)
     for arg in argv:
         if not arg.startswith("--"):
@@ -112,6 +117,15 @@ def configure(defaults, argv):
                 raise _unknown_key(key, defaults)
             config[key] = coerce(key, value, defaults[key])
     return config
+
+
+def run_cli(main, *args):
+    """Run a script's main(*args) for a person at a terminal: a configuration mistake or a
+    missing file ends the program with its one-line message (exit status 1), not a traceback."""
+    try:
+        return main(*args)
+    except (ConfigError, FileNotFoundError) as e:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {e}")
 
 
 def config_defaults(namespace):

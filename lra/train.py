@@ -273,4 +273,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    trainkit.run_cli(main)
