@@ -458,16 +458,7 @@ def train_step(model, raw_model, optimizer, scaler, ctx, data, C, dist, it, accu
     loss_value = tk.all_reduce_mean(loss_sum, dist).item()
     if not math.isfinite(loss_value):
         raise NonFiniteLoss(f"non-finite training loss ({loss_value}) at iter {it} (lr {lr:.3g})")
-    if scaler is not None:
-        scaler.unscale_(optimizer)  # clip the true gradients
-    if C.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    tk.optimizer_step(optimizer, raw_model.parameters(), C.grad_clip, scaler)
     return loss_value
 
 

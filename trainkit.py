@@ -301,6 +301,21 @@ def autocast_for(device, dtype):
     return (lambda: torch.autocast(device_type=device_type, dtype=DTYPES[dtype])), scaler
 
 
+def optimizer_step(optimizer, parameters, grad_clip=0.0, scaler=None):
+    """One update from the accumulated gradients: unscale (fp16), clip the true gradient norm
+    to grad_clip (0: no clipping), step, and clear the gradients."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)  # skipped when the fp16 gradients overflowed
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 # -----------------------------------------------------------------------------
 # logging
 

@@ -837,16 +837,7 @@ def _train(cfg, d):
                 loss = soft_cross_entropy(logits, target) / accum
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             loss_sum += loss.detach()
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        if cfg["grad_clip"] > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        trainkit.optimizer_step(optimizer, model.parameters(), cfg["grad_clip"], scaler)
         iter_num += 1
         if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
             loss_val = trainkit.all_reduce_mean(loss_sum, d).item()

@@ -255,16 +255,7 @@ def main(argv=None):
                 loss = F.cross_entropy(logits.float(), labels) / accum
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             loss_sum += loss.item()
-        if cfg["grad_clip"]:
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        trainkit.optimizer_step(optimizer, model.parameters(), cfg["grad_clip"], scaler)
         if it % cfg["log_interval"] == 0:
             dt = (time.time() - t0) / max(it - start_iter + 1, 1)
             say(f"iter {it}: loss {loss_sum:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter")
