@@ -573,10 +573,10 @@ def main(argv):
         if dist.is_master:
             print(f"train.py: stopping: {e}; nothing was saved for it, {where}. Try a lower learning_rate, "
                   "grad_clip=1.0, or dtype=bfloat16 / float32.", file=sys.stderr, flush=True)
-        tk.cleanup_distributed(dist)
+        tk.cleanup_distributed(dist, wait=False)
         sys.exit(1)
     except (tk.ConfigError, FileNotFoundError, UserError) as e:
-        tk.cleanup_distributed(dist)
+        tk.cleanup_distributed(dist, wait=False)
         sys.exit(f"train.py: {e}")
     tk.cleanup_distributed(dist)
 

@@ -14,6 +14,7 @@ each trainer reads as the training loop and nothing else:
 
 import ast
 import difflib
+import gc
 import json
 import math
 import os
@@ -166,8 +167,16 @@ def setup_distributed(device=None):
     return Dist(True, rank, local_rank, world_size, device, rank == 0)
 
 
-def cleanup_distributed(d):
+def cleanup_distributed(d, wait=True):
+    """Leave the process group. wait=True (a normal end): first wait for every rank, so none
+    tears its connections down while another still communicates (rank 0 saving a
+    checkpoint); pass wait=False on an error path, where the other ranks may never come.
+    Unreachable DDP wrappers are freed before the group goes (gc), while the interpreter is
+    fully alive: gloo work they still own aborts the process if it is freed at exit."""
     if d.ddp and dist.is_initialized():
+        if wait:
+            dist.barrier()
+        gc.collect()
         dist.destroy_process_group()
 
 

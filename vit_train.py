@@ -733,9 +733,12 @@ def gather_rng_states(d):
 def train(cfg):
     d = trainkit.setup_distributed(cfg["device"] or None)
     try:
-        return _train(cfg, d)
-    finally:
-        trainkit.cleanup_distributed(d)
+        result = _train(cfg, d)
+    except BaseException:
+        trainkit.cleanup_distributed(d, wait=False)
+        raise
+    trainkit.cleanup_distributed(d)
+    return result
 
 
 def _train(cfg, d):
