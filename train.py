@@ -231,18 +231,8 @@ def same_tokenizer(a, b):
     return a["tokenizer"] == b["tokenizer"] and a.get("chars") == b.get("chars")
 
 
-def gather_rng_states(dist):
-    """Every rank's RNG state, as a list indexed by rank (a collective: all ranks call it)."""
-    state = tk.rng_state()
-    if not dist.ddp:
-        return [state]
-    states = [None] * dist.world_size
-    torch_dist.all_gather_object(states, state)
-    return states
-
-
 def save(path, raw_model, optimizer, scaler, C, it, best_val_loss, meta, dist):
-    rng = gather_rng_states(dist)
+    rng = tk.gather_rng_states(dist)
     if not dist.is_master:
         return
     ckpt = {

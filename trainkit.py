@@ -3,12 +3,14 @@ Shared training plumbing for train.py, vit_train.py and lra/train.py, kept in on
 each trainer reads as the training loop and nothing else:
 
   configure        nanoGPT-style config: module globals, then config files, then --key=value,
-                   with type checking and clear errors (ConfigError)
+                   with type checking and clear errors (ConfigError); --help lists them
+  run_cli          a script's main(): config mistakes end in one line, not a traceback
   setup_distributed / cleanup_distributed   DDP from torchrun's environment variables
   save_checkpoint / load_checkpoint         atomic writes, CPU loads, no wrapper prefixes
-  rng_state / set_rng_state                 every RNG a run touches, for exact resume
+  rng_state / set_rng_state / gather_rng_states   every RNG a run touches (of every rank), for exact resume
   lr_at            warmup + cosine / linear / inverse-sqrt / constant schedules
   autocast_for     mixed precision context (+ GradScaler for float16)
+  optimizer_step   unscale, clip, step, zero the gradients
   JsonlLogger      one JSON line per evaluation
 """
 
@@ -256,6 +258,16 @@ def rng_state():
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def gather_rng_states(d):
+    """Every rank's RNG state, as a list indexed by rank (a collective: all ranks call it)."""
+    state = rng_state()
+    if not d.ddp:
+        return [state]
+    states = [None] * d.world_size
+    dist.all_gather_object(states, state)
+    return states
 
 
 def set_rng_state(state):

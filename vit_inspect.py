@@ -47,7 +47,7 @@ import torch
 import pngio
 import trainkit
 import vit_train
-from model import compression_objective
+from model import _split_heads, compression_objective
 
 # -----------------------------------------------------------------------------
 # default settings (--key=value overrides them)
@@ -242,11 +242,6 @@ def plot_panel(canvas, box, title, x_labels, series, bars=False):
 
 # -----------------------------------------------------------------------------
 # measurements
-
-
-def _split_heads(x, H):  # (B, N, C) -> (B, H, N, C // H)
-    B, N, C = x.shape
-    return x.view(B, N, H, C // H).transpose(1, 2)
 
 
 @torch.no_grad()

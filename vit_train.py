@@ -716,16 +716,6 @@ def resolve_dtype(name, dev):
     return "float32"
 
 
-def gather_rng_states(d):
-    """The RNG state of every process (a list indexed by rank)."""
-    state = trainkit.rng_state()
-    if not d.ddp:
-        return [state]
-    states = [None] * d.world_size
-    torch.distributed.all_gather_object(states, state)
-    return states
-
-
 # -----------------------------------------------------------------------------
 # 6. Training
 
@@ -794,7 +784,7 @@ def _train(cfg, d):
               f"{dtype_name}, batch {cfg['batch_size'] * accum * d.world_size}")
 
     def save(val_top1):
-        states = gather_rng_states(d)  # every rank takes part
+        states = trainkit.gather_rng_states(d)  # every rank takes part
         if d.is_master:
             trainkit.save_checkpoint({
                 "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),

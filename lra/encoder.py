@@ -27,7 +27,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from model import MLP, Block, make_attention
+from model import GPT, MLP, Block, make_attention
 
 
 @dataclass(kw_only=True)
@@ -114,14 +114,7 @@ class LRAClassifier(nn.Module):
         head_in = 4 * c.n_embd if c.two_tower else c.n_embd
         self.head = nn.Sequential(nn.Linear(head_in, c.n_embd), nn.GELU(), nn.Dropout(c.dropout),
                                   nn.Linear(c.n_embd, c.num_classes))
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
-            if getattr(m, "bias", None) is not None:
-                nn.init.zeros_(m.bias)
+        self.apply(GPT._init_weights)  # normal(0, 0.02) weights, zero biases, as the GPT
 
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
