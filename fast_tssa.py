@@ -7,10 +7,13 @@ impl="fast" forces it; impl="reference" never). The readable maths stays in mode
 what every path here is tested against (tests/test_fast_tssa.py).
 
 Three back ends compute the same maths with the same hand-derived backward:
-  "triton"  CUDA: Triton kernels over chunks of BLOCK_T tokens per (batch, head); a running
-            sum is a scan inside the chunk plus a carry (prefix of the chunk totals, a tiny
-            torch cumsum between kernels). Softmax across heads in PyTorch on (B, H, T).
-            Also runs under TRITON_INTERPRET=1 on CPU (slow; that is how the tests run it).
+  "triton"  CUDA: Triton kernels over chunks of BLOCK_T tokens; a running sum is a scan
+            inside the chunk plus a carry (sum of the other chunks' totals, from a small carry
+            kernel). Five kernels each way, two of them owning all heads of a chunk so the
+            softmax across heads (and its backward) stays inside a kernel: 14 launches per
+            causal forward+backward where whole-tensor ops need ~50. Also runs under
+            TRITON_INTERPRET=1 on CPU (slow; that is how the tests run it), and the tests
+            compile it for sm_80 / sm_90 without a GPU.
   "cpu"     CPU: a small C file compiled once with the system C compiler (cc -O3 -fopenmp,
             cached in ~/.cache/nanotost or a per-user temp folder; without -march=native or
             OpenMP if the compiler rejects them), called through ctypes. All heads of a token are
@@ -39,8 +42,9 @@ The maths (per batch row and head; w_t in R^p the features of token t, q_t = w_t
             dtemp = sum gl * u     dbias_t = p * temp * sum_batch gl_t     R_t = temp * gl_t
             gS_t = -R_t q_t / (S_t + e1)^2
             dw_t = -Pi_t D_t g_t + 2 w_t (Pi_t G_M_t + R_t / (S_t + e1) + G_S_t)
-The softmax across heads couples the heads: kernels that own one head need two passes over w
-each way with a (B, H, T) softmax step between them; the CPU kernels own every head of a token.
+The softmax across heads couples the heads: a kernel that computes Pi (or dL/dlogit) must see
+every head of a token. The CPU kernels own every head of a token; the Triton kernels F2 and B2
+own every head of a chunk; the "torch" back end does the softmax as a (B, H, T) op between passes.
 """
 
 import contextlib
@@ -88,58 +92,48 @@ def _rscan(x, causal):  # suffix sums over tokens, or the total
     return x.flip(2).cumsum(2).flip(2) if causal else x.sum(2, keepdim=True)
 
 
-class TwoPassKernels:
-    """Forward/backward for back ends that provide four per-head passes (stats, apply,
-    grad_pi, grad_w) and leave the softmax across heads to PyTorch on (B, H, T) tensors."""
+class TorchKernels:
+    """Four per-head passes (stats, apply; grad_pi, grad_w) as whole-tensor ops, with the
+    softmax across heads (and its backward) as PyTorch ops on (B, H, T) tensors between them."""
+
+    name = "torch"
 
     @classmethod
     def forward(cls, w, temp, bias, mask, causal):
         B, H, T, p = w.shape
-        wk = cls.prepare(w)
-        r, saved_stats = cls.stats(wk, causal)  # (B, H, T)
-        cd = r.dtype
-        u = r if bias is None else r + p * bias.to(cd)
-        pi = (temp.to(cd).view(1, H, 1) * u).softmax(dim=1)  # (B, H, T)
+        wk = w.to(_stat_dtype(w.dtype))
+        r = cls.stats(wk, causal)  # (B, H, T)
+        u = r if bias is None else r + p * bias.to(r.dtype)
+        pi = (temp.to(r.dtype).view(1, H, 1) * u).softmax(dim=1)  # (B, H, T)
         if mask is not None:
             pi = pi * mask[:, None, :]
-        out, saved_out = cls.apply(wk, pi, causal, w.dtype)
-        return out, pi, u, (len(saved_stats), *saved_stats, *saved_out)
+        return cls.apply(wk, pi, causal).to(w.dtype), pi, u, ()
 
     @classmethod
     def backward(cls, w, g, temp, pi, u, mask, saved, causal):
         H, p = w.shape[1], w.shape[3]
-        n_stats = saved[0]
-        saved_stats, saved_out = saved[1:1 + n_stats], saved[1 + n_stats:]
-        wk = cls.prepare(w)
-        gpi, saved_pi = cls.grad_pi(wk, g, pi, causal, saved_out)
+        wk = w.to(_stat_dtype(w.dtype))
+        gpi, gw_pi = cls.grad_pi(wk, g, pi, causal)
         if mask is not None:
             gpi = gpi * mask[:, None, :]
         gl = pi * (gpi - (pi * gpi).sum(1, keepdim=True))  # softmax backward across heads
         t = temp.to(pi.dtype).view(1, H, 1)
-        gw = cls.grad_w(wk, g, pi, t * gl, causal, saved_stats, saved_out, saved_pi, w.dtype)
-        return gw, (gl * u).sum((0, 2)), p * t[0] * gl.sum(0)
-
-
-class TorchKernels(TwoPassKernels):
-    name = "torch"
+        gw = gw_pi + cls.grad_w_s(wk, t * gl, causal)
+        return gw.to(w.dtype), (gl * u).sum((0, 2)), p * t[0] * gl.sum(0)
 
     @staticmethod
-    def prepare(w):  # what the kernels read: w in the statistics dtype
-        return w.to(_stat_dtype(w.dtype))
-
-    @staticmethod
-    def stats(wk, causal):  # -> r (B, H, T), saved
+    def stats(wk, causal):  # -> r (B, H, T)
         q = wk.square()
-        return (q / (_scan(q, causal) + EPS_NORM)).sum(-1), ()
+        return (q / (_scan(q, causal) + EPS_NORM)).sum(-1)
 
     @staticmethod
-    def apply(wk, pi, causal, out_dtype):  # -> out (B, H, T, p), saved
+    def apply(wk, pi, causal):  # -> out (B, H, T, p)
         P = pi.unsqueeze(-1)  # (B, H, T, 1)
         s = _scan(P * wk.square(), causal) / (_scan(P, causal) + EPS_STAT)
-        return (-P * wk / (1.0 + s)).to(out_dtype), ()
+        return -P * wk / (1.0 + s)
 
     @staticmethod
-    def grad_pi(wk, g, pi, causal, saved_out):  # -> dL/dPi (B, H, T), state for grad_w
+    def grad_pi(wk, g, pi, causal):  # -> dL/dPi (B, H, T), the Pi-path part of dL/dw
         g = g.to(wk.dtype)
         P, q = pi.unsqueeze(-1), wk.square()
         n = _scan(P, causal) + EPS_STAT
@@ -149,15 +143,15 @@ class TorchKernels(TwoPassKernels):
         G_M = _rscan(gM, causal)
         G_N = _rscan(-(gM * s).sum(-1, keepdim=True), causal)
         gpi = (-g * wk * D + G_M * q).sum(-1) + G_N.squeeze(-1)
-        return gpi, (P * (2.0 * wk * G_M - D * g),)  # the Pi-path part of dL/dw
+        return gpi, P * (2.0 * wk * G_M - D * g)
 
     @staticmethod
-    def grad_w(wk, g, pi, R, causal, saved_stats, saved_out, saved_pi, out_dtype):
+    def grad_w_s(wk, R, causal):  # -> the S-path part of dL/dw, R = temp * dL/dlogit (B, H, T)
         q = wk.square()
         A = 1.0 / (_scan(q, causal) + EPS_NORM)
         R = R.unsqueeze(-1)
         G_S = _rscan(-R * q * A.square(), causal)
-        return (saved_pi[0] + 2.0 * wk * (R * A + G_S)).to(out_dtype)
+        return 2.0 * wk * (R * A + G_S)
 
 
 # -----------------------------------------------------------------------------
@@ -802,20 +796,26 @@ class CKernels:
 # -----------------------------------------------------------------------------
 # 3. Back end "triton": chunked kernels (CUDA; TRITON_INTERPRET=1 runs them on CPU)
 #
-# Every kernel runs one program per (batch row b, head h, chunk of BLOCK_T tokens) and loads
-# one (BLOCK_T, P) tile of w (P = p rounded up to a power of two, masked). A running sum over
-# tokens is (scan inside the tile) + (carry = exclusive prefix of the chunk totals, computed
-# between kernels by a tiny torch cumsum over the chunk axis). Non-causal: the carry is the
-# total and no scan is needed (CAUSAL=False). Statistics in fp32; w, out, g, dw in their
-# dtype. Programs only write their own tile and their own chunk total: no atomics, no races.
+# Tokens are cut into chunks of BT; every kernel loads (BT, P) tiles of w (P = p rounded up
+# to a power of two, masked). A running sum over tokens is (scan inside the tile) + (carry:
+# the sum of the earlier chunks' totals, or of the later ones in the backward, or the total
+# for the non-causal form). Each pass that needs carries is preceded by one that writes chunk
+# totals, turned into carries by _k_carry. Five kernels each way:
+#   forward : F1 chunk totals of w^2 | carry | F2 all heads: r, u, Pi (softmax across heads,
+#             online), chunk totals of Pi w^2 and Pi | carry | F3 out
+#   backward: B1 chunk totals of dL/dM, dL/dN | carry | B2 all heads: dL/dPi, softmax backward,
+#             R, dtemp partials, chunk totals of dL/dS | carry | B3 dL/dw
+# F1, F3, B1, B3 run one program per (batch row b, head h, chunk); F2 and B2 one per (b, chunk)
+# looping over the heads, because the softmax couples them. Statistics in fp32; w, out, g, dw
+# in their own dtype. Programs write only their own tiles and chunk totals: no atomics, and
+# the results do not depend on scheduling.
 
 if triton is not None:
 
     @triton.jit
     def _pids(BH):
-        """(row b * H + h, chunk) of this program. A 1-D grid of B * H * nC programs, heads
-        fastest: CUDA caps the 2nd and 3rd grid dimensions at 65535, which a 2-D (B * H, nC)
-        grid would pass at T = 4M tokens (or B * H = 64K rows the other way round)."""
+        """(row b * H + h, chunk) of this program. A 1-D grid, rows fastest: CUDA caps the 2nd
+        and 3rd grid dimensions at 65535, which a 2-D (B * H, nC) grid passes at T = 4M."""
         pid = tl.program_id(0)
         return pid % BH, pid // BH
 
@@ -831,73 +831,84 @@ if triton is not None:
 
     @triton.jit
     def _row(ptr, pid_bh, t0, T, BT: tl.constexpr):
-        """Load tokens t0.. of row pid_bh of a contiguous (B*H, T) fp32 tensor."""
+        """Tokens t0.. of row pid_bh of a contiguous (B*H, T) fp32 tensor (0 past T)."""
         t = t0 + tl.arange(0, BT)
         return tl.load(ptr + pid_bh.to(tl.int64) * T + t, mask=t < T, other=0.0)
 
     @triton.jit
-    def _carry(ptr, pid_bh, c, nC, p, P: tl.constexpr):
-        """Load the (p,) carry of chunk c from a contiguous (B*H, nC, p) fp32 tensor."""
+    def _store_row(ptr, x, pid_bh, t0, T, BT: tl.constexpr):
+        t = t0 + tl.arange(0, BT)
+        tl.store(ptr + pid_bh.to(tl.int64) * T + t, x, mask=t < T)
+
+    @triton.jit
+    def _carry(ptr, pid_bh, c, nC, W, p, P: tl.constexpr):
+        """The (p,) carry of chunk c from a contiguous (B*H, nC, W) fp32 tensor (W = p or p + 1)."""
         i = tl.arange(0, P)
-        return tl.load(ptr + (pid_bh.to(tl.int64) * nC + c) * p + i, mask=i < p, other=0.0)
+        return tl.load(ptr + (pid_bh.to(tl.int64) * nC + c) * W + i, mask=i < p, other=0.0)
 
     @triton.jit
-    def _store_chunk_total(ptr, x, pid_bh, c, nC, p, P: tl.constexpr):
+    def _carry_n(ptr, pid_bh, c, nC, p):
+        """The scalar carry kept in column p of a (B*H, nC, p + 1) tensor."""
+        return tl.load(ptr + (pid_bh.to(tl.int64) * nC + c) * (p + 1) + p)
+
+    @triton.jit
+    def _store_total(ptr, x, pid_bh, c, nC, W, p, P: tl.constexpr):
+        """Chunk total of a (BT, P) tile into columns 0..p-1 of a (B*H, nC, W) tensor."""
         i = tl.arange(0, P)
-        tl.store(ptr + (pid_bh.to(tl.int64) * nC + c) * p + i, tl.sum(x, axis=0), mask=i < p)
+        tl.store(ptr + (pid_bh.to(tl.int64) * nC + c) * W + i, tl.sum(x, axis=0), mask=i < p)
 
     @triton.jit
-    def _k_sum_q(w_ptr, s_b, s_h, s_t, part_ptr, H, T, p, nC, BH, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = _pids(BH)
-        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
-        _store_chunk_total(part_ptr, x * x, pid_bh, c, nC, p, P)
+    def _store_total_n(ptr, x, pid_bh, c, nC, p):
+        """Chunk total of a (BT,) row into column p of a (B*H, nC, p + 1) tensor."""
+        tl.store(ptr + (pid_bh.to(tl.int64) * nC + c) * (p + 1) + p, tl.sum(x, axis=0))
 
     @triton.jit
-    def _k_stats(w_ptr, s_b, s_h, s_t, carry_ptr, r_ptr, H, T, p, nC, BH,
-                 CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = _pids(BH)
-        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
-        q = x * x
-        S = _carry(carry_ptr, pid_bh, c, nC, p, P)[None, :]
+    def _k_carry(part_ptr, out_ptr, nC, W, MODE: tl.constexpr, CB: tl.constexpr, WB: tl.constexpr):
+        """Carries from chunk totals: part and out are contiguous (rows, nC, W) fp32; one program
+        per (row, WB columns) walks the chunks CB at a time. MODE 0: the sum of the EARLIER
+        chunks (causal forward); 1: of the LATER chunks (causal backward); 2: the total."""
+        row = tl.program_id(0).to(tl.int64)
+        j = tl.program_id(1) * WB + tl.arange(0, WB)
+        run = tl.zeros((WB,), dtype=tl.float32)
+        a = tl.arange(0, CB)
+        for k in range(0, nC, CB):
+            step = -1 if MODE == 1 else 1  # MODE 1 walks backwards: its scan is a suffix scan
+            cc = (nC - 1 - k - a) if MODE == 1 else (k + a)
+            m = (cc[:, None] >= 0) & (cc[:, None] < nC) & (j[None, :] < W)
+            offs = (row * nC + cc[:, None]) * W + j[None, :]
+            x = tl.load(part_ptr + offs, mask=m, other=0.0)
+            if MODE != 2:
+                # exclusive scan = scan of the totals shifted by one chunk; not (inclusive - own
+                # total), which loses the small carries after a large chunk total
+                before = tl.load(part_ptr + offs - step * W, mask=m & (a[:, None] > 0), other=0.0)
+                tl.store(out_ptr + offs, run[None, :] + tl.cumsum(before, axis=0), mask=m)
+            run += tl.sum(x, axis=0)
+        if MODE == 2:
+            for k in range(0, nC, CB):
+                cc = k + tl.arange(0, CB)
+                m = (cc[:, None] < nC) & (j[None, :] < W)
+                offs = (row * nC + cc[:, None]) * W + j[None, :]
+                tl.store(out_ptr + offs, tl.zeros((CB, WB), dtype=tl.float32) + run[None, :], mask=m)
+
+    @triton.jit
+    def _running_sq(q, cS_ptr, pid_bh, c, nC, p, CAUSAL: tl.constexpr, P: tl.constexpr):
+        """S (BT, P): the sum of w^2 over tokens <= t (over all tokens if not CAUSAL)."""
+        S = _carry(cS_ptr, pid_bh, c, nC, p, p, P)[None, :]
         if CAUSAL:
             S = S + tl.cumsum(q, axis=0)
-        r = tl.sum(q / (S + 1e-12), axis=1)
-        t = c * BT + tl.arange(0, BT)
-        tl.store(r_ptr + pid_bh.to(tl.int64) * T + t, r, mask=t < T)
+        return S
 
     @triton.jit
-    def _k_sum_pi(w_ptr, s_b, s_h, s_t, pi_ptr, partM_ptr, partN_ptr, H, T, p, nC, BH,
-                  BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = _pids(BH)
-        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
-        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
-        _store_chunk_total(partM_ptr, Pt[:, None] * (x * x), pid_bh, c, nC, p, P)
-        tl.store(partN_ptr + pid_bh.to(tl.int64) * nC + c, tl.sum(Pt, axis=0))
-
-    @triton.jit
-    def _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL: tl.constexpr, P: tl.constexpr):
-        """M (BT, P) and n = N + EPS_STAT (BT, 1) at every token of the tile."""
-        M = _carry(cM_ptr, pid_bh, c, nC, p, P)[None, :]
-        N = tl.load(cN_ptr + pid_bh.to(tl.int64) * nC + c)
+    def _mn(q, Pt, cMN_ptr, pid_bh, c, nC, p, CAUSAL: tl.constexpr, P: tl.constexpr):
+        """M (BT, P) = running sum of Pi w^2 and n (BT, 1) = running sum of Pi + EPS_STAT."""
+        M = _carry(cMN_ptr, pid_bh, c, nC, p + 1, p, P)[None, :]
+        N = _carry_n(cMN_ptr, pid_bh, c, nC, p)
         if CAUSAL:
-            M = M + tl.cumsum(Pt[:, None] * (x * x), axis=0)
+            M = M + tl.cumsum(Pt[:, None] * q, axis=0)
             n = (N + tl.cumsum(Pt, axis=0))[:, None] + 1e-8
         else:
             n = (N + tl.zeros_like(Pt))[:, None] + 1e-8
         return M, n
-
-    @triton.jit
-    def _k_apply(w_ptr, s_b, s_h, s_t, pi_ptr, cM_ptr, cN_ptr, out_ptr, o_b, o_h, o_t, H, T, p, nC, BH,
-                 CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = _pids(BH)
-        x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
-        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
-        M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
-        out = -Pt[:, None] * x * n / (n + M)
-        b, h = pid_bh // H, pid_bh % H
-        t = c * BT + tl.arange(0, BT)
-        offs = b.to(tl.int64) * o_b + h.to(tl.int64) * o_h + t[:, None].to(tl.int64) * o_t + tl.arange(0, P)[None, :]
-        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
     def _gm(x, g, Pt, M, n):
@@ -908,72 +919,144 @@ if triton is not None:
         return gM, gN, D
 
     @triton.jit
-    def _k_sum_gm(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, cM_ptr, cN_ptr, partM_ptr, partN_ptr,
-                  H, T, p, nC, BH, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = _pids(BH)
-        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
-        g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
-        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
-        M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
-        gM, gN, _ = _gm(x, g, Pt, M, n)
-        _store_chunk_total(partM_ptr, gM, pid_bh, c, nC, p, P)
-        tl.store(partN_ptr + pid_bh.to(tl.int64) * nC + c, tl.sum(gN, axis=0))
-
-    @triton.jit
-    def _suffix_gm(x, g, Pt, M, n, cGM_ptr, cGN_ptr, pid_bh, c, nC, p, CAUSAL: tl.constexpr, P: tl.constexpr):
+    def _suffix_gm(x, g, Pt, M, n, cGMN_ptr, pid_bh, c, nC, p, CAUSAL: tl.constexpr, P: tl.constexpr):
         """Suffix sums G_M (BT, P), G_N (BT,) of dL/dM, dL/dN over tokens >= t, and D."""
         gM, gN, D = _gm(x, g, Pt, M, n)
-        GM = _carry(cGM_ptr, pid_bh, c, nC, p, P)[None, :]
-        GN = tl.load(cGN_ptr + pid_bh.to(tl.int64) * nC + c) + tl.zeros_like(gN)
+        GM = _carry(cGMN_ptr, pid_bh, c, nC, p + 1, p, P)[None, :]
+        GN = _carry_n(cGMN_ptr, pid_bh, c, nC, p) + tl.zeros_like(gN)
         if CAUSAL:
             GM = GM + tl.cumsum(gM, axis=0, reverse=True)
             GN = GN + tl.cumsum(gN, axis=0, reverse=True)
         return GM, GN, D
 
     @triton.jit
-    def _k_grad_pi(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, cM_ptr, cN_ptr, cGM_ptr, cGN_ptr, gpi_ptr,
-                   H, T, p, nC, BH, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+    def _k_sum_q(w_ptr, s_b, s_h, s_t, part_ptr, H, T, p, nC, BH, BT: tl.constexpr, P: tl.constexpr):
+        """F1: chunk totals of w^2 -> part (B*H, nC, p)."""
+        pid_bh, c = _pids(BH)
+        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        _store_total(part_ptr, x * x, pid_bh, c, nC, p, p, P)
+
+    @triton.jit
+    def _logit(w_ptr, s_b, s_h, s_t, cS_ptr, temp_ptr, bias_ptr, bias_h, bias_t, b, h, c, H, T, p, nC,
+               HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        """Head h of chunk c of row b: w^2 (BT, P), u = r + p * bias (BT,) and logit = temp * u."""
+        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, b * H + h, H, c * BT, T, p, BT, P)
+        q = x * x
+        u = tl.sum(q / (_running_sq(q, cS_ptr, b * H + h, c, nC, p, CAUSAL, P) + 1e-12), axis=1)
+        if HAS_BIAS:
+            t = c * BT + tl.arange(0, BT)
+            u += p * tl.load(bias_ptr + h * bias_h + t * bias_t, mask=t < T, other=0.0).to(tl.float32)
+        return q, u, tl.load(temp_ptr + h) * u
+
+    @triton.jit
+    def _k_stats_pi(w_ptr, s_b, s_h, s_t, cS_ptr, temp_ptr, bias_ptr, bias_h, bias_t, mask_ptr, u_ptr, pi_ptr,
+                    part_ptr, B, H, T, p, nC, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+                    CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        """F2, one program per (b, chunk): u and Pi (B, H, T) for every head, and the chunk
+        totals of Pi w^2 (columns 0..p-1) and of Pi (column p) -> part (B*H, nC, p + 1)."""
+        pid = tl.program_id(0)
+        b, c = pid % B, pid // B
+        t = c * BT + tl.arange(0, BT)
+        top = tl.full((BT,), float("-inf"), dtype=tl.float32)
+        den = tl.zeros((BT,), dtype=tl.float32)
+        for h in range(H):  # pass 1: max and sum of exp over the heads, online
+            _, _, lg = _logit(w_ptr, s_b, s_h, s_t, cS_ptr, temp_ptr, bias_ptr, bias_h, bias_t, b, h, c, H, T, p,
+                              nC, HAS_BIAS, CAUSAL, BT, P)
+            new_top = tl.maximum(top, lg)
+            den = den * tl.exp(top - new_top) + tl.exp(lg - new_top)
+            top = new_top
+        keep = t < T  # tokens past T must add nothing to the totals
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_ptr + b.to(tl.int64) * T + t, mask=t < T, other=0.0) != 0)
+        for h in range(H):  # pass 2: Pi, recomputing the logits (the tiles are hot in cache)
+            q, u, lg = _logit(w_ptr, s_b, s_h, s_t, cS_ptr, temp_ptr, bias_ptr, bias_h, bias_t, b, h, c, H, T, p,
+                              nC, HAS_BIAS, CAUSAL, BT, P)
+            Pt = tl.where(keep, tl.exp(lg - top) / den, 0.0)
+            _store_row(u_ptr, u, b * H + h, c * BT, T, BT)
+            _store_row(pi_ptr, Pt, b * H + h, c * BT, T, BT)
+            _store_total(part_ptr, Pt[:, None] * q, b * H + h, c, nC, p + 1, p, P)
+            _store_total_n(part_ptr, Pt, b * H + h, c, nC, p)
+
+    @triton.jit
+    def _k_apply(w_ptr, s_b, s_h, s_t, pi_ptr, cMN_ptr, out_ptr, o_b, o_h, o_t, H, T, p, nC, BH,
+                 CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        """F3: out = -Pi w n / (n + M)."""
+        pid_bh, c = _pids(BH)
+        x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
+        M, n = _mn(x * x, Pt, cMN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        out = -Pt[:, None] * x * n / (n + M)
+        b, h = pid_bh // H, pid_bh % H
+        t = c * BT + tl.arange(0, BT)
+        offs = b.to(tl.int64) * o_b + h.to(tl.int64) * o_h + t[:, None].to(tl.int64) * o_t + tl.arange(0, P)[None, :]
+        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _k_sum_gm(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, cMN_ptr, part_ptr, H, T, p, nC, BH,
+                  CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        """B1: chunk totals of dL/dM (columns 0..p-1) and dL/dN (column p) -> part (B*H, nC, p + 1)."""
         pid_bh, c = _pids(BH)
         x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
-        M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
-        GM, GN, D = _suffix_gm(x, g, Pt, M, n, cGM_ptr, cGN_ptr, pid_bh, c, nC, p, CAUSAL, P)
-        gpi = tl.sum(-g * x * D + GM * (x * x), axis=1) + GN
+        M, n = _mn(x * x, Pt, cMN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        gM, gN, _ = _gm(x, g, Pt, M, n)
+        _store_total(part_ptr, gM, pid_bh, c, nC, p + 1, p, P)
+        _store_total_n(part_ptr, gN, pid_bh, c, nC, p)
+
+    @triton.jit
+    def _k_grad_pi(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, u_ptr, temp_ptr, mask_ptr, cS_ptr, cMN_ptr,
+                   cGMN_ptr, gpi_ptr, R_ptr, gtemp_ptr, part_ptr, B, H, T, p, nC, HAS_MASK: tl.constexpr,
+                   CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        """B2, one program per (b, chunk): dL/dPi for every head (scratch gpi), the softmax
+        backward across heads, R = temp * dL/dlogit (B, H, T), this program's share of dL/dtemp
+        -> gtemp (B*nC, H), and the chunk totals of dL/dS -> part (B*H, nC, p)."""
+        pid = tl.program_id(0)
+        b, c = pid % B, pid // B
         t = c * BT + tl.arange(0, BT)
-        tl.store(gpi_ptr + pid_bh.to(tl.int64) * T + t, gpi, mask=t < T)
+        if HAS_MASK:
+            keep = tl.load(mask_ptr + b.to(tl.int64) * T + t, mask=t < T, other=0.0)
+        dot = tl.zeros((BT,), dtype=tl.float32)  # sum over heads of Pi dL/dPi
+        for h in range(H):  # pass 1: dL/dPi
+            bh = b * H + h
+            x, _, _ = _tile(w_ptr, s_b, s_h, s_t, bh, H, c * BT, T, p, BT, P)
+            g, _, _ = _tile(g_ptr, g_b, g_h, g_t, bh, H, c * BT, T, p, BT, P)
+            Pt = _row(pi_ptr, bh, c * BT, T, BT)
+            M, n = _mn(x * x, Pt, cMN_ptr, bh, c, nC, p, CAUSAL, P)
+            GM, GN, D = _suffix_gm(x, g, Pt, M, n, cGMN_ptr, bh, c, nC, p, CAUSAL, P)
+            gpi = tl.sum(-g * x * D + GM * (x * x), axis=1) + GN
+            if HAS_MASK:
+                gpi = gpi * keep
+            _store_row(gpi_ptr, gpi, bh, c * BT, T, BT)
+            dot += Pt * gpi
+        tl.debug_barrier()  # pass 2 reads gpi rows that other threads of this program wrote
+        for h in range(H):  # pass 2: softmax backward and the S path
+            bh = b * H + h
+            Pt = _row(pi_ptr, bh, c * BT, T, BT)
+            gl = Pt * (_row(gpi_ptr, bh, c * BT, T, BT) - dot)  # dL/dlogit
+            Rt = tl.load(temp_ptr + h) * gl
+            _store_row(R_ptr, Rt, bh, c * BT, T, BT)
+            tl.store(gtemp_ptr + pid.to(tl.int64) * H + h, tl.sum(gl * _row(u_ptr, bh, c * BT, T, BT), axis=0))
+            x, _, _ = _tile(w_ptr, s_b, s_h, s_t, bh, H, c * BT, T, p, BT, P)
+            q = x * x
+            A = 1.0 / (_running_sq(q, cS_ptr, bh, c, nC, p, CAUSAL, P) + 1e-12)
+            _store_total(part_ptr, -Rt[:, None] * q * A * A, bh, c, nC, p, p, P)
 
     @triton.jit
-    def _k_sum_gs(w_ptr, s_b, s_h, s_t, R_ptr, cS_ptr, part_ptr, H, T, p, nC, BH,
-                  CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
-        pid_bh, c = _pids(BH)
-        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
-        Rt = _row(R_ptr, pid_bh, c * BT, T, BT)
-        q = x * x
-        S = _carry(cS_ptr, pid_bh, c, nC, p, P)[None, :]
-        if CAUSAL:
-            S = S + tl.cumsum(q, axis=0)
-        A = 1.0 / (S + 1e-12)
-        _store_chunk_total(part_ptr, -Rt[:, None] * q * A * A, pid_bh, c, nC, p, P)
-
-    @triton.jit
-    def _k_grad_w(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, R_ptr, cS_ptr, cM_ptr, cN_ptr, cGM_ptr,
-                  cGN_ptr, cGS_ptr, gw_ptr, o_b, o_h, o_t, H, T, p, nC, BH,
-                  CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+    def _k_grad_w(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, R_ptr, cS_ptr, cMN_ptr, cGMN_ptr, cGS_ptr,
+                  gw_ptr, o_b, o_h, o_t, H, T, p, nC, BH, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
+        """B3: dL/dw = Pi (2 w G_M - D g) + 2 w (R A + G_S)."""
         pid_bh, c = _pids(BH)
         x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
         Rt = _row(R_ptr, pid_bh, c * BT, T, BT)[:, None]
-        M, n = _mn(x, Pt, cM_ptr, cN_ptr, pid_bh, c, nC, p, CAUSAL, P)
-        GM, _, D = _suffix_gm(x, g, Pt, M, n, cGM_ptr, cGN_ptr, pid_bh, c, nC, p, CAUSAL, P)
         q = x * x
-        S = _carry(cS_ptr, pid_bh, c, nC, p, P)[None, :]
-        if CAUSAL:
-            S = S + tl.cumsum(q, axis=0)
-        A = 1.0 / (S + 1e-12)
+        M, n = _mn(q, Pt, cMN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        GM, _, D = _suffix_gm(x, g, Pt, M, n, cGMN_ptr, pid_bh, c, nC, p, CAUSAL, P)
+        A = 1.0 / (_running_sq(q, cS_ptr, pid_bh, c, nC, p, CAUSAL, P) + 1e-12)
         gS = -Rt * q * A * A
-        GS = _carry(cGS_ptr, pid_bh, c, nC, p, P)[None, :]
+        GS = _carry(cGS_ptr, pid_bh, c, nC, p, p, P)[None, :]
         if CAUSAL:
             GS = GS + tl.cumsum(gS, axis=0, reverse=True)
         gw = Pt[:, None] * (2.0 * x * GM - D * g) + 2.0 * x * (Rt * A + GS)
@@ -1010,21 +1093,22 @@ if triton is not None:
         tl.store(pi_ptr + b * H + h, Pt, mask=h < H)
 
 
-def _exclusive_prefix(part, causal):
-    """Carries from chunk totals (B*H, nC, ...): sum of all EARLIER chunks, or the total."""
-    if not causal:
-        return part.sum(1, keepdim=True).expand_as(part).contiguous()
-    return torch.cat([torch.zeros_like(part[:, :1]), part[:, :-1].cumsum(1)], 1)
+
+CARRY_MODES = {"prefix": 0, "suffix": 1, "total": 2}
 
 
-def _exclusive_suffix(part, causal):
-    """Carries from chunk totals: sum of all LATER chunks, or the total."""
-    if not causal:
-        return part.sum(1, keepdim=True).expand_as(part).contiguous()
-    return torch.cat([part[:, 1:].flip(1).cumsum(1).flip(1), torch.zeros_like(part[:, :1])], 1)
+def _carries(part, mode):
+    """Carries (rows, nC, W) from chunk totals (rows, nC, W): see _k_carry."""
+    rows, nC, W = part.shape
+    out = torch.empty_like(part)
+    WB = min(128, triton.next_power_of_2(W))
+    _k_carry[(rows, triton.cdiv(W, WB))](part, out, nC, W, MODE=CARRY_MODES[mode], CB=16, WB=WB)
+    return out
 
 
-class TritonKernels(TwoPassKernels):
+class TritonKernels:
+    """The five-kernel forward and backward of section 3 (out, Pi, u, saved carries)."""
+
     name = "triton"
 
     @staticmethod
@@ -1032,64 +1116,63 @@ class TritonKernels(TwoPassKernels):
         return w if w.stride(-1) == 1 else w.contiguous()
 
     @staticmethod
-    def _grid(wk):
-        """Launch grid, meta-parameters, (H, T, p, nC, BH) and a helper making fp32 buffers."""
-        B, H, T, p = wk.shape
+    def meta(p):
+        """Tile (BT tokens, P features) and warps for head width p. ~10 live (BT, P) fp32
+        tiles in the backward kernels: 8 warps hold a 64 x 64 tile at 16 registers a thread
+        per tile instead of 32 (no spills; tests compile them for sm_90). Not tuned on a GPU."""
         P = triton.next_power_of_2(p)
-        BT = max(16, min(BLOCK_T, 8192 // P))  # a tile of at most 8K fp32 values
-        nC = triton.cdiv(T, BT)
-        # ~10 live (BT, P) fp32 tiles in the backward kernels: 8 warps keep a 64 x 64 tile at
-        # 16 registers a thread per tile instead of 32 (spills). Chosen, not tuned on a GPU.
-        meta = dict(BT=BT, P=P, num_warps=8 if BT * P >= 4096 else 4)
+        BT = max(16, min(BLOCK_T, 4096 // P))  # a tile of at most 4K fp32 values (8K spills at p = 128)
+        return dict(BT=BT, P=P, num_warps=8 if BT * P >= 4096 else 4)
+
+    @classmethod
+    def _setup(cls, wk):
+        B, H, T, p = wk.shape
+        meta = cls.meta(p)
+        nC = triton.cdiv(T, meta["BT"])
         buf = lambda *shape: torch.empty(*shape, device=wk.device, dtype=torch.float32)
-        return (B * H * nC,), meta, (H, T, p, nC, B * H), buf
+        # grids: one program per (b, h, chunk), and one per (b, chunk) for the all-heads kernels
+        return meta, nC, (B * H * nC,), (B * nC,), buf
 
-    @staticmethod
-    def stats(wk, causal):
-        grid, meta, dims, buf = TritonKernels._grid(wk)
-        part = buf(dims[4], dims[3], dims[2])
-        _k_sum_q[grid](wk, *wk.stride()[:3], part, *dims, **meta)
-        cS = _exclusive_prefix(part, causal)
-        r = buf(*wk.shape[:3])
-        _k_stats[grid](wk, *wk.stride()[:3], cS, r, *dims, CAUSAL=causal, **meta)
-        return r, (cS,)
+    @classmethod
+    def forward(cls, w, temp, bias, mask, causal):
+        wk = cls.prepare(w)
+        B, H, T, p = wk.shape
+        meta, nC, per_head, per_row, buf = cls._setup(wk)
+        sw = wk.stride()[:3]
+        part_S = buf(B * H, nC, p)
+        _k_sum_q[per_head](wk, *sw, part_S, H, T, p, nC, B * H, **meta)
+        cS = _carries(part_S, "prefix" if causal else "total")
+        u, pi, part_MN = buf(B, H, T), buf(B, H, T), buf(B * H, nC, p + 1)
+        temp = temp.reshape(H).float().contiguous()
+        bias_args = (u, 0, 0) if bias is None else (bias, bias.stride(0), bias.stride(1))  # u: an unread stand-in
+        mask = u if mask is None else mask.float().contiguous()
+        _k_stats_pi[per_row](wk, *sw, cS, temp, *bias_args, mask, u, pi, part_MN, B, H, T, p, nC,
+                             HAS_BIAS=bias is not None, HAS_MASK=mask is not u, CAUSAL=causal, **meta)
+        cMN = _carries(part_MN, "prefix" if causal else "total")
+        out = torch.empty_like(wk, dtype=w.dtype)
+        _k_apply[per_head](wk, *sw, pi, cMN, out, *out.stride()[:3], H, T, p, nC, B * H, CAUSAL=causal, **meta)
+        return out, pi, u, (cS, cMN)
 
-    @staticmethod
-    def apply(wk, pi, causal, out_dtype):
-        grid, meta, dims, buf = TritonKernels._grid(wk)
-        pi = pi.float().contiguous()
-        partM, partN = buf(dims[4], dims[3], dims[2]), buf(dims[4], dims[3])
-        _k_sum_pi[grid](wk, *wk.stride()[:3], pi, partM, partN, *dims, **meta)
-        cM, cN = _exclusive_prefix(partM, causal), _exclusive_prefix(partN, causal)
-        out = torch.empty_like(wk, dtype=out_dtype)
-        _k_apply[grid](wk, *wk.stride()[:3], pi, cM, cN, out, *out.stride()[:3], *dims, CAUSAL=causal, **meta)
-        return out, (cM, cN)
-
-    @staticmethod
-    def grad_pi(wk, g, pi, causal, saved_out):
-        grid, meta, dims, buf = TritonKernels._grid(wk)
-        cM, cN = saved_out
-        g, pi = TritonKernels.prepare(g), pi.float().contiguous()
-        partM, partN = buf(dims[4], dims[3], dims[2]), buf(dims[4], dims[3])
-        args = (wk, *wk.stride()[:3], g, *g.stride()[:3], pi, cM, cN)
-        _k_sum_gm[grid](*args, partM, partN, *dims, CAUSAL=causal, **meta)
-        cGM, cGN = _exclusive_suffix(partM, causal), _exclusive_suffix(partN, causal)
-        gpi = buf(*wk.shape[:3])
-        _k_grad_pi[grid](*args, cGM, cGN, gpi, *dims, CAUSAL=causal, **meta)
-        return gpi, (g, cGM, cGN)
-
-    @staticmethod
-    def grad_w(wk, g, pi, R, causal, saved_stats, saved_out, saved_pi, out_dtype):
-        grid, meta, dims, buf = TritonKernels._grid(wk)
-        (cS,), (cM, cN), (g, cGM, cGN) = saved_stats, saved_out, saved_pi
-        pi, R = pi.float().contiguous(), R.float().contiguous()
-        part = buf(dims[4], dims[3], dims[2])
-        _k_sum_gs[grid](wk, *wk.stride()[:3], R, cS, part, *dims, CAUSAL=causal, **meta)
-        cGS = _exclusive_suffix(part, causal)
-        gw = torch.empty_like(wk, dtype=out_dtype)
-        _k_grad_w[grid](wk, *wk.stride()[:3], g, *g.stride()[:3], pi, R, cS, cM, cN, cGM, cGN, cGS, gw,
-                        *gw.stride()[:3], *dims, CAUSAL=causal, **meta)
-        return gw
+    @classmethod
+    def backward(cls, w, g, temp, pi, u, mask, saved, causal):
+        cS, cMN = saved
+        wk, g = cls.prepare(w), cls.prepare(g)
+        B, H, T, p = wk.shape
+        meta, nC, per_head, per_row, buf = cls._setup(wk)
+        sw, sg = wk.stride()[:3], g.stride()[:3]
+        part_GMN = buf(B * H, nC, p + 1)
+        _k_sum_gm[per_head](wk, *sw, g, *sg, pi, cMN, part_GMN, H, T, p, nC, B * H, CAUSAL=causal, **meta)
+        cGMN = _carries(part_GMN, "suffix" if causal else "total")
+        gpi, R, gtemp, part_S = buf(B, H, T), buf(B, H, T), buf(B * nC, H), buf(B * H, nC, p)
+        temp = temp.reshape(H).float().contiguous()
+        mask = gpi if mask is None else mask.float().contiguous()  # gpi: an unread stand-in
+        _k_grad_pi[per_row](wk, *sw, g, *sg, pi, u, temp, mask, cS, cMN, cGMN, gpi, R, gtemp, part_S,
+                            B, H, T, p, nC, HAS_MASK=mask is not gpi, CAUSAL=causal, **meta)
+        cGS = _carries(part_S, "suffix" if causal else "total")
+        gw = torch.empty_like(wk, dtype=w.dtype)
+        _k_grad_w[per_head](wk, *sw, g, *sg, pi, R, cS, cMN, cGMN, cGS, gw, *gw.stride()[:3], H, T, p, nC, B * H,
+                            CAUSAL=causal, **meta)
+        return gw, gtemp.sum(0), (p * R.sum(0) if causal else None)  # dbias = p * temp * sum_b gl
 
     @staticmethod
     def step(w_t, temp, bias, state):
