@@ -1258,6 +1258,9 @@ def applies(w, pi_mode="softmax", impl="auto"):
     return w.device.type == "cpu" and (c_library() is not None or (triton is not None and INTERPRET))
 
 
+# Under torch.compile the three entry points below run as they are, between compiled graphs (a graph break per call): Dynamo would otherwise trace into the kernel
+# launches (on CPU into ctypes calls, or into the Triton interpreter, where it fails).
+@torch.compiler.disable
 def tssa(w, temp, return_pi=False, mask=None, kernels=None):
     """Non-causal TSSA, as model.tssa: w (B, H, T, p), temp (H,), mask (B, T) bool or None."""
     if mask is not None:
@@ -1268,6 +1271,7 @@ def tssa(w, temp, return_pi=False, mask=None, kernels=None):
     return (out, pi) if return_pi else out
 
 
+@torch.compiler.disable
 def causal_tssa(w, temp, bias, return_pi=False, kernels=None):
     """Causal TSSA, as model.causal_tssa: w (B, H, T, p), temp (H,), bias (H, T) (already
     sliced to T tokens)."""
@@ -1286,6 +1290,7 @@ def step_applies(w_t, temp, pos_bias, state, pi_mode="softmax"):
         t.dtype == torch.float32 and t.is_contiguous() and t.device == w_t.device for t in stats)
 
 
+@torch.compiler.disable
 def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, kernels=None):
     """One decoding token, as model.causal_tssa_step, in one fused call (no autograd: use it
     where step_applies says so). w_t (B, H, p); the state is advanced in place."""
