@@ -9,7 +9,7 @@ what every path here is tested against (tests/test_fast_tssa.py).
 Three back ends compute the same maths with the same hand-derived backward:
   "triton"  CUDA: Triton kernels over chunks of BLOCK_T tokens; a running sum is a scan
             inside the chunk plus a carry (sum of the other chunks' totals, from a small carry
-            kernel). Five kernels each way, two of them owning all heads of a chunk so the
+            kernel). Five launches each way, two of them owning all heads of a chunk so the
             softmax across heads (and its backward) stays inside a kernel: 14 launches per
             causal forward+backward (the reference under autograd: 68 ops). Also runs under
             TRITON_INTERPRET=1 on CPU (slow; that is how the tests run it), and the tests
@@ -800,7 +800,7 @@ class CKernels:
 # to a power of two, masked). A running sum over tokens is (scan inside the tile) + (carry:
 # the sum of the earlier chunks' totals, or of the later ones in the backward, or the total
 # for the non-causal form). Each pass that needs carries is preceded by one that writes chunk
-# totals, turned into carries by _k_carry. Five kernels each way:
+# totals, turned into carries by _k_carry. Five launches each way:
 #   forward : F1 chunk totals of w^2 | carry | F2 all heads: r, u, Pi (softmax across heads,
 #             online), chunk totals of Pi w^2 and Pi | carry | F3 out
 #   backward: B1 chunk totals of dL/dM, dL/dN | carry | B2 all heads: dL/dPi, softmax backward,
