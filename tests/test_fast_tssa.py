@@ -2,7 +2,9 @@
 Tests of fast_tssa.py: every fused path against model.py's readable reference, for outputs,
 Pi and every gradient (w, temperature, position bias); odd shapes; masks; zero input; the
 fused decoding step; the hand-derived backward by gradcheck in float64; the Triton kernels
-under TRITON_INTERPRET=1 (in a subprocess: Triton fixes interpreter mode at import).
+under TRITON_INTERPRET=1 (in a subprocess: Triton fixes interpreter mode at import), compiled
+for sm_80 / sm_90 without a GPU, under torch.compile, and on a CUDA GPU when there is one (the
+same cases plus model-sized ones; skipped, and reported as skipped, where there is none).
 
     python -m pytest -q tests/test_fast_tssa.py
 """
@@ -25,6 +27,9 @@ from fast_tssa import CKernels, TorchKernels  # noqa: E402
 torch.set_num_threads(2)
 HAS_C = fast_tssa.c_library() is not None
 needs_c = pytest.mark.skipif(not HAS_C, reason="no C compiler with OpenMP built fast_tssa's CPU kernels (install gcc)")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA GPU: the Triton kernels are checked under the interpreter instead")
+FUSED_DEVICES = [pytest.param("cpu", marks=needs_c), pytest.param("cuda", marks=needs_cuda)]  # C / Triton kernels
 
 # Relative RMS bounds. fp32: the fused kernels sum in a different order than torch's cumsum
 # (chunks, carries, head-at-a-time), so results differ by fp32 rounding accumulated over at
@@ -251,12 +256,12 @@ def tiny_gpt(**kw):
     return model.GPT(cfg)
 
 
-@needs_c
-def test_whole_model_gradients_match_reference(monkeypatch):
+@pytest.mark.parametrize("device", FUSED_DEVICES)
+def test_whole_model_gradients_match_reference(device, monkeypatch):
     """A training step's loss and every parameter gradient are the same through the fused path
     as through model.py's reference (the operator sits between real projections here)."""
-    m = tiny_gpt()
-    idx = torch.randint(0, 97, (2, 50), generator=torch.Generator().manual_seed(0))
+    m = tiny_gpt().to(device)
+    idx = torch.randint(0, 97, (2, 50), generator=torch.Generator().manual_seed(0)).to(device)
     _, loss_fast = m(idx, idx)
     grads_fast = torch.autograd.grad(loss_fast, list(m.parameters()))
     monkeypatch.setattr(model, "fast_tssa", None)
@@ -294,10 +299,10 @@ def test_fused_step_equals_reference_step(monkeypatch):
     assert not fast_tssa.step_applies(w_t, temp.requires_grad_(), pos_bias, fused)
 
 
-@needs_c
-def test_generation_same_tokens_fused_and_reference(monkeypatch):
-    m = tiny_gpt().eval()
-    prompt = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("device", FUSED_DEVICES)
+def test_generation_same_tokens_fused_and_reference(device, monkeypatch):
+    m = tiny_gpt().eval().to(device)
+    prompt = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1)).to(device)
     fused = m.generate(prompt, 12, temperature=0)
     monkeypatch.setattr(model, "fast_tssa", None)
     ref = m.generate(prompt, 12, temperature=0)
@@ -305,102 +310,102 @@ def test_generation_same_tokens_fused_and_reference(monkeypatch):
 
 
 # -----------------------------------------------------------------------------
-# Triton kernels under the interpreter (CPU), in a subprocess
+# Triton kernels: under the interpreter on CPU (in a subprocess: Triton fixes interpreter mode
+# at import), and on a CUDA GPU when there is one. Both run the same cases through
+# run_triton_case and check them with check_triton_case against the reference on the CPU.
 
-TRITON_SCRIPT = textwrap.dedent("""
-    import sys, torch
-    import fast_tssa
-    from fast_tssa import TritonKernels as K
-    assert fast_tssa.INTERPRET, "TRITON_INTERPRET=1 was not seen at import"
-    results = {}
-    def case(name, B, H, T, p, dtype, causal, masked, seed, layout="model", block_t=64, first_scale=1.0):
-        fast_tssa.BLOCK_T = block_t
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randn(B, T, H * p, generator=g)
-        x[:, 0] *= first_scale
-        x = x.to(dtype)
-        w = x.view(B, T, H, p).transpose(1, 2).detach().requires_grad_()
-        temp = (0.5 + torch.rand(H, generator=g)).requires_grad_()
-        bias = (0.3 * torch.randn(H, T + 5, generator=g)).requires_grad_()  # sliced to T: as the model passes it
-        gout = torch.randn(B, T, H * p, generator=g).to(dtype).view(B, T, H, p).transpose(1, 2)
-        if layout == "contiguous":  # w contiguous as (B, H, T, p); dL/dout with stride 0 everywhere
-            w = w.detach().contiguous().requires_grad_()
-            gout = torch.randn((), generator=g).to(dtype).expand(B, H, T, p)
-        mask = None
-        if masked:
-            mask = torch.ones(B, T, dtype=torch.bool)
-            mask[0, T // 2:] = False
-        if causal:
-            out, pi = fast_tssa.causal_tssa(w, temp, bias[:, :T], return_pi=True, kernels=K)
-            grads = torch.autograd.grad(out, [w, temp, bias], gout)
-        else:
-            out, pi = fast_tssa.tssa(w, temp, return_pi=True, mask=mask, kernels=K)
-            grads = torch.autograd.grad(out, [w, temp], gout)
-        results[name] = dict(w=w.detach(), temp=temp.detach(), bias=bias.detach(), gout=gout, mask=mask,
-                             causal=causal, out=out.detach(), pi=pi, grads=[t.detach() for t in grads])
-    case("causal_fp32_odd", 1, 3, 150, 24, torch.float32, True, False, 0)  # T % 64 != 0, p not 2^k, B*H odd
-    case("causal_fp32_batch", 2, 2, 64, 16, torch.float32, True, False, 1)  # T exactly one chunk
-    case("causal_bf16", 1, 2, 70, 16, torch.bfloat16, True, False, 2)
-    case("causal_fp16", 1, 2, 40, 8, torch.float16, True, False, 3)
-    case("noncausal_mask", 2, 3, 90, 12, torch.float32, False, True, 4)
-    case("causal_big_p", 1, 2, 40, 300, torch.float32, True, False, 6)  # P = 512: 16-token tiles, 3 chunks
-    case("causal_layouts", 2, 1, 100, 10, torch.float32, True, False, 7, "contiguous")  # H = 1, other strides
+TRITON_CASES = dict(  # small enough for the interpreter
+    causal_fp32_odd=dict(B=1, H=3, T=150, p=24, dtype=torch.float32, causal=True, seed=0),  # T % 64 != 0, p not 2^k
+    causal_fp32_batch=dict(B=2, H=2, T=64, p=16, dtype=torch.float32, causal=True, seed=1),  # T exactly one chunk
+    causal_bf16=dict(B=1, H=2, T=70, p=16, dtype=torch.bfloat16, causal=True, seed=2),
+    causal_fp16=dict(B=1, H=2, T=40, p=8, dtype=torch.float16, causal=True, seed=3),
+    noncausal_mask=dict(B=2, H=3, T=90, p=12, dtype=torch.float32, causal=False, masked=True, seed=4),
+    causal_big_p=dict(B=1, H=2, T=40, p=300, dtype=torch.float32, causal=True, seed=6),  # P = 512: 16-token tiles
+    causal_layouts=dict(B=2, H=1, T=100, p=10, dtype=torch.float32, causal=True, seed=7, layout="contiguous"),
     # 18 chunks of 16 tokens: the carry kernel walks its 16-chunk blocks twice. A small first
     # token makes the first chunk's total of dL/dS huge: an exclusive scan computed as
     # (inclusive - own total) then lost the later chunks' carries (dw off by 4e-3, not 3e-6)
-    case("causal_many_chunks", 1, 4, 280, 4, torch.float32, True, False, 8, block_t=16, first_scale=0.01)
-    case("noncausal_many_chunks", 1, 3, 280, 4, torch.float32, False, True, 9, block_t=16)
-    fast_tssa.BLOCK_T = 64
-    # the fused decoding step
-    import model
-    g = torch.Generator().manual_seed(5)
-    B, H, p = 2, 3, 24
-    temp, pos_bias = 0.5 + torch.rand(H, generator=g), torch.randn(H, 4, generator=g)
-    state = model.TSSAState.zeros(B, H, p)
-    steps = [torch.randn(B, H, p, generator=g) for _ in range(7)]
-    outs = [fast_tssa.causal_tssa_step(w_t, temp, pos_bias, state, True, kernels=K) for w_t in steps]
-    results["step"] = dict(temp=temp, pos_bias=pos_bias, steps=steps, out=[o for o, _, _ in outs],
-                           pi=[q for _, _, q in outs], state=(state.sum_sq, state.sum_pi_sq, state.sum_pi, state.pos))
-    torch.save(results, sys.argv[1])
-""")
+    causal_many_chunks=dict(B=1, H=4, T=280, p=4, dtype=torch.float32, causal=True, seed=8, block_t=16,
+                            first_scale=0.01),
+    noncausal_many_chunks=dict(B=1, H=3, T=280, p=4, dtype=torch.float32, causal=False, masked=True, seed=9,
+                               block_t=16),
+)
+CUDA_CASES = dict(  # model-sized, on a GPU only
+    causal_bf16_base=dict(B=2, H=12, T=4100, p=64, dtype=torch.bfloat16, causal=True, seed=10),
+    causal_fp32_base=dict(B=1, H=12, T=2050, p=64, dtype=torch.float32, causal=True, seed=11),
+    noncausal_mask_fp16=dict(B=2, H=6, T=3000, p=64, dtype=torch.float16, causal=False, masked=True, seed=12),
+    causal_bf16_p128=dict(B=1, H=4, T=1000, p=128, dtype=torch.bfloat16, causal=True, seed=13),
+)
 
 
-@pytest.fixture(scope="module")
-def triton_results(tmp_path_factory):
+def run_triton_case(B, H, T, p, dtype, causal, seed, masked=False, layout="model", block_t=64, first_scale=1.0,
+                    device="cpu"):
+    """Inputs, output, Pi and gradients of one call through fast_tssa.TritonKernels on device
+    (on the CPU only under TRITON_INTERPRET=1); everything returned on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, H * p, generator=g)
+    x[:, 0] *= first_scale
+    x = x.to(dtype)
+    w = x.view(B, T, H, p).transpose(1, 2)  # the layout model.py makes
+    temp = 0.5 + torch.rand(H, generator=g)
+    bias = 0.3 * torch.randn(H, T + 5, generator=g)  # sliced to T, as the model passes it
+    gout = torch.randn(B, T, H * p, generator=g).to(dtype).view(B, T, H, p).transpose(1, 2)
+    if layout == "contiguous":  # w contiguous as (B, H, T, p); dL/dout with stride 0 everywhere
+        w = w.contiguous()
+        gout = torch.randn((), generator=g).to(dtype).expand(B, H, T, p)
+    mask = None
+    if masked:
+        mask = torch.ones(B, T, dtype=torch.bool)
+        mask[0, T // 2:] = False
+    leaves = [t.to(device).requires_grad_() for t in (w, temp, bias)]
+    saved_block, fast_tssa.BLOCK_T = fast_tssa.BLOCK_T, block_t
     try:
-        import triton  # noqa: F401  (only whether it imports)
-    except ImportError:
-        pytest.skip("triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)")
-    path = tmp_path_factory.mktemp("triton") / "results.pt"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT, str(path)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(path, weights_only=False)
+        if causal:
+            out, pi = fast_tssa.causal_tssa(leaves[0], leaves[1], leaves[2][:, :T], return_pi=True,
+                                            kernels=fast_tssa.TritonKernels)
+            grads = torch.autograd.grad(out, leaves, gout.to(device))
+        else:
+            out, pi = fast_tssa.tssa(leaves[0], leaves[1], return_pi=True, mask=None if mask is None else mask.to(device),
+                                     kernels=fast_tssa.TritonKernels)
+            grads = torch.autograd.grad(out, leaves[:2], gout.to(device))
+    finally:
+        fast_tssa.BLOCK_T = saved_block
+    cpu = lambda t: t.detach().cpu()
+    return dict(w=w, temp=temp, bias=bias, gout=gout, mask=mask, causal=causal, out=cpu(out), pi=cpu(pi),
+                grads=[cpu(t) for t in grads])
 
 
-@pytest.mark.parametrize("name", ["causal_fp32_odd", "causal_fp32_batch", "causal_bf16", "causal_fp16", "noncausal_mask",
-                                  "causal_big_p", "causal_layouts", "causal_many_chunks", "noncausal_many_chunks"])
-def test_triton_kernels_match_reference(triton_results, name):
-    r = triton_results[name]
-    w = r["w"].requires_grad_()
-    temp, bias = r["temp"].requires_grad_(), r["bias"].requires_grad_()
+def check_triton_case(r):
+    """The case's output, Pi and every gradient against model.py's reference on the CPU."""
+    w, temp, bias = (r[k].clone().requires_grad_() for k in ("w", "temp", "bias"))
     if r["causal"]:
         out, pi = model.causal_tssa(w, temp, bias[:, :w.shape[2]], return_pi=True, impl="reference")
         grads = torch.autograd.grad(out, [w, temp, bias], r["gout"])
     else:
         out, pi = model.tssa(w, temp, return_pi=True, mask=r["mask"], impl="reference")
         grads = torch.autograd.grad(out, [w, temp], r["gout"])
-    # fp32: as FP32_TOL. bf16/fp16: the interpreter rounds fp32 -> bf16 by truncation (half the
-    # values land one ulp = 2^-8 away from torch's round-to-nearest); fp16 ulp is 2^-11.
-    tol = FP32_TOL if r["w"].dtype == torch.float32 else BF16_TOL
+    # fp32: as FP32_TOL. bf16/fp16 outputs: one ulp (2^-8 for bf16) away from the reference's
+    # rounding; the interpreter also rounds fp32 -> bf16 by truncation, not to nearest.
     for got, want in zip([r["out"], r["pi"], *r["grads"]], [out, pi, *grads]):
-        assert got.shape == want.shape
-        assert rel_rms(got, want) < (FP32_TOL if got.dtype == torch.float32 and want.dtype == torch.float32 else tol)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert rel_rms(got, want) < (FP32_TOL if want.dtype == torch.float32 else BF16_TOL)
 
 
-def test_triton_step_matches_reference(triton_results):
-    r = triton_results["step"]
+def run_triton_steps(device="cpu"):
+    """Seven fused decoding steps through TritonKernels.step; inputs and results on the CPU."""
+    g = torch.Generator().manual_seed(5)
+    B, H, p = 2, 3, 24
+    temp, pos_bias = 0.5 + torch.rand(H, generator=g), torch.randn(H, 4, generator=g)
+    steps = [torch.randn(B, H, p, generator=g) for _ in range(7)]
+    state = model.TSSAState.zeros(B, H, p, device=device)
+    outs = [fast_tssa.causal_tssa_step(w_t.to(device), temp.to(device), pos_bias.to(device), state, True,
+                                       kernels=fast_tssa.TritonKernels) for w_t in steps]
+    return dict(temp=temp, pos_bias=pos_bias, steps=steps, out=[o.cpu() for o, _, _ in outs],
+                pi=[q.cpu() for _, _, q in outs],
+                state=(state.sum_sq.cpu(), state.sum_pi_sq.cpu(), state.sum_pi.cpu(), state.pos))
+
+
+def check_triton_steps(r):
     B, H, p = r["steps"][0].shape
     state = model.TSSAState.zeros(B, H, p)
     for w_t, out_f, pi_f in zip(r["steps"], r["out"], r["pi"]):
@@ -412,12 +417,58 @@ def test_triton_step_matches_reference(triton_results):
 
 
 def _reference_step(w_t, r, state):
-    """model.causal_tssa_step with the fused CPU step switched off."""
+    """model.causal_tssa_step with the fused step switched off."""
     saved, model.fast_tssa = model.fast_tssa, None
     try:
         return model.causal_tssa_step(w_t, r["temp"], r["pos_bias"], state, return_pi=True)
     finally:
         model.fast_tssa = saved
+
+
+TRITON_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    import test_fast_tssa as t
+    assert t.fast_tssa.INTERPRET, "TRITON_INTERPRET=1 was not seen at import"
+    results = {name: t.run_triton_case(**kw) for name, kw in t.TRITON_CASES.items()}
+    results["step"] = t.run_triton_steps()
+    torch.save(results, sys.argv[1])
+""")
+
+
+@pytest.fixture(scope="module")
+def triton_results(tmp_path_factory):
+    try:
+        import triton  # noqa: F401  (only whether it imports)
+    except ImportError:
+        pytest.skip("triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)")
+    path = tmp_path_factory.mktemp("triton") / "results.pt"
+    path_var = os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path_var)
+    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT, str(path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(path, weights_only=False)
+
+
+@pytest.mark.parametrize("name", list(TRITON_CASES))
+def test_triton_kernels_match_reference(triton_results, name):
+    check_triton_case(triton_results[name])
+
+
+def test_triton_step_matches_reference(triton_results):
+    check_triton_steps(triton_results["step"])
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", list(TRITON_CASES) + list(CUDA_CASES))
+def test_triton_on_cuda_matches_reference(name):
+    assert fast_tssa.kernels_for(torch.empty(1, 1, 1, 1, device="cuda")) is fast_tssa.TritonKernels
+    check_triton_case(run_triton_case(**{**TRITON_CASES, **CUDA_CASES}[name], device="cuda"))
+
+
+@needs_cuda
+def test_triton_step_on_cuda_matches_reference():
+    check_triton_steps(run_triton_steps("cuda"))
 
 
 COMPILE_MODEL_SCRIPT = textwrap.dedent("""
