@@ -820,14 +820,25 @@ if triton is not None:
         return pid % BH, pid // BH
 
     @triton.jit
-    def _tile(ptr, s_b, s_h, s_t, pid_bh, H, t0, T, p, BT: tl.constexpr, P: tl.constexpr):
-        """Load the (BT, P) tile of a (B, H, T, p) tensor at tokens t0.., as fp32, zero-padded."""
+    def _tile_offsets(s_b, s_h, s_t, pid_bh, H, t0, T, p, BT: tl.constexpr, P: tl.constexpr):
+        """Offsets and mask of the (BT, P) tile at tokens t0.. of a (B, H, T, p) tensor."""
         b, h = pid_bh // H, pid_bh % H
         t = t0 + tl.arange(0, BT)
         i = tl.arange(0, P)
         offs = b.to(tl.int64) * s_b + h.to(tl.int64) * s_h + t[:, None].to(tl.int64) * s_t + i[None, :]
-        m = (t[:, None] < T) & (i[None, :] < p)
-        return tl.load(ptr + offs, mask=m, other=0.0).to(tl.float32), offs, m
+        return offs, (t[:, None] < T) & (i[None, :] < p)
+
+    @triton.jit
+    def _tile(ptr, s_b, s_h, s_t, pid_bh, H, t0, T, p, BT: tl.constexpr, P: tl.constexpr):
+        """Load the (BT, P) tile of a (B, H, T, p) tensor at tokens t0.., as fp32, zero-padded."""
+        offs, m = _tile_offsets(s_b, s_h, s_t, pid_bh, H, t0, T, p, BT, P)
+        return tl.load(ptr + offs, mask=m, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _store_tile(ptr, x, s_b, s_h, s_t, pid_bh, H, t0, T, p, BT: tl.constexpr, P: tl.constexpr):
+        """Store a (BT, P) fp32 tile into a (B, H, T, p) tensor of ptr's dtype."""
+        offs, m = _tile_offsets(s_b, s_h, s_t, pid_bh, H, t0, T, p, BT, P)
+        tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=m)
 
     @triton.jit
     def _row(ptr, pid_bh, t0, T, BT: tl.constexpr):
@@ -933,14 +944,14 @@ if triton is not None:
     def _k_sum_q(w_ptr, s_b, s_h, s_t, part_ptr, H, T, p, nC, BH, BT: tl.constexpr, P: tl.constexpr):
         """F1: chunk totals of w^2 -> part (B*H, nC, p)."""
         pid_bh, c = _pids(BH)
-        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        x = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         _store_total(part_ptr, x * x, pid_bh, c, nC, p, p, P)
 
     @triton.jit
     def _logit(w_ptr, s_b, s_h, s_t, cS_ptr, temp_ptr, bias_ptr, bias_h, bias_t, b, h, c, H, T, p, nC,
                HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
         """Head h of chunk c of row b: w^2 (BT, P), u = r + p * bias (BT,) and logit = temp * u."""
-        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, b * H + h, H, c * BT, T, p, BT, P)
+        x = _tile(w_ptr, s_b, s_h, s_t, b * H + h, H, c * BT, T, p, BT, P)
         q = x * x
         u = tl.sum(q / (_running_sq(q, cS_ptr, b * H + h, c, nC, p, CAUSAL, P) + 1e-12), axis=1)
         if HAS_BIAS:
@@ -982,22 +993,18 @@ if triton is not None:
                  CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
         """F3: out = -Pi w n / (n + M)."""
         pid_bh, c = _pids(BH)
-        x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        x = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
         M, n = _mn(x * x, Pt, cMN_ptr, pid_bh, c, nC, p, CAUSAL, P)
-        out = -Pt[:, None] * x * n / (n + M)
-        b, h = pid_bh // H, pid_bh % H
-        t = c * BT + tl.arange(0, BT)
-        offs = b.to(tl.int64) * o_b + h.to(tl.int64) * o_h + t[:, None].to(tl.int64) * o_t + tl.arange(0, P)[None, :]
-        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=m)
+        _store_tile(out_ptr, -Pt[:, None] * x * n / (n + M), o_b, o_h, o_t, pid_bh, H, c * BT, T, p, BT, P)
 
     @triton.jit
     def _k_sum_gm(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, pi_ptr, cMN_ptr, part_ptr, H, T, p, nC, BH,
                   CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
         """B1: chunk totals of dL/dM (columns 0..p-1) and dL/dN (column p) -> part (B*H, nC, p + 1)."""
         pid_bh, c = _pids(BH)
-        x, _, _ = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
-        g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
+        x = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        g = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
         M, n = _mn(x * x, Pt, cMN_ptr, pid_bh, c, nC, p, CAUSAL, P)
         gM, gN, _ = _gm(x, g, Pt, M, n)
@@ -1019,8 +1026,8 @@ if triton is not None:
         dot = tl.zeros((BT,), dtype=tl.float32)  # sum over heads of Pi dL/dPi
         for h in range(H):  # pass 1: dL/dPi
             bh = b * H + h
-            x, _, _ = _tile(w_ptr, s_b, s_h, s_t, bh, H, c * BT, T, p, BT, P)
-            g, _, _ = _tile(g_ptr, g_b, g_h, g_t, bh, H, c * BT, T, p, BT, P)
+            x = _tile(w_ptr, s_b, s_h, s_t, bh, H, c * BT, T, p, BT, P)
+            g = _tile(g_ptr, g_b, g_h, g_t, bh, H, c * BT, T, p, BT, P)
             Pt = _row(pi_ptr, bh, c * BT, T, BT)
             M, n = _mn(x * x, Pt, cMN_ptr, bh, c, nC, p, CAUSAL, P)
             GM, GN, D = _suffix_gm(x, g, Pt, M, n, cGMN_ptr, bh, c, nC, p, CAUSAL, P)
@@ -1037,7 +1044,7 @@ if triton is not None:
             Rt = tl.load(temp_ptr + h) * gl
             _store_row(R_ptr, Rt, bh, c * BT, T, BT)
             tl.store(gtemp_ptr + pid.to(tl.int64) * H + h, tl.sum(gl * _row(u_ptr, bh, c * BT, T, BT), axis=0))
-            x, _, _ = _tile(w_ptr, s_b, s_h, s_t, bh, H, c * BT, T, p, BT, P)
+            x = _tile(w_ptr, s_b, s_h, s_t, bh, H, c * BT, T, p, BT, P)
             q = x * x
             A = 1.0 / (_running_sq(q, cS_ptr, bh, c, nC, p, CAUSAL, P) + 1e-12)
             _store_total(part_ptr, -Rt[:, None] * q * A * A, bh, c, nC, p, p, P)
@@ -1047,8 +1054,8 @@ if triton is not None:
                   gw_ptr, o_b, o_h, o_t, H, T, p, nC, BH, CAUSAL: tl.constexpr, BT: tl.constexpr, P: tl.constexpr):
         """B3: dL/dw = Pi (2 w G_M - D g) + 2 w (R A + G_S)."""
         pid_bh, c = _pids(BH)
-        x, _, m = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
-        g, _, _ = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
+        x = _tile(w_ptr, s_b, s_h, s_t, pid_bh, H, c * BT, T, p, BT, P)
+        g = _tile(g_ptr, g_b, g_h, g_t, pid_bh, H, c * BT, T, p, BT, P)
         Pt = _row(pi_ptr, pid_bh, c * BT, T, BT)
         Rt = _row(R_ptr, pid_bh, c * BT, T, BT)[:, None]
         q = x * x
@@ -1060,10 +1067,7 @@ if triton is not None:
         if CAUSAL:
             GS = GS + tl.cumsum(gS, axis=0, reverse=True)
         gw = Pt[:, None] * (2.0 * x * GM - D * g) + 2.0 * x * (Rt * A + GS)
-        b, h = pid_bh // H, pid_bh % H
-        t = c * BT + tl.arange(0, BT)
-        offs = b.to(tl.int64) * o_b + h.to(tl.int64) * o_h + t[:, None].to(tl.int64) * o_t + tl.arange(0, P)[None, :]
-        tl.store(gw_ptr + offs, gw.to(gw_ptr.dtype.element_ty), mask=m)
+        _store_tile(gw_ptr, gw, o_b, o_h, o_t, pid_bh, H, c * BT, T, p, BT, P)
 
     @triton.jit
     def _k_step(w_ptr, temp_ptr, bias_ptr, bias_stride, ssq_ptr, spsq_ptr, sp_ptr, out_ptr, pi_ptr, H, p,
@@ -1144,10 +1148,11 @@ class TritonKernels:
         cS = _carries(part_S, "prefix" if causal else "total")
         u, pi, part_MN = buf(B, H, T), buf(B, H, T), buf(B * H, nC, p + 1)
         temp = temp.reshape(H).float().contiguous()
-        bias_args = (u, 0, 0) if bias is None else (bias, bias.stride(0), bias.stride(1))  # u: an unread stand-in
-        mask = u if mask is None else mask.float().contiguous()
+        has_bias, has_mask = bias is not None, mask is not None
+        bias_args = (bias, bias.stride(0), bias.stride(1)) if has_bias else (u, 0, 0)  # u: an unread stand-in
+        mask = mask.float().contiguous() if has_mask else u
         _k_stats_pi[per_row](wk, *sw, cS, temp, *bias_args, mask, u, pi, part_MN, B, H, T, p, nC,
-                             HAS_BIAS=bias is not None, HAS_MASK=mask is not u, CAUSAL=causal, **meta)
+                             HAS_BIAS=has_bias, HAS_MASK=has_mask, CAUSAL=causal, **meta)
         cMN = _carries(part_MN, "prefix" if causal else "total")
         out = torch.empty_like(wk, dtype=w.dtype)
         _k_apply[per_head](wk, *sw, pi, cMN, out, *out.stride()[:3], H, T, p, nC, B * H, CAUSAL=causal, **meta)
@@ -1165,9 +1170,10 @@ class TritonKernels:
         cGMN = _carries(part_GMN, "suffix" if causal else "total")
         gpi, R, gtemp, part_S = buf(B, H, T), buf(B, H, T), buf(B * nC, H), buf(B * H, nC, p)
         temp = temp.reshape(H).float().contiguous()
-        mask = gpi if mask is None else mask.float().contiguous()  # gpi: an unread stand-in
+        has_mask = mask is not None
+        mask = mask.float().contiguous() if has_mask else gpi  # gpi: an unread stand-in
         _k_grad_pi[per_row](wk, *sw, g, *sg, pi, u, temp, mask, cS, cMN, cGMN, gpi, R, gtemp, part_S,
-                            B, H, T, p, nC, HAS_MASK=mask is not gpi, CAUSAL=causal, **meta)
+                            B, H, T, p, nC, HAS_MASK=has_mask, CAUSAL=causal, **meta)
         cGS = _carries(part_S, "suffix" if causal else "total")
         gw = torch.empty_like(wk, dtype=w.dtype)
         _k_grad_w[per_head](wk, *sw, g, *sg, pi, R, cS, cMN, cGMN, cGS, gw, *gw.stride()[:3], H, T, p, nC, B * H,

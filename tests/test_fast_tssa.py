@@ -9,6 +9,7 @@ same cases plus model-sized ones; skipped, and reported as skipped, where there 
     python -m pytest -q tests/test_fast_tssa.py
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -579,7 +580,6 @@ def test_triton_kernels_compile_for_gpus(tmp_path):
     proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(out)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
     rows = json.loads(out.read_text())
     assert len(rows) == 6 * 9 and all(r["regs"] > 0 for r in rows)
     spilling = [r for r in rows if r["stack"] > 0]
