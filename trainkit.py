@@ -12,6 +12,19 @@ each trainer reads as the training loop and nothing else:
   autocast_for     mixed precision context (+ GradScaler for float16)
   optimizer_step   unscale, clip, step, zero the gradients
   JsonlLogger      one JSON line per evaluation
+  UserError        a mistake the user can fix: one line from run_cli, exit status 1
+  choose_device_dtype   the one device / precision chooser ("auto" everywhere)
+
+Conventions the three trainers share:
+  batch_size                   examples (sequences, images) per process per micro-step
+  gradient_accumulation_steps  micro-steps per optimizer step over ALL processes (as nanoGPT):
+                               each of the world_size processes runs g / world_size of them, so
+                               one step sees batch_size * g examples, whatever world_size is
+  device, dtype                "auto" by default, resolved by choose_device_dtype
+  checkpoint keys              model, optimizer, scaler, model_args, iter_num, best_val_loss,
+                               config, rng (+ best_val_acc for classifiers)
+  log record keys (jsonl)      iter, lr, train_loss, val_loss, time_s (+ val_acc for
+                               classifiers, tokens_per_s and mfu for language)
 """
 
 import ast
@@ -35,7 +48,12 @@ import torch.distributed as dist
 # configuration
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """A mistake the person running a script can fix (a setting, a file, the data): run_cli
+    prints its message as one line and exits with status 1, no traceback."""
+
+
+class ConfigError(UserError, ValueError):
     """A config file or --key=value override that does not fit the script's settings."""
 
 
@@ -127,7 +145,7 @@ def run_cli(main, *args):
     missing file ends the program with its one-line message (exit status 1), not a traceback."""
     try:
         return main(*args)
-    except (ConfigError, FileNotFoundError) as e:
+    except (UserError, FileNotFoundError) as e:
         sys.exit(f"{os.path.basename(sys.argv[0])}: {e}")
 
 
@@ -302,6 +320,31 @@ def lr_at(it, *, lr, min_lr, warmup_iters, decay_iters, schedule="cosine"):
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def choose_device_dtype(device, dtype):
+    """The one device/precision chooser of the three trainers (and sample.py, bench.py).
+    device: "auto" (this rank's GPU if CUDA is available, else cpu), "cpu", "cuda", "cuda:N".
+    dtype: "auto" (bfloat16 on GPUs that have it, float16 on older GPUs, float32 on CPU), or
+    one of float32 / bfloat16 / float16. Returns (device, dtype) as strings; a device that is
+    not there is a UserError."""
+    device = device or "auto"
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but this machine has no CUDA GPU (torch {torch.__version__}); "
+                        "use --device=cpu or --device=auto")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    dtype = dtype or "auto"
+    if dtype == "auto":
+        if device.startswith("cuda"):
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        else:
+            dtype = "float32"
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
+    return device, dtype
 
 
 def autocast_for(device, dtype):
