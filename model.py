@@ -16,24 +16,23 @@ Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; ../shared/TOST_
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-try:  # optional fused kernels (fast_tssa.py); the readable math below is the reference
-    import fast_tssa
-except ImportError:  # pragma: no cover - the file ships with the repo
-    fast_tssa = None
-
-EPS_NORM = 1e-12  # guards the token-normalisation of features inside Pi (all-zero input)
-EPS_STAT = 1e-8  # guards the Pi-weighted mean (a head no token belongs to)
+PI_NORM_EPS = 1e-12  # floor of the feature norms normalised inside Pi (released: F.normalize's clamp)
+STAT_EPS = 1e-8  # added to the Pi-weighted token count of a head (a head no token belongs to)
+TSSA_IMPLS = ("torch", "triton", "cpu")  # GPTConfig.tssa_impl / ViTConfig.tssa_impl: see tssa_ops
 
 # -----------------------------------------------------------------------------
 # 1. The operator as plain functions
 #
 # Each takes w = U^T z, the per-head projected features of shape (B, H, T, p), and returns
 # the per-head update -Pi * w / (1 + s) of the same shape (before the output projection).
+# Pi, when returned, is detached: it is an estimate held fixed by the theory (notes §2) and
+# is returned for analysis maps and the decoding state; gradients flow through out only.
 
 
 def stat_dtype(dtype):
@@ -50,6 +49,11 @@ def _check_w(w, temp):
     return temp.reshape(1, H, 1).to(stat_dtype(w.dtype))  # (1, H, 1) broadcasts over batch and tokens
 
 
+def _check_mask(w, mask):
+    if mask is not None and mask.shape != (w.shape[0], w.shape[2]):
+        raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
+
+
 def _apply_pi_mode(logits, pi_mode):
     """Pi over heads from logits (B, H, T): softmax over H, or the uniform 1/H ablation."""
     if pi_mode == "uniform":
@@ -57,33 +61,30 @@ def _apply_pi_mode(logits, pi_mode):
     return logits.softmax(dim=1)  # fp32: logits are fp32
 
 
-def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax", impl="auto"):
+def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
     """Non-causal TSSA (notes §3). w: (B, H, T, p); temp: (H,) or (H, 1);
     mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
-    statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T)].
-    impl: "reference" runs the lines below; "auto" uses fast_tssa.py where it applies."""
+    statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
     temp = _check_w(w, temp)
-    if impl != "reference" and fast_tssa is not None and fast_tssa.applies(w, pi_mode, impl):
-        return fast_tssa.tssa(w, temp.view(-1), return_pi, mask)
+    _check_mask(w, mask)
     w32 = w.to(stat_dtype(w.dtype))  # statistics in fp32 whatever the input dtype
     if mask is not None:
-        if mask.shape != (w.shape[0], w.shape[2]):
-            raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
         w32 = w32 * mask[:, None, :, None]  # padded tokens contribute nothing
     w_sq = w32.square()  # (B, H, T, p)
-    # Pi: each feature normalised over the tokens, squared norm per head, softmax over heads
-    w_sq_normed = w_sq / (w_sq.sum(dim=2, keepdim=True) + EPS_NORM)  # (B, H, T, p)
+    # Pi: each feature L2-normalised over the tokens (as F.normalize: the norm floored at
+    # PI_NORM_EPS), squared norm per head, softmax over heads
+    w_sq_normed = w_sq / w_sq.sum(dim=2, keepdim=True).clamp_min(PI_NORM_EPS ** 2)  # (B, H, T, p)
     logits = temp * w_sq_normed.sum(dim=-1)  # (B, H, T)
     pi = _apply_pi_mode(logits, pi_mode)  # (B, H, T), sums to 1 over H
     if mask is not None:
         pi = pi * mask[:, None, :]
     # token statistic: Pi-weighted second moment of each feature, per head
     n_k = pi.sum(dim=2)  # (B, H)
-    s = (pi.unsqueeze(-1) * w_sq).sum(dim=2) / (n_k.unsqueeze(-1) + EPS_STAT)  # (B, H, p)
+    s = (pi.unsqueeze(-1) * w_sq).sum(dim=2) / (n_k.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
     # one gradient step on R_var with f = log(1 + x): scale by -Pi f'(s) = -Pi / (1 + s)
     out = -pi.unsqueeze(-1) * w32 / (1.0 + s.unsqueeze(2))  # (B, H, T, p)
     out = out.to(w.dtype)
-    return (out, pi) if return_pi else out
+    return (out, pi.detach()) if return_pi else out
 
 
 def _check_pos_bias(pos_bias, H, T, dtype):
@@ -96,27 +97,24 @@ def _check_pos_bias(pos_bias, H, T, dtype):
     return pos_bias.to(stat_dtype(dtype))  # (H, T_max)
 
 
-def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", impl="auto"):
+def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
     """Causal TSSA (notes §4): token j uses statistics of tokens 1..j only, via cumulative
     sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
-    added per feature before the sum. Returns out (B, H, T, p) [and Pi (B, H, T)].
-    impl: "reference" runs the lines below; "auto" uses fast_tssa.py where it applies."""
+    added per feature before the sum. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
     temp = _check_w(w, temp)
     B, H, T, p = w.shape
     bias = _check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
-    if impl != "reference" and fast_tssa is not None and fast_tssa.applies(w, pi_mode, impl):
-        return fast_tssa.causal_tssa(w, temp.view(H), bias, return_pi)
     w32 = w.to(stat_dtype(w.dtype))
     w_sq = w32.square()  # (B, H, T, p)
-    # Pi[j] from the prefix: features normalised by their running sum of squares
-    w_sq_normed = w_sq / (w_sq.cumsum(dim=2) + EPS_NORM)  # (B, H, T, p)
+    # Pi[j] from the prefix: features normalised by their running sum of squares (floored)
+    w_sq_normed = w_sq / w_sq.cumsum(dim=2).clamp_min(PI_NORM_EPS)  # (B, H, T, p)
     logits = temp * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
     pi = _apply_pi_mode(logits, pi_mode)  # (B, H, T)
     # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
-    s = (pi.unsqueeze(-1) * w_sq).cumsum(dim=2) / (pi.cumsum(dim=2).unsqueeze(-1) + EPS_STAT)
+    s = (pi.unsqueeze(-1) * w_sq).cumsum(dim=2) / (pi.cumsum(dim=2).unsqueeze(-1) + STAT_EPS)
     out = -pi.unsqueeze(-1) * w32 / (1.0 + s)  # (B, H, T, p)
     out = out.to(w.dtype)
-    return (out, pi) if return_pi else out
+    return (out, pi.detach()) if return_pi else out
 
 
 @dataclass
@@ -144,8 +142,6 @@ def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, pi_mode="softm
     """One token of causal TSSA in O(H p): w_t (B, H, p) -> out_t (B, H, p), and the state
     advanced by one token (updated in place and returned). Past the end of pos_bias (the
     block size) the last learned bias is reused; the statistics keep accumulating."""
-    if fast_tssa is not None and fast_tssa.step_applies(w_t, temp, pos_bias, state, pi_mode):  # fused, decoding only
-        return fast_tssa.causal_tssa_step(w_t, temp, pos_bias, state, return_pi)
     H, dt = w_t.shape[1], state.sum_sq.dtype  # fp32 state (fp64 for fp64 inputs)
     temp = temp.reshape(1, H).to(dt)
     pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)
@@ -153,14 +149,39 @@ def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, pi_mode="softm
     w32 = w_t.to(dt)
     w_sq = w32.square()  # (B, H, p)
     state.sum_sq += w_sq
-    logits = temp * (w_sq / (state.sum_sq + EPS_NORM) + bias[None, :, None]).sum(-1)  # (B, H)
+    logits = temp * (w_sq / state.sum_sq.clamp_min(PI_NORM_EPS) + bias[None, :, None]).sum(-1)  # (B, H)
     pi = _apply_pi_mode(logits.unsqueeze(-1), pi_mode).squeeze(-1)  # (B, H)
     state.sum_pi_sq += pi.unsqueeze(-1) * w_sq
     state.sum_pi += pi
     state.pos += 1
-    s = state.sum_pi_sq / (state.sum_pi.unsqueeze(-1) + EPS_STAT)  # (B, H, p)
+    s = state.sum_pi_sq / (state.sum_pi.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
     out = (-pi.unsqueeze(-1) * w32 / (1.0 + s)).to(w_t.dtype)
-    return (out, state, pi) if return_pi else (out, state)
+    return (out, state, pi.detach()) if return_pi else (out, state)
+
+
+class TSSAOps(NamedTuple):
+    """One implementation of the three operator functions, with the signatures above."""
+
+    tssa: Callable
+    causal_tssa: Callable
+    causal_tssa_step: Callable
+
+
+REFERENCE_OPS = TSSAOps(tssa, causal_tssa, causal_tssa_step)
+
+
+def tssa_ops(impl="torch"):
+    """The operator functions of an implementation: "torch" is this file's maths (the
+    default on every device; compiles without graph breaks under torch.compile); "cpu" (C
+    kernels) and "triton" (CUDA) are the opt-in fused kernels of kernels/, imported only
+    here. Where a fused path cannot build or run, it warns once and runs this file's maths."""
+    if impl not in TSSA_IMPLS:
+        raise ValueError(f"tssa_impl must be one of {TSSA_IMPLS}, got {impl!r}")
+    if impl == "torch":
+        return REFERENCE_OPS
+    import kernels  # the fused kernels: only when asked for
+
+    return kernels.fused_ops(impl)
 
 
 def compression_objective(w, pi, mask=None, f=torch.log1p):
@@ -175,7 +196,7 @@ def compression_objective(w, pi, mask=None, f=torch.log1p):
     pi = pi.to(w.dtype) * m[:, None, :]  # (B, H, T)
     n = m.sum(dim=1)  # (B,)
     n_k = pi.sum(dim=2)  # (B, H)
-    s = (pi.unsqueeze(-1) * w.square()).sum(dim=2) / n_k.clamp_min(EPS_STAT).unsqueeze(-1)  # (B, H, p)
+    s = (pi.unsqueeze(-1) * w.square()).sum(dim=2) / n_k.clamp_min(STAT_EPS).unsqueeze(-1)  # (B, H, p)
     return 0.5 * ((n_k / n[:, None]) * f(s).sum(dim=-1)).sum(dim=-1)  # (B,)
 
 
@@ -196,15 +217,18 @@ def _merge_heads(x):  # (B, H, T, p) -> (B, T, H * p)
 class TSSA(nn.Module):
     """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
     heads stacked), the operator, a free output projection. causal=True adds the learned
-    per-head position bias of the causal form (which fixes the block size)."""
+    per-head position bias of the causal form (which fixes the block size). tssa_impl picks
+    the operator's implementation once, here (see tssa_ops)."""
 
-    def __init__(self, *, n_embd, n_head, causal=False, block_size=None, bias=False, dropout=0.0, pi="softmax"):
+    def __init__(self, *, n_embd, n_head, causal=False, block_size=None, bias=False, dropout=0.0, pi="softmax",
+                 tssa_impl="torch"):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
         if pi not in ("softmax", "uniform"):
             raise ValueError(f"pi must be 'softmax' or 'uniform', got {pi!r}")
         self.n_head, self.causal, self.pi_mode = n_head, causal, pi
+        self.ops = tssa_ops(tssa_impl)  # tssa, causal_tssa, causal_tssa_step
         self.c_in = nn.Linear(n_embd, n_embd, bias=bias)  # w = U^T z for all heads at once
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # replaces (tau / n) [U_1 .. U_K]
         self.temp = nn.Parameter(torch.ones(n_head))  # per-head temperature of Pi
@@ -218,15 +242,16 @@ class TSSA(nn.Module):
         """x: (B, T, C). state: a TSSAState to continue from (decoding) or None.
         Returns y (B, T, C), plus the updated state when one was given."""
         w = _split_heads(self.c_in(x), self.n_head)  # (B, H, T, p)
+        ops, pi_mode = self.ops, self.pi_mode
         if not self.causal:
-            out, pi = tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=self.pi_mode)
+            out, pi = ops.tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=pi_mode)
         elif state is None:
-            out, pi = causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=self.pi_mode)
+            out, pi = ops.causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=pi_mode)
         elif state.pos == 0 and w.shape[2] > 1:  # prefill: parallel form, then the sums
-            out, pi = causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=self.pi_mode)
+            out, pi = ops.causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=pi_mode)
             state = TSSAState.from_sequence(w, pi)
         else:  # one token (or a few) at a time from the recurrent state
-            steps = [causal_tssa_step(w[:, :, t], self.temp, self.pos_bias, state, True, self.pi_mode)
+            steps = [ops.causal_tssa_step(w[:, :, t], self.temp, self.pos_bias, state, True, pi_mode)
                      for t in range(w.shape[2])]
             out = torch.stack([o for o, _, _ in steps], dim=2)
             pi = torch.stack([q for _, _, q in steps], dim=2)
@@ -243,7 +268,8 @@ class SoftmaxAttention(nn.Module):
     """Multi-head softmax attention through F.scaled_dot_product_attention (the baseline:
     flash / memory-efficient kernels where available). Causal decoding uses a KV cache."""
 
-    def __init__(self, *, n_embd, n_head, causal=False, block_size=None, bias=False, dropout=0.0, pi=None):
+    def __init__(self, *, n_embd, n_head, causal=False, block_size=None, bias=False, dropout=0.0, pi=None,
+                 tssa_impl=None):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
@@ -349,11 +375,11 @@ class Block(nn.Module):
     """Pre-norm block: x + g1 * Attn(LN(x)), then x + g2 * MLP(LN(x))."""
 
     def __init__(self, *, n_embd, n_head, attn, causal, block_size=None, bias=False, dropout=0.0,
-                 mlp_ratio=4.0, layer_scale_init=None, drop_path=0.0, pi="softmax"):
+                 mlp_ratio=4.0, layer_scale_init=None, drop_path=0.0, pi="softmax", tssa_impl="torch"):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
-        self.attn = make_attention(attn, n_embd=n_embd, n_head=n_head, causal=causal,
-                                   block_size=block_size, bias=bias, dropout=dropout, pi=pi)
+        self.attn = make_attention(attn, n_embd=n_embd, n_head=n_head, causal=causal, block_size=block_size,
+                                   bias=bias, dropout=dropout, pi=pi, tssa_impl=tssa_impl)
         self.ls_1 = LayerScale(n_embd, layer_scale_init)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = MLP(n_embd=n_embd, hidden=int(mlp_ratio * n_embd), bias=bias, dropout=dropout)
@@ -401,6 +427,7 @@ class GPTConfig:
     attn: str = "tssa"  # "tssa" | "softmax" (the GPT-2 baseline)
     pi: str = "softmax"  # "softmax" | "uniform" (ablation: Pi = 1/H)
     layer_scale_init: float | None = 1e-5  # None: no layer scale (GPT-2)
+    tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
 
 
 GPT_PRESETS = {  # parameter counts include the position embedding, not the padded vocab
@@ -425,7 +452,8 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=True, block_size=c.block_size,
-                  bias=c.bias, dropout=c.dropout, layer_scale_init=c.layer_scale_init, pi=c.pi)
+                  bias=c.bias, dropout=c.dropout, layer_scale_init=c.layer_scale_init, pi=c.pi,
+                  tssa_impl=c.tssa_impl)
             for _ in range(c.n_layer))
         self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
@@ -657,6 +685,7 @@ class ViTConfig:
     attn: str = "tssa"  # "tssa" | "softmax" (ViT baseline at the same size otherwise)
     pi: str = "softmax"
     n_cls_layers: int = 2
+    tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
 
 
 VIT_PRESETS = {
@@ -679,7 +708,8 @@ class ToSTViT(nn.Module):
         self.blocks = nn.ModuleList(
             Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=False, bias=True, dropout=c.dropout,
                   mlp_ratio=c.mlp_ratio, layer_scale_init=c.layer_scale_init, pi=c.pi,
-                  drop_path=c.drop_path * i / max(c.n_layer - 1, 1))
+                  drop_path=c.drop_path * i / max(c.n_layer - 1, 1),
+                  tssa_impl=c.tssa_impl)
             for i in range(c.n_layer))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
         self.cls_blocks = nn.ModuleList(

@@ -1,0 +1,38 @@
+"""
+kernels: opt-in fused TSSA kernels (same maths as model.py, fewer passes over memory).
+
+model.py's functions are the reference and the default (tssa_impl="torch"). Setting
+tssa_impl="cpu" or "triton" on GPTConfig / ViTConfig makes model.TSSA call fused_ops(impl):
+  "cpu"     cpu.py + tssa_cpu.c: C kernels compiled once with the system C compiler, OpenMP
+            over batch rows and chunks of tokens, all heads of a token together.
+  "triton"  triton_tssa.py: Triton kernels over chunks of tokens (CUDA; TRITON_INTERPRET=1
+            runs them on the CPU). Five launches each way, two of them owning all heads of
+            a chunk so the softmax across heads (and its backward) stays inside a kernel.
+fused.py holds the autograd.Function both share and the fallback to the reference (one
+warning) where a kernel cannot be built or run. Pi comes back detached, as from model.py;
+gradients flow to w, temp and pos_bias. The guards PI_NORM_EPS and STAT_EPS are model.py's,
+passed to every kernel call.
+
+    python -m pytest -q tests/test_kernels.py        # every fused path == the reference
+    python bench.py --suites=op --impls=torch,cpu,sdpa --T=16384 --modes=fwdbwd
+
+The maths (per batch row and head; w_t in R^p the features of token t, q_t = w_t^2; F = the
+floor on the sum of squares, e = STAT_EPS):
+  forward   S_t = sum_{u<=t} q_u                 (prefix; the total for the non-causal form)
+            r_t = sum_i q_ti / max(S_ti, F)        u_t = r_t + p * bias_t    logit_t = temp * u_t
+            Pi_t = softmax over heads of logit_t
+            N_t = sum_{u<=t} Pi_u,  M_t = sum_{u<=t} Pi_u q_u,  n_t = N_t + e,  s_t = M_t / n_t
+            D_t = 1 / (1 + s_t),  out_t = -Pi_t w_t D_t
+  backward  with g_t = dL/d out_t (suffix sums G_X_t = sum_{u>=t} X_u; totals if non-causal):
+            gM_t = g_t Pi_t w_t D_t^2 / n_t          gN_t = -sum_i gM_ti s_ti
+            gPi_t = sum_i (-g_ti w_ti D_ti + G_M_ti q_ti) + G_N_t
+            gl = Pi * (gPi - sum_heads Pi gPi)     (softmax backward, across heads)
+            dtemp = sum gl * u     dbias_t = p * temp * sum_batch gl_t     R_t = temp * gl_t
+            A_t = 1 / max(S_t, F);  gS_t = -R_t q_t A_t^2 where S_t >= F, else 0
+            dw_t = -Pi_t D_t g_t + 2 w_t (Pi_t G_M_t + R_t A_t + G_S_t)
+The softmax across heads couples the heads: a kernel that computes Pi (or dL/dlogit) must see
+every head of a token. The CPU kernels own every head of a token; the Triton kernels F2 and B2
+own every head of a chunk.
+"""
+
+from kernels.fused import fused_ops  # noqa: F401

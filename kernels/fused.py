@@ -1,0 +1,183 @@
+"""
+The autograd glue of the fused kernels, and the operator functions tssa_impl="cpu" / "triton"
+hands to model.TSSA (fused_ops). Each has the signature of its model.py twin and falls back
+to it where the kernels do not apply or cannot run:
+  - silently, by design: float64 inputs, the uniform-Pi ablation, a decoding step that needs
+    gradients (the kernels are fp32 statistics with a softmax Pi, the step has no backward);
+  - with ONE warning per implementation and process, naming the cause: the kernels cannot be
+    built or imported (no C compiler, no Triton), the tensor's device is not theirs, or a
+    launch raised (e.g. a Triton compile error; then the reference for the rest of the run).
+    A failing backward recomputes the gradients through the reference instead.
+"""
+
+import contextlib
+import importlib
+import warnings
+
+import torch
+
+import model
+
+BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels")}
+
+
+def _on_device(t):
+    """Launch on t's GPU (Triton launches on the current CUDA device: a tensor on cuda:1 while
+    cuda:0 is current would be an illegal address); nothing to do elsewhere."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def guards(causal):
+    """(sq_floor, stat_eps) from model.py, read at call time. The floor on the sum of squares
+    inside Pi: causal max(S, PI_NORM_EPS); non-causal F.normalize's max(||w||, PI_NORM_EPS),
+    i.e. max(S, PI_NORM_EPS^2) on the square."""
+    return (model.PI_NORM_EPS if causal else model.PI_NORM_EPS ** 2), model.STAT_EPS
+
+
+class FusedTSSA(torch.autograd.Function):
+    """out, Pi = TSSA(w) with the hand-derived backward of kernels/__init__.py. Saves w, Pi
+    and u (B, H, T) and per-chunk carries, about 1/p of w besides w itself, where autograd
+    through the reference keeps ~10 tensors the size of w. bias (H, T) or None; mask (B, T)
+    float or None (non-causal only); ops: the FusedOps whose kernels run. Pi is returned
+    detached, as model.py returns it."""
+
+    @staticmethod
+    def forward(ctx, w, temp, bias, mask, causal, ops):
+        eps = guards(causal)
+        with torch.autocast(w.device.type, enabled=False), _on_device(w):
+            wm = w if mask is None else w * mask[:, None, :, None].to(w.dtype)  # padded tokens are zeros
+            out, pi, u, saved = ops.kernels.forward(wm, temp, bias, mask, causal, eps)
+        ctx.causal, ctx.ops, ctx.eps, ctx.n_saved = causal, ops, eps, len(saved)
+        ctx.save_for_backward(w, temp, bias, mask, pi, u, *saved)
+        ctx.mark_non_differentiable(pi)
+        return out, pi
+
+    @staticmethod
+    def backward(ctx, g_out, _g_pi):  # _g_pi is ignored: Pi is returned detached
+        w, temp, bias, mask, pi, u, *saved = ctx.saved_tensors
+        try:
+            with torch.autocast(w.device.type, enabled=False), _on_device(w):
+                wm = w if mask is None else w * mask[:, None, :, None].to(w.dtype)
+                gw, gtemp, gbias = ctx.ops.kernels.backward(wm, g_out, temp, pi, u, mask, saved, ctx.causal, ctx.eps)
+                if mask is not None:
+                    gw = gw * mask[:, None, :, None].to(gw.dtype)
+        except Exception as e:  # e.g. the backward kernels failed to compile: the reference's gradients
+            ctx.ops.disable(f"the backward kernels raised {type(e).__name__}: {e}")
+            gw, gtemp, gbias = _reference_grads(w, temp, bias, mask, g_out, ctx.causal)
+        gbias = None if bias is None else gbias.to(bias.dtype)
+        return gw.to(w.dtype), gtemp.to(temp.dtype), gbias, None, None, None
+
+
+def _reference_grads(w, temp, bias, mask, g_out, causal):
+    """Gradients of sum(out * g_out) w.r.t. w, temp, bias through model.py's maths."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (w, temp, bias) if t is not None]
+        if causal:
+            out = model.causal_tssa(leaves[0], leaves[1], leaves[2])
+        else:
+            out = model.tssa(leaves[0], leaves[1], mask=None if mask is None else mask.bool())
+        grads = torch.autograd.grad(out, leaves, g_out)
+    return grads if causal else (*grads, None)
+
+
+class FusedOps:
+    """tssa, causal_tssa, causal_tssa_step of model.py, run by the "cpu" or "triton" kernels
+    where they apply (see the module docstring for where they do not)."""
+
+    def __init__(self, impl):
+        self.impl, self.kernels, self.failure, self.warned = impl, None, None, False
+
+    def disable(self, cause):
+        """Run the reference from now on, and say why (once)."""
+        self.failure = cause
+        self.warn(cause)
+
+    def warn(self, cause):
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"tssa_impl={self.impl!r}: {cause}; running model.py's reference maths instead",
+                          RuntimeWarning, stacklevel=4)
+
+    def kernels_for(self, w, pi_mode="softmax"):
+        """The kernel class that runs w, or None for the reference."""
+        if pi_mode != "softmax" or w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return None
+        if self.failure is None and self.kernels is None:
+            module, name = BACKENDS[self.impl]
+            try:
+                kernels = getattr(importlib.import_module(module), name)
+                kernels.load()
+                self.kernels = kernels
+            except Exception as e:  # ImportError (no Triton), KernelUnavailable (no C compiler), ...
+                self.disable(f"{type(e).__name__}: {e}")
+        if self.failure is not None:
+            return None
+        cause = self.kernels.unsupported(w)
+        if cause:
+            self.warn(cause)
+            return None
+        return self.kernels
+
+    def _apply(self, w, temp, bias, mask, causal):
+        """FusedTSSA, or None if the launch raised (then the caller runs the reference)."""
+        try:
+            return FusedTSSA.apply(w, temp, bias, mask, causal, self)
+        except Exception as e:
+            self.disable(f"the kernels raised {type(e).__name__}: {e}")
+            return None
+
+    @torch.compiler.disable  # Dynamo must not trace into ctypes calls or Triton launches
+    def tssa(self, w, temp, return_pi=False, mask=None, pi_mode="softmax"):
+        model._check_w(w, temp)
+        model._check_mask(w, mask)
+        res = None
+        if self.kernels_for(w, pi_mode) is not None:
+            mask_f = None if mask is None else mask.to(torch.float32)
+            res = self._apply(w, temp.reshape(-1), None, mask_f, False)
+        if res is None:
+            return model.tssa(w, temp, return_pi, mask, pi_mode)
+        return res if return_pi else res[0]
+
+    @torch.compiler.disable
+    def causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
+        model._check_w(w, temp)
+        B, H, T, p = w.shape
+        res = None
+        if self.kernels_for(w, pi_mode) is not None:
+            bias = model._check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
+            res = self._apply(w, temp.reshape(H), bias, None, True)
+        if res is None:
+            return model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+        return res if return_pi else res[0]
+
+    @torch.compiler.disable
+    def causal_tssa_step(self, w_t, temp, pos_bias, state, return_pi=False, pi_mode="softmax"):
+        """The fused step runs when decoding (no gradient wanted) from an fp32 contiguous
+        state on w_t's device; otherwise model.causal_tssa_step."""
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (w_t, temp, pos_bias))
+        stats = (state.sum_sq, state.sum_pi_sq, state.sum_pi)
+        fits = all(t.dtype == torch.float32 and t.is_contiguous() and t.device == w_t.device for t in stats)
+        kernels = None if needs_grad or not fits or w_t.dim() != 3 else self.kernels_for(w_t, pi_mode)
+        if kernels is not None:
+            H = w_t.shape[1]
+            pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)
+            bias = pos_bias[:, min(state.pos, pos_bias.shape[1] - 1)]  # (H,); the last one past the end
+            try:  # a launch that raises (a compile error) has not touched the state
+                with torch.no_grad(), _on_device(w_t):
+                    out, pi = kernels.step(w_t, temp.reshape(H), bias.float(), state, guards(True))
+                state.pos += 1
+                return (out, state, pi) if return_pi else (out, state)
+            except Exception as e:
+                self.disable(f"the decoding kernel raised {type(e).__name__}: {e}")
+        return model.causal_tssa_step(w_t, temp, pos_bias, state, return_pi, pi_mode)
+
+
+_OPS = {}  # impl -> FusedOps: one per process, so each warns at most once
+
+
+def fused_ops(impl):
+    """model.TSSAOps of the fused kernels of impl ("cpu" or "triton")."""
+    if impl not in BACKENDS:
+        raise ValueError(f"fused kernels exist for {sorted(BACKENDS)}, not {impl!r}")
+    ops = _OPS.setdefault(impl, FusedOps(impl))
+    return model.TSSAOps(ops.tssa, ops.causal_tssa, ops.causal_tssa_step)
