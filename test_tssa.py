@@ -7,9 +7,13 @@ symmetries; mixed precision; presets; bad input.
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import model
 from model import (GPT, GPT_PRESETS, TSSA, VIT_PRESETS, GPTConfig, TSSAState, ToSTViT, ViTConfig,
@@ -102,7 +106,7 @@ def test_causal_tssa_is_scaled_gradient_of_prefix_objective():
     temp = torch.tensor([0.8, 1.3], dtype=F64)
     pos_bias = torch.randn(H, 16, dtype=F64)  # nonzero, to exercise its path
     Z = torch.randn(n, d, dtype=F64)
-    out, pi = causal_tssa(split_heads(Z @ U_T.T, H), temp, pos_bias, return_pi=True, impl="reference")
+    out, pi = causal_tssa(split_heads(Z @ U_T.T, H), temp, pos_bias, return_pi=True)
     y = merge_heads(out) @ U_T  # (n, d): U applied to every head's update
     for j in range(1, n + 1):
         def prefix_r_var(Zj):
@@ -112,7 +116,7 @@ def test_causal_tssa_is_scaled_gradient_of_prefix_objective():
         err = (y[j - 1] - (-j * grad_last)).abs().max().item()
         # exact but for the 1e-8 guard in s = sum Pi w^2 / (n_k + 1e-8), which scales head k
         # by a relative 1e-8 / n_k (n_k can be ~0.04 at j = 1), plus ~1e-10 of differencing
-        guard = model.EPS_STAT / pi[:, :, :j].sum(-1).min().item() * y[j - 1].abs().max().item()
+        guard = model.STAT_EPS / pi[:, :, :j].sum(-1).min().item() * y[j - 1].abs().max().item()
         assert err < 1e-9 + 2 * guard, (j, err, guard)
         assert err < 1e-7, (j, err)
 
@@ -148,7 +152,7 @@ def test_causal_output_has_zero_dependence_on_future_tokens():
     w = torch.randn(B, H, T, p, dtype=F64)
     temp = torch.tensor([0.7, 1.5], dtype=F64)
     pos_bias = torch.randn(H, T, dtype=F64)
-    J = torch.autograd.functional.jacobian(lambda x: causal_tssa(x, temp, pos_bias, impl="reference"), w)
+    J = torch.autograd.functional.jacobian(lambda x: causal_tssa(x, temp, pos_bias), w)
     J = J[0, :, :, :, 0]  # (H, T, p, H, T, p): d out[h, j, i] / d w[h', t, i']
     for j in range(T - 1):
         assert J[:, j, :, :, j + 1:, :].abs().max() == 0  # exactly zero, not just small
@@ -176,7 +180,7 @@ def test_recurrent_step_equals_parallel_causal_tssa():
     B, H, T, p = 2, 3, 9, 4
     w = torch.randn(B, H, T, p, dtype=F64)
     temp, pos_bias = torch.rand(H, dtype=F64) + 0.5, torch.randn(H, T, 1, dtype=F64)
-    parallel, pi = causal_tssa(w, temp, pos_bias, return_pi=True, impl="reference")
+    parallel, pi = causal_tssa(w, temp, pos_bias, return_pi=True)
     state = TSSAState.zeros(B, H, p, dtype=F64)
     for t in range(T):
         out_t, state = causal_tssa_step(w[:, :, t], temp, pos_bias, state)
@@ -243,8 +247,8 @@ def test_noncausal_tssa_is_permutation_equivariant():
     w = torch.randn(2, 3, 11, 4, dtype=F64)
     temp = torch.tensor([0.5, 1.0, 1.5], dtype=F64)
     perm = torch.randperm(11)
-    out, pi = tssa(w, temp, return_pi=True, impl="reference")
-    out_p, pi_p = tssa(w[:, :, perm], temp, return_pi=True, impl="reference")
+    out, pi = tssa(w, temp, return_pi=True)
+    out_p, pi_p = tssa(w[:, :, perm], temp, return_pi=True)
     torch.testing.assert_close(out_p, out[:, :, perm], rtol=1e-12, atol=1e-14)  # sums reordered only
     torch.testing.assert_close(pi_p, pi[:, :, perm], rtol=1e-12, atol=1e-14)
 
@@ -254,11 +258,11 @@ def test_padding_mask_excludes_padded_tokens():
     H, p = 2, 3
     real = torch.randn(1, H, 5, p, dtype=F64)
     temp = torch.ones(H, dtype=F64)
-    ref = tssa(real, temp, impl="reference")
+    ref = tssa(real, temp)
     for pad in (1, 4, 10):
         padded = torch.cat([real, 100 * torch.randn(1, H, pad, p, dtype=F64)], dim=2)
         mask = torch.arange(5 + pad)[None] < 5
-        out = tssa(padded, temp, mask=mask, impl="reference")
+        out = tssa(padded, temp, mask=mask)
         torch.testing.assert_close(out[:, :, :5], ref, rtol=1e-12, atol=1e-14)
         assert out[:, :, 5:].abs().max() == 0
 
@@ -267,9 +271,9 @@ def test_pi_is_a_distribution_over_heads_and_uniform_switch():
     torch.manual_seed(10)
     w = torch.randn(2, 4, 7, 3, dtype=F64)
     temp = torch.ones(4, dtype=F64)
-    _, pi = tssa(w, temp, return_pi=True, impl="reference")
+    _, pi = tssa(w, temp, return_pi=True)
     torch.testing.assert_close(pi.sum(1), torch.ones(2, 7, dtype=F64))
-    out_u, pi_u = tssa(w, temp, return_pi=True, pi_mode="uniform", impl="reference")
+    out_u, pi_u = tssa(w, temp, return_pi=True, pi_mode="uniform")
     assert torch.all(pi_u == 0.25)
     # with Pi = 1/H, n_k = n/H and s is the plain mean of w^2 over tokens
     s = w.square().mean(dim=2, keepdim=True)
@@ -330,8 +334,8 @@ def test_statistics_accumulate_in_fp32():
     torch.manual_seed(14)
     w = (torch.rand(1, 2, 4096, 16) + 0.5).bfloat16()  # positive: cumsums grow to ~4000
     temp, bias = torch.ones(2), torch.zeros(2, 4096)
-    low = causal_tssa(w, temp, bias, impl="reference")
-    high = causal_tssa(w.float(), temp, bias, impl="reference")
+    low = causal_tssa(w, temp, bias)
+    high = causal_tssa(w.float(), temp, bias)
     assert low.dtype == torch.bfloat16
     rel = ((low.float() - high).abs() / high.abs()).max().item()
     assert rel <= 2 ** -8, rel  # one bf16 rounding of the output, nothing more
@@ -399,6 +403,83 @@ def test_flops_count_tssa_as_linear_and_mfu_knows_hopper():
     assert model.device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert model.device_peak_flops("Some Unknown Accelerator") is None
     assert tost_1k.estimate_mfu(1e6, "NVIDIA H100 PCIe") == pytest.approx(tost_1k.flops_per_token() * 1e6 / 989e12)
+
+
+# --------------------------------------------------------------------------------------
+# the released formulas (notes §3, §4), written out independently
+
+
+def released_tssa(w, temp):
+    """Notes §3 as released: features L2-normalised over the tokens by F.normalize."""
+    w_normed = F.normalize(w, dim=2)  # each feature over the tokens; the norm floored at 1e-12
+    pi = (temp.view(1, -1, 1) * w_normed.square().sum(-1)).softmax(dim=1)  # (B, H, T)
+    s = (pi[..., None] * w.square()).sum(2) / (pi.sum(2)[..., None] + 1e-8)  # (B, H, p)
+    return -pi[..., None] * w / (1 + s[:, :, None])
+
+
+def released_causal_tssa(w, temp, bias):
+    """Notes §4 as released: the running sum of squares clamped at 1e-12."""
+    B, H, T, p = w.shape
+    w_sq = w.square()
+    logits = temp.view(1, H, 1) * (w_sq / torch.clamp_min(w_sq.cumsum(2), 1e-12) + bias[None, :, :T, None]).sum(-1)
+    pi = logits.softmax(dim=1)  # (B, H, T)
+    s = (pi[..., None] * w_sq).cumsum(2) / (pi.cumsum(2)[..., None] + 1e-8)
+    return -pi[..., None] * w / (1 + s)
+
+
+def test_tssa_and_causal_tssa_equal_the_released_formulas():
+    """float64 random normal inputs, some features close to zero (a prefix sum of squares below
+    1e-12, a whole token-normalised feature near zero): model.py equals the released formulas
+    to 1e-12 (only rounding differs; an added epsilon instead of the clamp differed by 1e-6)."""
+    g = torch.Generator().manual_seed(21)
+    w = torch.randn(2, 3, 40, 8, dtype=F64, generator=g)
+    w[:, :, :10, ::3] *= 1e-8  # prefix sums of squares ~1e-16 for ten tokens
+    w[0, 1, :, 5] *= 1e-14  # a feature near zero over every token (its norm ~1e-13)
+    temp = 0.5 + torch.rand(3, dtype=F64, generator=g)
+    bias = 0.3 * torch.randn(3, 50, dtype=F64, generator=g)
+    assert (causal_tssa(w, temp, bias) - released_causal_tssa(w, temp, bias)).abs().max() < 1e-12
+    assert (tssa(w, temp) - released_tssa(w, temp)).abs().max() < 1e-12
+    state = TSSAState.zeros(2, 3, 8, dtype=F64)
+    steps = [causal_tssa_step(w[:, :, t], temp, bias, state)[0] for t in range(40)]
+    assert (torch.stack(steps, 2) - released_causal_tssa(w, temp, bias)).abs().max() < 1e-12
+
+
+# --------------------------------------------------------------------------------------
+# the default implementation: model.py's maths, nothing else
+
+
+DEFAULT_PATH_SCRIPT = """
+import sys, torch, model
+gpt = model.GPT(model.GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=8))
+idx = torch.randint(0, 11, (2, 16))
+gpt(idx, idx)[1].backward()
+gpt.eval().generate(idx[:, :4], 3)
+vit = model.ToSTViT(model.ViTConfig(patch_size=8, n_layer=1, n_head=2, n_embd=16, num_classes=3))
+vit(torch.randn(2, 3, 16, 16)).sum().backward()
+loaded = [m for m in sys.modules if m.split(".")[0] in ("kernels", "triton")]
+assert not loaded, loaded
+print("ok")
+"""
+
+
+def test_default_imports_no_kernels_and_no_triton():
+    """With the default tssa_impl, training and decoding a GPT and a ViT never import the
+    kernels package (so never compile C) nor Triton (a fresh process: pytest may have)."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", DEFAULT_PATH_SCRIPT], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_reference_model_compiles_without_graph_breaks():
+    """torch.compile (the CUDA default) traces the whole reference GPT forward, loss included,
+    as one graph: Dynamo's explain runs the tracer only (no inductor)."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=8))
+    idx = torch.randint(0, 11, (2, 16))
+    explanation = torch._dynamo.explain(m)(idx, idx)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
 
 
 # --------------------------------------------------------------------------------------
