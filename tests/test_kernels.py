@@ -421,7 +421,7 @@ def test_no_c_compiler_falls_back_to_the_reference(monkeypatch, tmp_path):
     assert not list((tmp_path / "cache").iterdir())  # nothing half-built left behind
     m = tiny_gpt(tssa_impl="cpu").eval()  # decoding too: the reference step, no second warning
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", "tssa_impl")
         assert m.generate(torch.zeros(1, 4, dtype=torch.long), 3, temperature=0).shape == (1, 7)
 
 
@@ -564,7 +564,7 @@ def run_triton_case(B, H, T, p, dtype, causal, seed, masked=False, layout="model
     model.PI_NORM_EPS, model.STAT_EPS = guards or saved[1:]
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a fallback to the reference would warn
+            warnings.filterwarnings("error", "tssa_impl")  # a fallback to the reference would warn
             if causal:
                 out, pi = ops.causal_tssa(leaves[0], leaves[1], leaves[2], return_pi=True)
                 grads = torch.autograd.grad(out, leaves, gout.to(device))
@@ -611,7 +611,7 @@ def run_triton_steps(device="cpu"):
     steps[0][0, 0, :5] *= 1e-7
     step = model.tssa_ops("triton").causal_tssa_step
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a fallback to the reference would warn
+        warnings.filterwarnings("error", "tssa_impl")  # a fallback to the reference would warn
         outs = [step(w_t.to(device), temp.to(device), pos_bias.to(device), state, True) for w_t in steps]
     return dict(temp=temp, pos_bias=pos_bias, steps=steps, out=[o.cpu() for o, _, _ in outs],
                 pi=[q.cpu() for _, _, q in outs],
@@ -680,7 +680,7 @@ COMPILE_MODEL_SCRIPT = textwrap.dedent("""
     import torch, model
     from kernels import triton_tssa
     assert triton_tssa.INTERPRET
-    warnings.simplefilter("error")  # a fallback to the reference would warn
+    warnings.filterwarnings("error", "tssa_impl")  # a fallback to the reference would warn
     calls = []
     forward = triton_tssa.TritonKernels.forward.__func__
     triton_tssa.TritonKernels.forward = classmethod(lambda cls, *a: calls.append(1) or forward(cls, *a))
