@@ -355,12 +355,12 @@ def masked_tssa_numpy(w, temp, n):
     return -pi[..., None] * w / (1.0 + s[:, None, :]), pi, s
 
 
-@pytest.mark.parametrize("impl", ["reference", "auto"])  # "auto": fast_tssa's kernels where they apply
+@pytest.mark.parametrize("impl", ["torch", "cpu"])  # tssa_impl: model.py's maths, the C kernels
 def test_masked_tssa_statistics_leave_padding_out(impl):
     """The operator itself (model.tssa with a mask): Pi and the second moments are those of
     the real tokens alone, whatever follows them; padded tokens get Pi = 0 and output 0, and
     no gradient flows from real outputs into padded inputs."""
-    from model import tssa
+    tssa = __import__("model").tssa_ops(impl).tssa
 
     torch.manual_seed(0)
     H, p, lengths = 3, 4, [6, 19]
@@ -373,7 +373,7 @@ def test_masked_tssa_statistics_leave_padding_out(impl):
         junk = 30 * torch.randn(2, H, T, p)  # large, so any leak would show
         w = torch.where(mask[:, None, :, None], torch.nn.functional.pad(real, (0, 0, 0, extra)), junk)
         w.requires_grad_(True)
-        out, pi = tssa(w, temp, return_pi=True, mask=mask, impl=impl)
+        out, pi = tssa(w, temp, return_pi=True, mask=mask)
         for b, n in enumerate(lengths):
             out_np, pi_np, _ = want[b]
             np.testing.assert_allclose(out[b, :, :n].detach().numpy(), out_np, rtol=1e-4, atol=1e-5)
@@ -384,7 +384,7 @@ def test_masked_tssa_statistics_leave_padding_out(impl):
         pad = ~mask[:, None, :, None].expand_as(grad)  # sequence 0 is always padded
         assert not grad[pad].any() and grad[~pad].abs().max() > 0
     # control: without the mask the junk does change the statistics of the real tokens
-    out_unmasked = tssa(w.detach(), temp, mask=None, impl=impl)
+    out_unmasked = tssa(w.detach(), temp, mask=None)
     assert (out_unmasked[0, :, :6] - torch.from_numpy(want[0][0]).float()).abs().max() > 1e-3
 
 
