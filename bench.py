@@ -5,7 +5,7 @@ JSON (bench_results.json unless --out=...).
 
     python bench.py --quick=1                        # a few minutes: operator + decode, T = 1K, 4K, 16K
     python bench.py                                  # everything this device can do, T = 1K .. 64K
-    python bench.py --suites=op --impls=fast,sdpa --T=16384 --modes=fwdbwd
+    python bench.py --suites=op --impls=torch,cpu,sdpa --T=16384 --modes=fwdbwd --threads=2
     python bench.py --device=cuda --dtype=bfloat16 --suites=op,decode,model,model_decode
 
 Suites (--suites, comma separated):
@@ -13,9 +13,12 @@ Suites (--suites, comma separated):
   decode        one generated token at context T: TSSA recurrent step vs SDPA over a KV cache
   model         whole-model training step (forward, backward, AdamW): ToST-Base vs GPT-2 Base
   model_decode  whole-model per-token decoding at context T, with the size of the carried state
-Implementations (--impls): reference (model.py as written), fast (fast_tssa.py), sdpa
-(softmax attention; the backend that ran is named: flash, cudnn, efficient or math), and
-compiled (torch.compile of the reference; off by default, it compiles for ~30 s).
+Implementations (--impls): the values of tssa_impl, each reached through model.tssa_ops /
+GPTConfig(tssa_impl=...) as a training run reaches it: torch (model.py's maths), cpu (the C
+kernels), triton (the Triton kernels; CUDA); then sdpa (softmax attention; the backend that
+ran is named: flash, cudnn, efficient or math) and compiled (torch.compile of model.py's
+maths; off by default, it compiles for ~30 s). "auto": torch, the device's kernels, sdpa.
+A fused implementation that fell back to the reference says so in the note column.
 Times are medians of --repeats runs after --warmup runs; memory is the peak above what was
 allocated before the case (CUDA allocator peak; on CPU the sampled growth of the resident set).
 For TSSA rows, GB/s is the memory floor (bytes a perfect kernel must move: forward reads w and
@@ -34,7 +37,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-import fast_tssa
 import model
 from trainkit import config_defaults, configure, run_cli
 
@@ -43,7 +45,7 @@ from trainkit import config_defaults, configure, run_cli
 device = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
 dtype = "auto"  # "auto" (bfloat16 on cuda, float32 on cpu) | "float32" | "bfloat16" | "float16"
 suites = "op,decode,model,model_decode"
-impls = "reference,fast,sdpa"  # add "compiled" for torch.compile of the reference
+impls = "auto"  # "auto" = torch,cpu,sdpa on cpu and torch,triton,sdpa on cuda; add "compiled" for torch.compile
 modes = "fwd,fwdbwd"
 T = "1024,2048,4096,8192,16384,32768,65536"  # sequence lengths / decode contexts
 model_T = "auto"  # whole-model lengths: "auto" = 1024,2048,4096,8192 on cuda, 1024 on cpu
@@ -196,15 +198,13 @@ def op_case(impl, mode, T_):
         w = split_heads(x)
         temp = torch.ones(H, device=DEVICE, requires_grad=mode == "fwdbwd")
         bias = torch.zeros(H, T_, device=DEVICE, requires_grad=mode == "fwdbwd")
-        which = "reference" if impl in ("reference", "compiled") else "fast"
+        ops = model.tssa_ops("torch" if impl == "compiled" else impl)
         if causal:
-            fn = lambda w_, t_, b_: model.causal_tssa(w_, t_, b_, impl=which)
+            fn = lambda w_, t_, b_: ops.causal_tssa(w_, t_, b_)
         else:
-            fn = lambda w_, t_, b_: model.tssa(w_, t_, impl=which)
+            fn = lambda w_, t_, b_: ops.tssa(w_, t_)
         if impl == "compiled":
             fn = torch.compile(fn)
-        if impl == "fast":
-            note = f"kernels={fast_tssa.kernels_for(w).name}"
         op = lambda: fn(w, temp, bias)
         leaf = x
     g = split_heads(torch.randn(B, T_, H * p, **kw))  # dL/dout as it comes back through the output projection
@@ -225,19 +225,13 @@ def tssa_floor(mode, T_):
     return (2 if mode == "fwd" else 5) * B * T_ * H * p * torch.finfo(DTYPE).bits // 8
 
 
-class reference_only:
-    """Inside this block model.py runs its reference maths (fast_tssa switched off)."""
-
-    def __init__(self, on):
-        self.on = on
-
-    def __enter__(self):
-        self.prev = model.fast_tssa
-        if self.on:
-            model.fast_tssa = None
-
-    def __exit__(self, *exc):
-        model.fast_tssa = self.prev
+def fallback_note(impl):
+    """Why a fused implementation ran the reference instead (its one warning), or ""."""
+    if impl not in ("cpu", "triton"):
+        return ""
+    from kernels import fused  # imported already: the implementation ran
+    cause = getattr(fused._OPS.get(impl), "fallback", None)
+    return f"FELL BACK to the reference: {cause}" if cause else ""
 
 
 def decode_case(impl, T_):
@@ -260,19 +254,20 @@ def decode_case(impl, T_):
     state.pos = T_
     temp, bias = torch.ones(H, device=DEVICE), torch.zeros(H, 1024, device=DEVICE)
     w_t = torch.randn(B, H, p, **kw)
+    step = model.tssa_ops(impl).causal_tssa_step
 
     def run():
-        with torch.no_grad(), reference_only(impl == "reference"):
+        with torch.no_grad():
             for _ in range(decode_steps):
-                model.causal_tssa_step(w_t, temp, bias, state)
+                step(w_t, temp, bias, state)
     size = sum(t.numel() * t.element_size() for t in (state.sum_sq, state.sum_pi_sq, state.sum_pi))
     return run, f"state {size / 2**10:.1f} KB"
 
 
 def model_for(impl, block_size):
-    preset = "gpt2" if impl == "sdpa" else "tost-base"
-    m = model.GPT.from_preset(preset, block_size=block_size).to(DEVICE)
-    return m
+    if impl == "sdpa":
+        return model.GPT.from_preset("gpt2", block_size=block_size).to(DEVICE)
+    return model.GPT.from_preset("tost-base", block_size=block_size, tssa_impl=impl).to(DEVICE)
 
 
 def model_case(impl, T_):
@@ -284,7 +279,7 @@ def model_case(impl, T_):
     note = f"{sum(q.numel() for q in m.parameters()) / 1e6:.0f}M params"
 
     def run():
-        with reference_only(impl == "reference"), amp:
+        with amp:
             _, loss = m(idx, idx)
         loss.backward()
         opt.step()
@@ -315,7 +310,7 @@ def model_decode_case(impl, T_):
     amp = torch.autocast(DEVICE, dtype=DTYPE, enabled=DTYPE != torch.float32)
 
     def run():
-        with torch.no_grad(), reference_only(impl == "reference"), amp:
+        with torch.no_grad(), amp:
             for _ in range(decode_steps):
                 m.forward_with_state(tok, states, T_)
     return run, f"state {size / 2**20:.3f} MB"
@@ -329,7 +324,7 @@ def run_suite(suite, impl_list, mode_list, T_list, results, bw):
     per_call = suite in ("decode", "model_decode")
     last = {}  # (impl, mode) -> (T, ms): to skip cases that would run too long
     for impl in impl_list:
-        if suite.startswith("model") and impl == "compiled":
+        if suite != "op" and impl == "compiled":  # torch.compile of the operator only
             continue
         for mode in (mode_list if suite == "op" else ["step"]):
             for T_ in T_list:
@@ -351,6 +346,7 @@ def run_suite(suite, impl_list, mode_list, T_list, results, bw):
                             "model": lambda: model_case(impl, T_), "model_decode": lambda: model_decode_case(impl, T_)}[suite]
                     fn, note = make()
                     fn()  # first call outside the timing (compilation, C build, allocator warm-up)
+                    note = "; ".join(n for n in (note, fallback_note(impl)) if n)
                     ms, all_ms, cpu_ms = timed(fn, repeats, warmup)
                     with PeakMemory() as mem:  # a separate run: the sampling thread costs CPU time
                         fn()
@@ -386,24 +382,29 @@ def summary(results):
     """Ratios the issue's targets are stated in, where both sides were measured."""
     def ms(suite, impl, mode, T_):
         for r in results:
-            if (r["suite"], r["impl"], r["mode"], r["T"]) == (suite, impl, mode, T_) and r.get("ms"):
+            if (r["suite"], r["impl"], r["mode"], r["T"]) == (suite, impl, mode, T_) and r.get("ms") \
+                    and "FELL BACK" not in r.get("note", ""):
                 return r["ms"], r.get("peak_mb")
         return None, None
     lines = []
+    tost = [i for i in ("cpu", "triton", "compiled", "torch") if any(r["impl"] == i for r in results)]
     for T_ in sorted({r["T"] for r in results}):
         for mode in ("fwd", "fwdbwd"):
-            f, _ = ms("op", "fast", mode, T_)
-            ref, _ = ms("op", "reference", mode, T_)
+            ref, _ = ms("op", "torch", mode, T_)
             s, _ = ms("op", "sdpa", mode, T_)
-            if f and ref:
-                lines.append(f"op {mode} T={T_}: fast {f:.2f} ms, {ref / f:.1f}x faster than the reference"
-                             + (f", {s / f:.1f}x faster than SDPA" if s else ""))
+            for impl in tost:
+                f, _ = ms("op", impl, mode, T_)
+                if f and (s or (ref and impl != "torch")):
+                    vs = [f"{ref / f:.1f}x faster than torch"] if ref and impl != "torch" else []
+                    vs += [f"{s / f:.1f}x faster than SDPA"] if s else []
+                    lines.append(f"op {mode} T={T_}: {impl} {f:.2f} ms, " + ", ".join(vs))
         for suite, mode in (("model", "step"), ("model_decode", "step")):
-            f, fm = ms(suite, "fast", mode, T_)
             s, sm = ms(suite, "sdpa", mode, T_)
-            if f and s:
-                mem = f", peak memory {fm / sm:.2f}x" if fm and sm else ""
-                lines.append(f"{suite} T={T_}: ToST {f:.1f} ms vs GPT-2 {s:.1f} ms = {f / s:.2f}x time{mem}")
+            for impl in tost:
+                f, fm = ms(suite, impl, mode, T_)
+                if f and s:
+                    mem = f", peak memory {fm / sm:.2f}x" if fm and sm else ""
+                    lines.append(f"{suite} T={T_}: ToST ({impl}) {f:.1f} ms vs GPT-2 {s:.1f} ms = {f / s:.2f}x time{mem}")
     return lines
 
 
@@ -429,14 +430,17 @@ def main():
     dT = ([t for t in T_list if DEVICE == "cuda" or t <= 16384] if decode_T == "auto" else [int(t) for t in decode_T.split(",")])
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     bw = copy_bandwidth()
+    impl_list = (f"torch,{'triton' if DEVICE == 'cuda' else 'cpu'},sdpa" if impls == "auto" else impls).split(",")
+    unknown = set(impl_list) - set(model.TSSA_IMPLS) - {"sdpa", "compiled"}
+    if unknown:
+        sys.exit(f"bench.py: unknown --impls {sorted(unknown)}; choose from {list(model.TSSA_IMPLS)} + sdpa, compiled")
     print(f"device: {name}; dtype {str(DTYPE)[6:]}; B={B} H={H} p={p} causal={causal}; "
-          f"copy bandwidth {bw:.1f} GB/s; torch {torch.__version__}; fast_tssa kernels: "
-          f"{fast_tssa.kernels_for(torch.empty(1, 1, 1, 1, device=DEVICE, dtype=DTYPE)).name}")
+          f"copy bandwidth {bw:.1f} GB/s; torch {torch.__version__}; impls {','.join(impl_list)}")
     results = []
     print(_HEADER)
     for suite in suite_list:
         Ts = {"model": mT, "model_decode": dT}.get(suite, T_list)
-        run_suite(suite, impls.split(","), modes.split(","), Ts, results, bw)
+        run_suite(suite, impl_list, modes.split(","), Ts, results, bw)
     lines = summary(results)
     if lines:
         print("\n" + "\n".join(lines))

@@ -85,7 +85,9 @@ class FusedOps:
     where they apply (see the module docstring for where they do not)."""
 
     def __init__(self, impl):
-        self.impl, self.kernels, self.failure, self.warned = impl, None, None, False
+        self.impl, self.kernels = impl, None
+        self.failure = None  # why the kernels are off for the rest of the run, if they are
+        self.fallback = None  # the cause of the one warning, once given
 
     def disable(self, cause):
         """Run the reference from now on, and say why (once)."""
@@ -93,8 +95,8 @@ class FusedOps:
         self.warn(cause)
 
     def warn(self, cause):
-        if not self.warned:
-            self.warned = True
+        if self.fallback is None:
+            self.fallback = cause
             warnings.warn(f"tssa_impl={self.impl!r}: {cause}; running model.py's reference maths instead",
                           RuntimeWarning, stacklevel=4)
 
