@@ -15,8 +15,8 @@ Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; ../shared/TOST_
 """
 
 import math
+from collections import namedtuple
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -159,14 +159,8 @@ def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, pi_mode="softm
     return (out, state, pi.detach()) if return_pi else (out, state)
 
 
-class TSSAOps(NamedTuple):
-    """One implementation of the three operator functions, with the signatures above."""
-
-    tssa: Callable
-    causal_tssa: Callable
-    causal_tssa_step: Callable
-
-
+# one implementation of the three operator functions, with the signatures above
+TSSAOps = namedtuple("TSSAOps", "tssa causal_tssa causal_tssa_step")
 REFERENCE_OPS = TSSAOps(tssa, causal_tssa, causal_tssa_step)
 
 
