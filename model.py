@@ -16,7 +16,7 @@ Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; ../shared/TOST_
 
 import math
 from collections import namedtuple
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
