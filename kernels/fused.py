@@ -181,5 +181,7 @@ def fused_ops(impl):
     """model.TSSAOps of the fused kernels of impl ("cpu" or "triton")."""
     if impl not in BACKENDS:
         raise ValueError(f"fused kernels exist for {sorted(BACKENDS)}, not {impl!r}")
-    ops = _OPS.setdefault(impl, FusedOps(impl))
+    if impl not in _OPS:
+        _OPS[impl] = FusedOps(impl)
+    ops = _OPS[impl]
     return model.TSSAOps(ops.tssa, ops.causal_tssa, ops.causal_tssa_step)
