@@ -520,3 +520,120 @@ def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
     assert record["split"] == "test" and record["tokens"] == len(ids) - 1
     # float32 over a few dozen tokens, summed in another order: equal to ~1e-6 relative
     assert record["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# bad input: a one-line error, and nothing lost (issue 12)
+
+
+def test_generate_never_samples_the_padded_vocabulary_ids():
+    """vocab_size is padded to a multiple of 64 (107 characters -> 128 ids); at a high
+    temperature an unmasked model draws the padding ids (which no tokenizer can decode)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx = torch.zeros(4, 1, dtype=torch.long)
+    with torch.no_grad():
+        unmasked = model.generate(idx, 100, temperature=50.0)[:, 1:]
+        masked = model.generate(idx, 100, temperature=50.0, n_vocab=107)[:, 1:]
+        greedy = model.generate(idx, 20, temperature=0, n_vocab=3)[:, 1:]
+    assert (unmasked >= 107).any()  # the check below can fail: without the mask padding ids come up
+    assert masked.max() < 107 and greedy.max() < 3
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(idx, 1, temperature=-1.0)
+
+
+def test_sample_at_high_temperature_and_bad_settings(tiny_run, capsys):
+    common = [f"--out_dir={tiny_run['out']}", "--num_threads=1", "--max_new_tokens=200", "--num_samples=2"]
+    code, out, err = call_main(sample, *common, "--temperature=50", capsys=capsys)  # 21 of 128 ids are padding
+    assert code == 0 and "tokens/s" in out, err
+    for bad, words in (("--temperature=-0.5", "temperature must be >= 0"), ("--num_samples=0", "num_samples must be"),
+                       ("--top_k=-1", "top_k must be")):
+        code, out, err = call_main(sample, *common, bad, capsys=capsys)
+        assert code == 1 and words in err and err.count("\n") <= 1, (bad, err)
+
+
+def test_scratch_run_refuses_an_out_dir_that_holds_a_checkpoint(tiny_run, capsys):
+    ckpt, log = (os.path.join(tiny_run["out"], f) for f in ("ckpt.pt", "log.jsonl"))
+    before = open(ckpt, "rb").read(), open(log).read()
+    code, _, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}",
+                             f"--out_dir={tiny_run['out']}", *TINY, "--max_iters=2", "--eval_interval=1", capsys=capsys)
+    assert code == 1 and "--init_from=resume" in err and "--out_dir=" in err and "already exists" in err
+    assert (open(ckpt, "rb").read(), open(log).read()) == before  # nothing overwritten, nothing appended
+
+
+def test_truncated_checkpoint_names_the_file(tiny_run, tmp_path, capsys):
+    whole = open(os.path.join(tiny_run["out"], "ckpt.pt"), "rb").read()
+    (tmp_path / "ckpt.pt").write_bytes(whole[:len(whole) // 2])
+    code, _, err = call_main(sample, f"--out_dir={tmp_path}", capsys=capsys)
+    assert code == 1 and f"{tmp_path}/ckpt.pt" in err and "truncated or corrupt" in err and err.count("\n") <= 1
+    code, _, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}", f"--out_dir={tmp_path}",
+                             *TINY, "--init_from=resume", capsys=capsys)
+    assert code == 1 and "truncated or corrupt" in err
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("--learning_rate=-1e-3", "learning_rate must be positive"),
+    ("--eval_interval=0", "eval_interval must be at least 1"),
+    ("--batch_size=0", "batch_size must be at least 1"),
+    ("--n_head=5", "must be divisible by n_head"),
+    ("--lr_schedule=step", "lr_schedule must be one of"),
+    ("--device=cuda", "no CUDA GPU"),
+])
+def test_bad_settings_are_one_line(setting, words, tmp_path, capsys):
+    if setting == "--device=cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, _, err = call_main(train, *TINY, setting, f"--out_dir={tmp_path}", f"--data_dir={tmp_path}", capsys=capsys)
+    assert code == 1 and words in err and err.count("\n") <= 1, err
+
+
+def test_block_size_is_checked_against_the_data_before_building_the_model(tiny_run, tmp_path, monkeypatch, capsys):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the data was checked")
+
+    monkeypatch.setattr(train, "GPT", no_model)
+    code, _, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}",
+                             f"--out_dir={tmp_path}", *TINY, "--block_size=1000000", capsys=capsys)
+    assert code == 1 and "not more than block_size (1,000,000)" in err and "lower --block_size" in err
+
+
+@pytest.mark.parametrize("content, words, not_words", [
+    (b"", "is empty", "val_fraction"),
+    (b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4, "compressed archive", "iconv -f latin1"),
+    (b"\x00" * 5000, "NUL bytes", "latin1"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(200), "NUL bytes", "latin1"),
+    ("caf\u00e9 ".encode("latin-1") * 100, "not UTF-8 text", "latin1 -t"),
+])
+def test_prepare_char_refuses_what_is_not_text(content, words, not_words, tmp_path):
+    src = tmp_path / "input.txt"
+    src.write_bytes(content)
+    p = run("prepare_char.py", f"--input={src}", f"--data_dir={tmp_path / 'data'}", check=False)
+    assert p.returncode == 1 and words in p.stderr and not_words not in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+    assert not os.path.exists(tmp_path / "data")  # a failed preparation leaves no folder behind
+
+
+def test_preparation_removes_temp_files_of_a_killed_run(tmp_path):
+    src = tmp_path / "poem.txt"
+    src.write_text("roses are red, violets are blue\n" * 50, encoding="utf-8")
+    folder = tmp_path / "poem_char"
+    folder.mkdir()
+    (folder / "train.bin.tmp").write_bytes(bytes(1000))  # what kill -9 mid-write leaves
+    prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
+    assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_configs_list_only_what_differs_and_the_base_recipe_is_the_released_one():
+    for name in os.listdir(os.path.join(REPO, "config")):
+        if name.startswith(("tost_owt", "gpt2_owt", "pydocs_")):
+            scope = {}
+            exec(open(os.path.join(REPO, "config", name)).read(), scope)
+            same = [k for k, v in scope.items() if not k.startswith("_") and train.DEFAULTS.get(k) == v]
+            assert not same, (name, same)
+    base = tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", "tost_owt.py")])
+    assert base["weight_decay"] == 0.01  # the released ToST-Base config (the paper's text: 0.1)
+    for size in ("medium", "large"):
+        assert tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"tost_owt_{size}.py")])["weight_decay"] == 0.1
+    # 480 sequences of 1024 tokens per step, as in the paper, for every OpenWebText config
+    for name in ("tost_owt", "tost_owt_medium", "tost_owt_large", "gpt2_owt"):
+        c = tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"{name}.py")])
+        assert c["batch_size"] * c["gradient_accumulation_steps"] == 480 and c["block_size"] == 1024
