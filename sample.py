@@ -33,6 +33,7 @@ seed = 1337
 device = "auto"  # "auto" (cuda if available), "cpu", "cuda", ...
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, float32 on CPU), "float32", "bfloat16", "float16"
 compile = False
+tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 num_threads = 0  # torch CPU threads (0: torch's default)
 # -----------------------------------------------------------------------------
 
@@ -74,7 +75,10 @@ def main(argv):
     ckpt = tk.load_checkpoint(path)
     if not isinstance(ckpt, dict) or "model_args" not in ckpt or "tokenizer" not in ckpt:
         raise tk.UserError(f"{path} is not a language-model checkpoint of train.py (no model_args / tokenizer)")
-    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model_args = dict(ckpt["model_args"])
+    if "tssa_impl" in GPTConfig.__dataclass_fields__:
+        model_args["tssa_impl"] = C["tssa_impl"]
+    model = GPT(GPTConfig(**model_args))
     model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
     model.to(dev).eval()
     if C["compile"]:
