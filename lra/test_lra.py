@@ -10,7 +10,6 @@ import json
 import os
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import zlib
@@ -527,11 +526,11 @@ def _write_listops(folder, rows):
 ])
 def test_malformed_listops_lines_name_the_file_and_line(bad_row, words, tmp_path):
     _write_listops(tmp_path, ["( [MAX 4 3 ] )\t4", bad_row])
-    p = subprocess.run([sys.executable, os.path.join(REPO, "lra", "train.py"), f"--data_dir={tmp_path}",
-                        "--cache_dir=", f"--out_dir={tmp_path / 'out'}", "--device=cpu"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 1 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    assert f"basic_val.tsv:3: " in p.stderr and words in p.stderr  # val is read first; line 3 (after the header)
+    with pytest.raises(SystemExit) as exit:  # what the command line does: run_cli's one line, status 1
+        trainkit.run_cli(train.main, [f"--data_dir={tmp_path}", "--cache_dir=", f"--out_dir={tmp_path / 'out'}",
+                                      "--device=cpu"])
+    message = str(exit.value.code)
+    assert "\n" not in message and "basic_val.tsv:3: " in message and words in message  # val is read first
 
 
 def test_retrieval_label_out_of_range_is_caught_when_loading(tmp_path):
