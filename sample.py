@@ -34,7 +34,7 @@ device = "auto"  # "auto" (cuda if available), "cpu", "cuda", ...
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, float32 on CPU), "float32", "bfloat16", "float16"
 compile = False
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
-num_threads = 0  # torch CPU threads (0: torch's default)
+num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
 # -----------------------------------------------------------------------------
 
 
@@ -66,8 +66,6 @@ def main(argv):
     tk.require(C["temperature"] >= 0, f"temperature must be >= 0 (0: greedy), got {C['temperature']}")
     tk.require(C["top_k"] >= 0, f"top_k must be >= 0 (0: all tokens), got {C['top_k']}")
     dev, dt = tk.choose_device_dtype(C["device"], C["dtype"])
-    if C["num_threads"] > 0:
-        torch.set_num_threads(C["num_threads"])
     torch.manual_seed(C["seed"])
 
     # the model and its tokenizer, from the checkpoint
@@ -75,6 +73,9 @@ def main(argv):
     ckpt = tk.load_checkpoint(path)
     if not isinstance(ckpt, dict) or "model_args" not in ckpt or "tokenizer" not in ckpt:
         raise tk.UserError(f"{path} is not a language-model checkpoint of train.py (no model_args / tokenizer)")
+    threads = C["num_threads"] or ckpt.get("config", {}).get("num_threads", 0)
+    if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
+        torch.set_num_threads(threads)
     model_args = dict(ckpt["model_args"])
     if "tssa_impl" in GPTConfig.__dataclass_fields__:
         model_args["tssa_impl"] = C["tssa_impl"]

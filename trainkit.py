@@ -314,7 +314,7 @@ def load_checkpoint(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # zip errors, EOF, unpickling errors: all mean a damaged file
-        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:120]}): the file "
+        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): the file "
                         "is truncated or corrupt. Delete it and resume from a copy, or start again with "
                         "--init_from=scratch in a new out_dir") from None
 
