@@ -15,6 +15,7 @@ Output and meta.json as prepare_openwebtext.py writes them.
 
 import argparse
 import ast
+import json
 import os
 import sys
 import sysconfig
@@ -66,7 +67,14 @@ def main(argv=None):
     try:
         if not 0 < args.val_fraction < 1:
             raise PrepareError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+        source = (dict(path=os.path.abspath(args.input), bytes=os.path.getsize(args.input),
+                       mtime=int(os.path.getmtime(args.input))) if args.input and os.path.isfile(args.input)
+                  else dict(stdlib=sysconfig.get_paths()["stdlib"], python=sys.version.split()[0]))
         if os.path.isfile(os.path.join(out_dir, "meta.json")) and not args.force:
+            with open(os.path.join(out_dir, "meta.json")) as f:
+                if json.load(f).get("source") != source:  # an edited file must not train on its old tokens
+                    raise PrepareError(f"{out_dir} was prepared from other text (another file, or an earlier version "
+                                       "of this one): --force prepares it again, --name=<other> writes elsewhere")
             print(f"{out_dir} is already prepared (--force prepares it again, --name=<other> writes elsewhere)")
             return
         if args.input:  # one text: its last val_fraction is val
@@ -97,7 +105,7 @@ def main(argv=None):
                 files[split][:] = np.searchsorted(vocab, c)
 
         counts = {k: len(c) for k, c in codes.items()}
-        meta = dict(dataset=name, tokenizer="char", vocab_size=len(vocab), chars="".join(map(chr, vocab)))
+        meta = dict(dataset=name, tokenizer="char", vocab_size=len(vocab), chars="".join(map(chr, vocab)), source=source)
         write_splits(out_dir, counts, fill, meta)
     except PrepareError as e:
         sys.exit(f"prepare_char.py: {e}")
