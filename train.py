@@ -213,12 +213,12 @@ def main(argv):
                               dropout=C.dropout, bias=C.bias, attn=C.attn, pi=C.pi,
                               layer_scale_init=C.layer_scale_init or None,
                               vocab_size=(meta["vocab_size"] + 63) // 64 * 64)  # GPT-2: 50257 -> 50304, faster
-            if "tssa_impl" in GPTConfig.__dataclass_fields__:
-                model_args["tssa_impl"] = C.tssa_impl
         else:
-            model_args = ckpt["model_args"]
+            model_args = dict(ckpt["model_args"])
             if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
                 raise tk.UserError(f"{ckpt_path} was trained with another tokenizer than dataset {C.dataset!r}'s")
+        if "tssa_impl" in GPTConfig.__dataclass_fields__:  # how to compute, not what: this run's choice
+            model_args["tssa_impl"] = C.tssa_impl
         model = GPT(GPTConfig(**model_args)).to(device)
         raw_model = model  # the plain module: parameters, checkpoints, MFU
         optimizer = model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2),

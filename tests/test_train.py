@@ -642,3 +642,13 @@ def test_configs_list_only_what_differs_and_the_base_recipe_is_the_released_one(
     for name in ("tost_owt", "tost_owt_medium", "tost_owt_large", "gpt2_owt"):
         c = tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"{name}.py")])
         assert c["batch_size"] * c["gradient_accumulation_steps"] == 480 and c["block_size"] == 1024
+
+
+def test_max_time_stops_cleanly_with_an_evaluation_and_a_checkpoint(tiny_run, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    code, stdout, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}", f"--out_dir={out}",
+                                  *TINY, "--max_iters=100000", "--eval_interval=100000", "--max_time=1e-9",
+                                  capsys=capsys)
+    assert code == 0 and "max_time" in stdout, err
+    assert [r["iter"] for r in read_log(out, "eval")] == [0, 1]  # the last step is evaluated and saved
+    assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 1
