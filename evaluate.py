@@ -58,31 +58,32 @@ def main(argv):
     device, dtype = tk.choose_device_dtype(C["device"], C["dtype"])
     if C["num_threads"] > 0:
         torch.set_num_threads(C["num_threads"])
-    ckpt_path = os.path.join(C["out_dir"], "ckpt.pt")
-    ckpt = tk.load_checkpoint(ckpt_path)
-    folder = os.path.join(C["data_dir"], C["dataset"])
-    if not os.path.isfile(os.path.join(folder, "meta.json")):
-        raise tk.UserError(f"dataset {C['dataset']!r} is not prepared ({folder}/meta.json is missing): "
-                           f"python prepare_openwebtext.py --dataset={C['dataset']}")
-    with open(os.path.join(folder, "meta.json")) as f:
-        meta = json.load(f)
-    if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
-        raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({ckpt['tokenizer']['tokenizer']}, "
-                           f"{ckpt['tokenizer'].get('dataset')}) than {C['dataset']!r} uses ({meta['tokenizer']})")
-    if C["split"] not in meta["splits"]:
-        raise tk.UserError(f"{C['dataset']} has no split {C['split']!r}; its splits: {', '.join(meta['splits'])}")
-    tokens = np.memmap(os.path.join(folder, f"{C['split']}.bin"), dtype=np.uint16, mode="r")
-    if C["max_tokens"]:
-        tokens = tokens[:C["max_tokens"] + 1]
-    model = GPT(GPTConfig(**ckpt["model_args"]))
-    model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
-    model.to(device).eval()
-    T = model.config.block_size
-    stride = C["stride"] or T
-    tk.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
-    ctx, _ = tk.autocast_for(device, dtype)
+    with tk.distributed(device) as dist:  # under torchrun: this rank's GPU
+        device = dist.device
+        ckpt_path = os.path.join(C["out_dir"], "ckpt.pt")
+        ckpt = tk.load_checkpoint(ckpt_path)
+        folder = os.path.join(C["data_dir"], C["dataset"])
+        if not os.path.isfile(os.path.join(folder, "meta.json")):
+            raise tk.UserError(f"dataset {C['dataset']!r} is not prepared ({folder}/meta.json is missing): "
+                               f"python prepare_openwebtext.py --dataset={C['dataset']}")
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
+            raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({ckpt['tokenizer']['tokenizer']}, "
+                               f"{ckpt['tokenizer'].get('dataset')}) than {C['dataset']!r} uses ({meta['tokenizer']})")
+        if C["split"] not in meta["splits"]:
+            raise tk.UserError(f"{C['dataset']} has no split {C['split']!r}; its splits: {', '.join(meta['splits'])}")
+        tokens = np.memmap(os.path.join(folder, f"{C['split']}.bin"), dtype=np.uint16, mode="r")
+        if C["max_tokens"]:
+            tokens = tokens[:C["max_tokens"] + 1]
+        model = GPT(GPTConfig(**ckpt["model_args"]))
+        model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+        model.to(device).eval()
+        T = model.config.block_size
+        stride = C["stride"] or T
+        tk.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
+        ctx, _ = tk.autocast_for(device, dtype)
 
-    with tk.distributed(device) as dist:
         t0 = time.time()
         total = torch.zeros(2, dtype=torch.float64, device=dist.device)  # (sum of losses, tokens scored)
         mine = windows(len(tokens), T, stride)[dist.rank::dist.world_size]

@@ -182,8 +182,8 @@ def main(argv=None):
                         to_val = np.repeat(is_val[row:row + table.num_rows], lens[row:row + table.num_rows])
                     else:
                         to_val = np.arange(pos, pos + len(flat)) >= cut
-                    for split, part in (("train", flat[~to_val]), ("val", flat[to_val])) if "train" in files else (
-                            ("test", flat),):
+                    parts = {"train": flat[~to_val], "val": flat[to_val]} if "train" in files else {"test": flat}
+                    for split, part in parts.items():
                         files[split][done[split]:done[split] + len(part)] = part
                         done[split] += len(part)
                     pos, row = pos + len(flat), row + table.num_rows

@@ -404,11 +404,11 @@ def load_split(task, split, data_dir="data/lra_release", max_len=None, cache_dir
     return data
 
 
-if __name__ == "__main__":
+def _summary(argv):
     from trainkit import configure
 
     cfg = configure({"task": "listops", "data_dir": "data/lra_release", "cache_dir": "", "workers": 1,
-                     "hf_text": "stanfordnlp/imdb", "hf_image": "uoft-cs/cifar10"}, sys.argv[1:])
+                     "hf_text": "stanfordnlp/imdb", "hf_image": "uoft-cs/cifar10"}, argv)
     for s in SPLITS:
         d = load_split(cfg["task"], s, cfg["data_dir"], cache_dir=cfg["cache_dir"], hf_text=cfg["hf_text"],
                        hf_image=cfg["hf_image"], workers=cfg["workers"])
@@ -416,3 +416,9 @@ if __name__ == "__main__":
         counts = np.bincount(d.labels)
         print(f"{cfg['task']} {s}: {len(d)} examples, length {lengths.min()}-{lengths.max()} "
               f"(mean {lengths.mean():.0f}), label counts {counts.tolist()}")
+
+
+if __name__ == "__main__":
+    from trainkit import run_cli
+
+    run_cli(_summary, sys.argv[1:])
