@@ -508,13 +508,17 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x[:, [-1], :]))
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Sample max_new_tokens after idx (B, T); temperature=0 is greedy.
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None):
+        """Sample max_new_tokens after idx (B, T); temperature=0 is greedy. n_vocab: the
+        tokenizer's real vocabulary size; the ids from n_vocab up (the padding of vocab_size to a
+        multiple of 64) are never drawn, whatever the temperature.
         TSSA decodes from its constant-size recurrent state: O(1) work per token, no
         re-forward of the prefix. The softmax baseline uses a KV cache.
         Past block_size: TSSA keeps accumulating its statistics and reuses the last learned
         position (embedding and bias), an extrapolation it was not trained on; the softmax
         baseline slides a window, re-encoding the last block_size tokens (as GPT-2 does)."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
         bs = self.config.block_size
         if self.config.attn == "softmax":
             idx_cond = idx[:, -bs:]
@@ -527,7 +531,8 @@ class GPT(nn.Module):
             logits = self.forward_with_state(idx[:, bs:], states, pos)
             pos = idx.shape[1]
         for _ in range(max_new_tokens):
-            next_tok = self._sample(logits[:, -1, :], temperature, top_k)  # (B, 1)
+            last = logits[:, -1, :n_vocab]  # (B, n_vocab): padded ids cut off, so never sampled
+            next_tok = self._sample(last, temperature, top_k)  # (B, 1)
             idx = torch.cat([idx, next_tok], dim=1)
             if self.config.attn == "softmax" and pos >= bs:  # window full: re-encode
                 logits, _ = self(idx[:, -bs:])

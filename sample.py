@@ -5,10 +5,11 @@ Sample text from a checkpoint written by train.py (ToST or the softmax baseline)
     python sample.py --out_dir=out-tost-owt --start="The meaning of life is" --num_samples=3
     python sample.py --out_dir=out-tost-owt --start=FILE:prompt.txt --temperature=0.8 --top_k=200
 
-The tokenizer (characters or GPT-2 BPE) comes from the checkpoint. ToST decodes from its
-recurrent state: three running sums per head, so every new token costs the same whatever the
-length so far (no growing KV cache); the softmax baseline uses a KV cache. The script reports
-tokens per second. Settings are globals overridden by --key=value (as in train.py).
+The tokenizer (characters, or GPT-2 BPE through tiktoken) is the one the checkpoint names.
+ToST decodes from its recurrent state: three running sums per head, so every new token costs
+the same whatever the length so far (no growing KV cache); the softmax baseline uses a KV
+cache. The ids that only pad the vocabulary to a multiple of 64 are never sampled. The script
+reports tokens per second. Settings are globals overridden by --key=value (as in train.py).
 """
 
 import os
@@ -19,7 +20,6 @@ import torch
 
 import trainkit as tk
 from model import GPT, GPTConfig
-from prepare_openwebtext import PrepareError, load_tokenizer
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
@@ -33,67 +33,90 @@ seed = 1337
 device = "auto"  # "auto" (cuda if available), "cpu", "cuda", ...
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, float32 on CPU), "float32", "bfloat16", "float16"
 compile = False
-num_threads = 0  # torch CPU threads (0: torch's default)
+tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
+num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
 # -----------------------------------------------------------------------------
 
 
-def load_model(path, device):
-    """The GPT in a train.py checkpoint, on `device`, in eval mode, and its tokenizer info."""
-    ckpt = tk.load_checkpoint(path)
-    if "model_args" not in ckpt or "tokenizer" not in ckpt:
-        raise ValueError(f"{path} is not a language-model checkpoint of train.py (no model_args / tokenizer)")
-    model = GPT(GPTConfig(**ckpt["model_args"]))
-    model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
-    return model.to(device).eval(), ckpt["tokenizer"], ckpt.get("iter_num")
+def load_tokenizer(info):
+    """(encode, decode) for the tokenizer a checkpoint (or meta.json) names: "char" (info
+    carries the characters, token i is character i) or "gpt2" (tiktoken)."""
+    if info["tokenizer"] == "char":
+        chars = info["chars"]
+        stoi = {ch: i for i, ch in enumerate(chars)}
 
+        def encode(text):
+            missing = sorted(set(text) - stoi.keys())
+            if missing:
+                raise tk.UserError(f"the prompt has characters {''.join(missing)!r} that are not in this model's "
+                                   f"vocabulary ({len(chars)} characters of its training text)")
+            return [stoi[ch] for ch in text]
 
-def read_prompt(text):
-    if text.startswith("FILE:"):
-        with open(text[len("FILE:"):], encoding="utf-8") as f:
-            return f.read()
-    return text
+        return encode, lambda ids: "".join(chars[i] for i in ids)
+    import tiktoken
+
+    enc = tiktoken.get_encoding("gpt2")
+    return (lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})), enc.decode
 
 
 def main(argv):
     C = tk.configure(tk.config_defaults(globals()), argv)
-    if C["num_threads"] > 0:
-        torch.set_num_threads(C["num_threads"])
-    dev = C["device"] if C["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dt = C["dtype"]
-    if dt == "auto":
-        dt = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if dev.startswith("cuda") else "float32"
+    tk.require(C["num_samples"] >= 1, f"num_samples must be at least 1, got {C['num_samples']}")
+    tk.require(C["max_new_tokens"] >= 0, f"max_new_tokens must not be negative, got {C['max_new_tokens']}")
+    tk.require(C["temperature"] >= 0, f"temperature must be >= 0 (0: greedy), got {C['temperature']}")
+    tk.require(C["top_k"] >= 0, f"top_k must be >= 0 (0: all tokens), got {C['top_k']}")
+    dev, dt = tk.choose_device_dtype(C["device"], C["dtype"])
     torch.manual_seed(C["seed"])
+
+    # the model and its tokenizer, from the checkpoint
     path = C["ckpt_path"] or os.path.join(C["out_dir"], "ckpt.pt")
-    model, tok_info, iters = load_model(path, dev)
+    ckpt = tk.load_checkpoint(path)
+    if not isinstance(ckpt, dict) or "model_args" not in ckpt or "tokenizer" not in ckpt:
+        raise tk.UserError(f"{path} is not a language-model checkpoint of train.py (no model_args / tokenizer)")
+    threads = C["num_threads"] or ckpt.get("config", {}).get("num_threads", 0)
+    if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
+        torch.set_num_threads(threads)
+    model_args = dict(ckpt["model_args"])
+    if "tssa_impl" in GPTConfig.__dataclass_fields__:
+        model_args["tssa_impl"] = C["tssa_impl"]
+    model = GPT(GPTConfig(**model_args))
+    model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+    model.to(dev).eval()
     if C["compile"]:
         model = torch.compile(model)
-    encode, decode = load_tokenizer(tok_info)
-    prompt = read_prompt(C["start"])
+    info = ckpt["tokenizer"]
+    encode, decode = load_tokenizer(info)
+
+    # the prompt, repeated once per sample: (num_samples, T)
+    prompt = C["start"]
+    if prompt.startswith("FILE:"):
+        with open(prompt[len("FILE:"):], encoding="utf-8") as f:
+            prompt = f.read()
     ids = encode(prompt)
-    if not ids:
-        raise ValueError("the prompt is empty: give at least one character/token with --start")
-    idx = torch.tensor([ids] * C["num_samples"], dtype=torch.long, device=dev)  # (B, T)
+    tk.require(len(ids) > 0, "the prompt is empty: give at least one character/token with --start")
+    idx = torch.tensor([ids] * C["num_samples"], dtype=torch.long, device=dev)
+
     ctx, _ = tk.autocast_for(dev, dt)
     c = model.config
-    print(f"{path} (iter {iters}): {c.attn}, {c.n_layer} layers, {c.n_embd} wide, block {c.block_size}, "
-          f"{tok_info['tokenizer']} tokenizer; {C['num_samples']} samples of {C['max_new_tokens']} tokens on {dev}")
+    print(f"{path} (iter {ckpt.get('iter_num')}): {c.attn}, {c.n_layer} layers, {c.n_embd} wide, block "
+          f"{c.block_size}, {info['tokenizer']} tokenizer; {C['num_samples']} samples of {C['max_new_tokens']} "
+          f"tokens on {dev}")
     t0 = time.time()
     with torch.no_grad(), ctx():
-        out = model.generate(idx, C["max_new_tokens"], temperature=C["temperature"], top_k=C["top_k"] or None)
+        out = model.generate(idx, C["max_new_tokens"], temperature=C["temperature"], top_k=C["top_k"] or None,
+                             n_vocab=info["vocab_size"])
     if dev.startswith("cuda"):
         torch.cuda.synchronize()
-    dt_s = time.time() - t0
+    seconds = time.time() - t0
     for row in out.tolist():
         print("-" * 60)
         print(decode(row))
     print("-" * 60)
     n = C["num_samples"] * C["max_new_tokens"]
-    print(f"{n:,} tokens in {dt_s:.2f}s: {n / dt_s:,.0f} tokens/s ({C['num_samples']} samples decoded together)")
+    print(f"{n:,} tokens in {seconds:.2f}s: {n / max(seconds, 1e-9):,.0f} tokens/s "
+          f"({C['num_samples']} samples decoded together)")
     return out
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (tk.ConfigError, FileNotFoundError, ValueError, PrepareError) as e:
-        sys.exit(f"sample.py: {e}")
+    tk.run_cli(main, sys.argv[1:])

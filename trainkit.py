@@ -6,7 +6,11 @@ each trainer reads as the training loop and nothing else:
                    with type checking and clear errors (ConfigError); --help lists them
   run_cli          a script's main(): config mistakes end in one line, not a traceback
   setup_distributed / cleanup_distributed   DDP from torchrun's environment variables
-  save_checkpoint / load_checkpoint         atomic writes, CPU loads, no wrapper prefixes
+  distributed      both as a context manager (`with distributed(device) as d:`)
+  save_checkpoint / load_checkpoint         atomic writes (stale temp files of killed saves
+                   removed), CPU loads, a corrupt file named in a one-line error
+  refuse_overwrite a scratch run never overwrites another run's checkpoint
+  require          a setting's check: a ConfigError with its message when it fails
   rng_state / set_rng_state / gather_rng_states   every RNG a run touches (of every rank), for exact resume
   lr_at            warmup + cosine / linear / inverse-sqrt / constant schedules
   autocast_for     mixed precision context (+ GradScaler for float16)
@@ -35,9 +39,8 @@ import math
 import os
 import random
 import sys
-import tempfile
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,6 +143,12 @@ def configure(defaults, argv):
     return config
 
 
+def require(condition, message):
+    """Check a setting: raise ConfigError(message) when `condition` is false."""
+    if not condition:
+        raise ConfigError(message)
+
+
 def run_cli(main, *args):
     """Run a script's main(*args) for a person at a terminal: a configuration mistake or a
     missing file ends the program with its one-line message (exit status 1), not a traceback."""
@@ -200,6 +209,19 @@ def cleanup_distributed(d, wait=True):
         dist.destroy_process_group()
 
 
+@contextmanager
+def distributed(device=None):
+    """with distributed(device) as d: setup_distributed, then cleanup_distributed at the end
+    (without waiting for the other ranks when an error ends the block)."""
+    d = setup_distributed(device)
+    try:
+        yield d
+    except BaseException:
+        cleanup_distributed(d, wait=False)
+        raise
+    cleanup_distributed(d)
+
+
 def all_reduce_mean(tensor, d):
     """Mean of `tensor` over all ranks (unchanged when not distributed)."""
     if d.ddp:
@@ -235,14 +257,38 @@ def clean_state_dict(state_dict):
     return out
 
 
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temps(folder, name):
+    """Delete the temp files `.<name>.tmp<pid>` that saves of processes no longer alive left
+    behind (a kill -9 mid-save): nothing else would ever remove them."""
+    for entry in os.listdir(folder):
+        head, sep, pid = entry.rpartition(".tmp")
+        if sep and head == f".{name}" and pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                os.remove(os.path.join(folder, entry))
+            except OSError:
+                pass
+
+
 def save_checkpoint(obj, path):
-    """torch.save to a temporary file in the same folder, fsync, then rename over `path`:
-    a crash at any moment leaves either the old checkpoint or the new one, never half."""
+    """torch.save to a temporary file in the same folder (.<name>.tmp<pid>), fsync, then
+    rename over `path`: a crash at any moment leaves either the old checkpoint or the new one,
+    never half. Temp files that killed saves left behind are removed first."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+    remove_stale_temps(folder, os.path.basename(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
@@ -260,11 +306,27 @@ def save_checkpoint(obj, path):
 
 
 def load_checkpoint(path):
-    """Load a checkpoint onto the CPU (move to the device after building the model)."""
+    """Load a checkpoint onto the CPU (move to the device after building the model). A file
+    that is not a whole checkpoint (truncated, another format) is a UserError naming it."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}: train first, or point out_dir / --ckpt at "
                                 "the folder that holds ckpt.pt")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # zip errors, EOF, unpickling errors: all mean a damaged file
+        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): the file "
+                        "is truncated or corrupt. Delete it and resume from a copy, or start again with "
+                        "--init_from=scratch in a new out_dir") from None
+
+
+def refuse_overwrite(out_dir):
+    """A scratch run must not overwrite the checkpoint of another run (nor append to its log):
+    a UserError naming the ways on if out_dir already holds a ckpt.pt."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    if os.path.exists(path):
+        raise UserError(f"{path} already exists and init_from='scratch' would overwrite it: continue that run "
+                        "with --init_from=resume, or write this one elsewhere with --out_dir=<new folder> "
+                        "(or delete the old one)")
 
 
 # -----------------------------------------------------------------------------
@@ -387,10 +449,13 @@ def optimizer_step(optimizer, parameters, grad_clip=0.0, scaler=None):
 class JsonlLogger:
     """Appends one JSON object per line to `path` (only where enabled, e.g. on rank 0)."""
 
-    def __init__(self, path, enabled=True):
+    def __init__(self, path, enabled=True, fresh=False):
+        """fresh=True starts a new file (a scratch run), else records are appended (resume)."""
         self.path, self.enabled = path, enabled
         if enabled:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            if fresh and os.path.exists(path):
+                os.remove(path)
 
     def log(self, record):
         if self.enabled:

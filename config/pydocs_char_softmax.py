@@ -1,23 +1,20 @@
 # The softmax-attention (GPT-2 style) baseline of config/pydocs_char_tost.py: same data,
 # schedule and parameter budget (5 softmax layers = 6 ToST layers: 578,592 vs 583,032 parameters).
-#   python train.py config/pydocs_char_softmax.py
+#   python prepare_char.py && python train.py config/pydocs_char_softmax.py
 #   python sample.py --out_dir=out-pydocs-char-softmax
 
 out_dir = "out-pydocs-char-softmax"
-dataset = "pydocs_char"  # prepared automatically on first use
+dataset = "pydocs_char"
 eval_interval = 200
 eval_iters = 10
 log_interval = 25
 
-# 6 ToST layers have the parameters of 5 softmax layers (TSSA has one C x C input map, not three)
 n_layer = 5
 n_head = 4
 n_embd = 96
 block_size = 128
-dropout = 0.0
 attn = "softmax"
 layer_scale_init = 0.0  # GPT-2 has no layer scale
-bias = False
 
 batch_size = 16
 gradient_accumulation_steps = 1
@@ -30,6 +27,4 @@ beta2 = 0.99  # few tokens per step: a longer second-moment average steadies Ada
 weight_decay = 0.1
 
 device = "cpu"
-dtype = "float32"
-compile = False
 num_threads = 1  # tiny matrices: one thread is almost as fast, and far faster on a busy machine

@@ -1,12 +1,11 @@
 # A small character-level ToST (0.58M parameters) on the embedded corpus (docstrings of Python's
-# standard library). 800 iterations of 16 x 128 characters: about 2 minutes of one CPU core
-# (longer on a busy machine), no download:
-#   python train.py config/pydocs_char_tost.py
+# standard library). 800 iterations of 16 x 128 characters on one CPU core, no download:
+#   python prepare_char.py && python train.py config/pydocs_char_tost.py
 #   python sample.py --out_dir=out-pydocs-char-tost
 # The softmax baseline at the same parameter count is config/pydocs_char_softmax.py.
 
 out_dir = "out-pydocs-char-tost"
-dataset = "pydocs_char"  # prepared automatically on first use
+dataset = "pydocs_char"
 eval_interval = 200
 eval_iters = 10
 log_interval = 25
@@ -16,10 +15,6 @@ n_layer = 6
 n_head = 4
 n_embd = 96
 block_size = 128
-dropout = 0.0
-attn = "tssa"
-layer_scale_init = 1e-5
-bias = False
 
 batch_size = 16
 gradient_accumulation_steps = 1
@@ -32,6 +27,4 @@ beta2 = 0.99  # few tokens per step: a longer second-moment average steadies Ada
 weight_decay = 0.1
 
 device = "cpu"
-dtype = "float32"
-compile = False
 num_threads = 1  # tiny matrices: one thread is almost as fast, and far faster on a busy machine

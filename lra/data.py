@@ -41,6 +41,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pngio import decode_png, to_grey
+from trainkit import UserError
 
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 RELEASE_PAGE = "https://github.com/google-research/long-range-arena"
@@ -70,9 +71,14 @@ TASKS = {
 SPLITS = ("train", "val", "test")
 
 
+class DataError(UserError, ValueError):
+    """Data that cannot be used as it is (a malformed line, a label out of range): one line
+    naming the file and line, from lra/train.py."""
+
+
 def get_task(name):
     if name not in TASKS:
-        raise ValueError(f"unknown LRA task {name!r}; choose from {', '.join(TASKS)}")
+        raise DataError(f"unknown LRA task {name!r}; choose from {', '.join(TASKS)}")
     return TASKS[name]
 
 
@@ -106,6 +112,17 @@ class Ragged:
     def __getitem__(self, i):  # token ids of sequence i, int64
         return self.values[self.offsets[i]:self.offsets[i + 1]].astype(np.int64) + self.shift
 
+    def crop(self, max_len):
+        """(this Ragged with every sequence cut to max_len, (N,) bool: which were longer)."""
+        lengths = self.lengths()
+        kept = np.minimum(lengths, max_len)
+        if (kept == lengths).all():
+            return self, np.zeros(len(self), bool)
+        position = np.arange(len(self.values)) - np.repeat(self.offsets[:-1], lengths)  # index within its sequence
+        offsets = np.zeros_like(self.offsets)
+        np.cumsum(kept, out=offsets[1:])
+        return Ragged(self.values[position < np.repeat(kept, lengths)], offsets, self.shift), lengths > max_len
+
 
 @dataclass
 class Split:
@@ -113,6 +130,12 @@ class Split:
 
     inputs: tuple
     labels: np.ndarray  # (N,) int64
+    was_cropped: np.ndarray = None  # (N,) bool: examples load_split cut to a max_len shorter than the task's
+
+    @property
+    def cropped(self):
+        """How many examples were cropped to max_len."""
+        return 0 if self.was_cropped is None else int(self.was_cropped.sum())
 
     def __len__(self):
         return len(self.labels)
@@ -122,7 +145,7 @@ class Split:
         if n <= 0 or n >= len(self):
             return self
         return Split(tuple(Ragged(r.values[:r.offsets[n]], r.offsets[:n + 1], r.shift) for r in self.inputs),
-                     self.labels[:n])
+                     self.labels[:n], None if self.was_cropped is None else self.was_cropped[:n])
 
 
 def make_batch(split, idx, max_len, pad_multiple=1):
@@ -171,7 +194,20 @@ def listops_tokens(source):
     try:
         return [LISTOPS_IDS[w] for w in words]
     except KeyError as e:
-        raise ValueError(f"unknown ListOps token {e.args[0]!r} (known: {' '.join(LISTOPS_VOCAB[1:])})") from None
+        raise DataError(f"unknown ListOps token {e.args[0]!r} (known: {' '.join(LISTOPS_VOCAB[1:])})") from None
+
+
+def _label(text, where, num_classes):
+    """A label field as an int in 0..num_classes-1, or a DataError naming file and line."""
+    try:
+        value = float(text)
+        if value != int(value):
+            raise ValueError
+    except ValueError:
+        raise DataError(f"{where}: the label {text[:40]!r} is not an integer") from None
+    if not 0 <= value < num_classes:
+        raise DataError(f"{where}: label {int(value)} is out of range: this task has classes 0..{num_classes - 1}")
+    return int(value)
 
 
 def read_listops(data_dir, split, max_len):
@@ -182,16 +218,19 @@ def read_listops(data_dir, split, max_len):
     with open(path, newline="") as f:
         header = f.readline().rstrip("\r\n").split("\t")
         if header[:2] != ["Source", "Target"]:
-            raise ValueError(f"{path}: expected a 'Source<TAB>Target' header, got {header}")
+            raise DataError(f"{path}:1: expected a 'Source<TAB>Target' header, got {header}")
         for n, line in enumerate(f, start=2):
             line = line.rstrip("\r\n")
             if not line:
                 continue
             source, _, target = line.rpartition("\t")
             if not source:
-                raise ValueError(f"{path}:{n}: expected 'Source<TAB>Target', got {line[:80]!r}")
-            seqs.append(listops_tokens(source)[:max_len])
-            labels.append(int(target))
+                raise DataError(f"{path}:{n}: expected 'Source<TAB>Target', got {line[:80]!r}")
+            try:
+                seqs.append(listops_tokens(source)[:max_len])
+            except DataError as e:
+                raise DataError(f"{path}:{n}: {e}") from None
+            labels.append(_label(target, f"{path}:{n}", TASKS["listops"].num_classes))
     return Split((Ragged.from_list(seqs),), np.array(labels, dtype=np.int64))
 
 
@@ -212,9 +251,9 @@ def read_retrieval(data_dir, split, max_len):
                 continue
             fields = line.split("\t")
             if len(fields) != 5:
-                raise ValueError(f"{path}:{n}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
-                                 f"got {len(fields)}")
-            labels.append(int(float(fields[0])))
+                raise DataError(f"{path}:{n}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
+                                f"got {len(fields)}")
+            labels.append(_label(fields[0], f"{path}:{n}", TASKS["retrieval"].num_classes))
             docs1.append(_utf8(fields[3], max_len))
             docs2.append(_utf8(fields[4], max_len))
     return Split((Ragged.from_list(docs1, shift=1), Ragged.from_list(docs2, shift=1)),
@@ -228,7 +267,7 @@ def _hf_split(name, split, what):
 
         return datasets.load_dataset(name, split=split)
     except Exception as e:  # no network, not cached, bad name: all end here
-        raise RuntimeError(
+        raise DataError(
             f"could not load {what} ({name!r}, split {split!r}) through Hugging Face datasets: "
             f"{type(e).__name__}: {e}. It downloads on first use, which needs internet; on an offline machine "
             f"run once where there is internet: python -c \"import datasets; datasets.load_dataset('{name}')\" "
@@ -320,34 +359,43 @@ def _source_stamp(task, data_dir, hf_text, hf_image):
 
 def load_split(task, split, data_dir="data/lra_release", max_len=None, cache_dir="", hf_text="stanfordnlp/imdb",
                hf_image="uoft-cs/cifar10", workers=1):
-    """One split ("train" | "val" | "test") of an LRA task as a Split. max_len defaults to the
-    task's LRA length. With cache_dir, the tokenised arrays are kept there as .npz."""
+    """One split ("train" | "val" | "test") of an LRA task as a Split. Sequences are read at the
+    task's LRA length, then cut to max_len (default: that length); Split.cropped says how many
+    were longer. Labels out of the task's range are a DataError. With cache_dir, the tokenised
+    arrays are kept there as .npz."""
     spec = get_task(task)
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    max_len = max_len or spec.seq_len
+        raise DataError(f"split must be one of {SPLITS}, got {split!r}")
+    max_len = min(max_len or spec.seq_len, spec.seq_len)
     cache = None
     if cache_dir:
-        key = hashlib.sha1(f"{task}|{split}|{max_len}|{_source_stamp(task, data_dir, hf_text, hf_image)}".encode())
+        key = hashlib.sha1(f"v2|{task}|{split}|{max_len}|{_source_stamp(task, data_dir, hf_text, hf_image)}".encode())
         cache = os.path.join(cache_dir, f"{task}-{split}-{max_len}-{key.hexdigest()[:12]}.npz")
         if os.path.isfile(cache):
             z = np.load(cache)
             towers = tuple(Ragged(z[f"values{i}"], z[f"offsets{i}"], int(z[f"shift{i}"]))
                            for i in range(int(z["towers"])))
-            return Split(towers, z["labels"])
+            return Split(towers, z["labels"], z["was_cropped"])
     if task == "listops":
-        data = read_listops(data_dir, split, max_len)
+        data = read_listops(data_dir, split, spec.seq_len)
     elif task == "retrieval":
-        data = read_retrieval(data_dir, split, max_len)
+        data = read_retrieval(data_dir, split, spec.seq_len)
     elif task == "text":
-        data = read_text(hf_text, split, max_len)
+        data = read_text(hf_text, split, spec.seq_len)
     elif task == "image":
-        data = read_image(hf_image, split, max_len, workers)
+        data = read_image(hf_image, split, spec.seq_len, workers)
     else:
-        data = read_pathfinder(data_dir, split, max_len, task, workers)
+        data = read_pathfinder(data_dir, split, spec.seq_len, task, workers)
+    bad = (data.labels < 0) | (data.labels >= spec.num_classes)
+    if bad.any():
+        raise DataError(f"LRA {task} {split}: {int(bad.sum())} labels are out of range (first: example "
+                        f"{int(np.argmax(bad))}, label {int(data.labels[bad][0])}); this task has classes "
+                        f"0..{spec.num_classes - 1}")
+    crops = [r.crop(max_len) for r in data.inputs]  # per tower: (cropped Ragged, which were longer)
+    data = Split(tuple(r for r, _ in crops), data.labels, np.logical_or.reduce([c for _, c in crops]))
     if cache:
         os.makedirs(cache_dir, exist_ok=True)
-        arrays = {"labels": data.labels, "towers": len(data.inputs)}
+        arrays = {"labels": data.labels, "towers": len(data.inputs), "was_cropped": data.was_cropped}
         for i, r in enumerate(data.inputs):
             arrays.update({f"values{i}": r.values, f"offsets{i}": r.offsets, f"shift{i}": r.shift})
         tmp = cache + ".tmp.npz"
@@ -356,11 +404,11 @@ def load_split(task, split, data_dir="data/lra_release", max_len=None, cache_dir
     return data
 
 
-if __name__ == "__main__":
+def _summary(argv):
     from trainkit import configure
 
     cfg = configure({"task": "listops", "data_dir": "data/lra_release", "cache_dir": "", "workers": 1,
-                     "hf_text": "stanfordnlp/imdb", "hf_image": "uoft-cs/cifar10"}, sys.argv[1:])
+                     "hf_text": "stanfordnlp/imdb", "hf_image": "uoft-cs/cifar10"}, argv)
     for s in SPLITS:
         d = load_split(cfg["task"], s, cfg["data_dir"], cache_dir=cfg["cache_dir"], hf_text=cfg["hf_text"],
                        hf_image=cfg["hf_image"], workers=cfg["workers"])
@@ -368,3 +416,9 @@ if __name__ == "__main__":
         counts = np.bincount(d.labels)
         print(f"{cfg['task']} {s}: {len(d)} examples, length {lengths.min()}-{lengths.max()} "
               f"(mean {lengths.mean():.0f}), label counts {counts.tolist()}")
+
+
+if __name__ == "__main__":
+    from trainkit import run_cli
+
+    run_cli(_summary, sys.argv[1:])

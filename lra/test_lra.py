@@ -6,6 +6,7 @@ whole encoder, parameter budgets of the configs, learning on tiny ListOps, exact
     python -m pytest -q lra/test_lra.py     (CPU, offline, ~10-45 s)
 """
 
+import json
 import os
 import statistics
 import struct
@@ -30,6 +31,7 @@ from pngio import decode_png, encode_png, to_grey
 
 torch.set_num_threads(1)  # on a shared 2-core machine more threads only contend
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # -----------------------------------------------------------------------------
@@ -334,7 +336,7 @@ def test_missing_data_says_where_to_get_it(tmp_path):
         with pytest.raises(FileNotFoundError, match="lra_release.gz") as err:
             load_split(task, "train", data_dir=str(tmp_path / "nowhere"))
         assert "tar -xzf" in str(err.value) and str(tmp_path / "nowhere") in str(err.value)
-    with pytest.raises(RuntimeError, match="internet"):
+    with pytest.raises(trainkit.UserError, match="internet"):  # run_cli prints it as one line
         load_split("text", "train", hf_text=str(tmp_path / "no_such_dataset"))
     with pytest.raises(ValueError, match="unknown LRA task"):
         load_split("listopz", "train")
@@ -436,6 +438,7 @@ def test_configs_carry_the_paper_settings_at_equal_budgets():
     for task, row in paper.items():
         tost = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{task}_tost.py")])
         soft = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{task}_softmax.py")])
+        tost["batch_size"] *= tost["gradient_accumulation_steps"]  # examples per optimizer step
         assert tuple(tost[k] for k in keys) == row and tost["attn"] == "tssa" and tost["task"] == task
         assert soft["attn"] == "softmax" and soft["task"] == task
         assert all(soft[k] == tost[k] for k in keys if k != "mlp_hidden")
@@ -491,3 +494,63 @@ def test_resume_continues_exactly(tiny_listops, tmp_path):
     assert straight["val_acc"] == resumed["val_acc"]
     with pytest.raises(trainkit.ConfigError, match="unknown config key"):
         train.main(["--no_such_setting=1"])
+    with pytest.raises(trainkit.UserError, match="--init_from=resume"):  # a scratch run never overwrites one
+        train.main(tiny_args(tiny_listops, str(tmp_path / "a"), **common))
+
+
+def test_batch_size_is_per_process_per_micro_step(tiny_listops, tmp_path):
+    """batch_size x gradient_accumulation_steps examples per step: 2 micro-steps of 16 pick the
+    same 32 examples as one of 32, so the weights agree up to float rounding (the gradient
+    sums in another order)."""
+    common = dict(max_iters=3, eval_interval=3, n_train=200, n_eval=16, dropout=0.0)
+    train.main(tiny_args(tiny_listops, str(tmp_path / "one"), **common, batch_size=32))
+    train.main(tiny_args(tiny_listops, str(tmp_path / "two"), **common, batch_size=16, gradient_accumulation_steps=2))
+    a, b = (trainkit.load_checkpoint(str(tmp_path / d / "ckpt.pt"))["model"] for d in ("one", "two"))
+    for key in a:  # float32, 3 Adam steps of lr 4e-3: differences of ~1e-7
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)
+    record = [json.loads(line) for line in open(tmp_path / "two" / "log.jsonl")][-1]
+    assert {"iter", "lr", "train_loss", "val_loss", "val_acc", "time_s"} <= record.keys()
+
+
+def _write_listops(folder, rows):
+    os.makedirs(folder / "listops-1000", exist_ok=True)
+    for split in ("train", "val", "test"):
+        (folder / "listops-1000" / f"basic_{split}.tsv").write_text("Source\tTarget\n" + "".join(r + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("bad_row, words", [
+    ("( [MAX 4 3 ] )\tfour", "label 'four' is not an integer"),
+    ("( [MAX 4 3 ] )\t12", "label 12 is out of range"),
+    ("( [MAX 4 x ] )\t4", "unknown ListOps token 'x'"),
+    ("( [MAX 4 3 ] ) 4", "expected 'Source<TAB>Target'"),
+])
+def test_malformed_listops_lines_name_the_file_and_line(bad_row, words, tmp_path):
+    _write_listops(tmp_path, ["( [MAX 4 3 ] )\t4", bad_row])
+    with pytest.raises(SystemExit) as exit:  # what the command line does: run_cli's one line, status 1
+        trainkit.run_cli(train.main, [f"--data_dir={tmp_path}", "--cache_dir=", f"--out_dir={tmp_path / 'out'}",
+                                      "--device=cpu"])
+    message = str(exit.value.code)
+    assert "\n" not in message and "basic_val.tsv:3: " in message and words in message  # val is read first
+
+
+def test_retrieval_label_out_of_range_is_caught_when_loading(tmp_path):
+    folder = tmp_path / "tsv_data"
+    folder.mkdir()
+    (folder / "new_aan_pairs.train.tsv").write_text("1\ta\tb\tx\ty\n2\ta\tb\tx\ty\n", encoding="utf-8")
+    with pytest.raises(trainkit.UserError, match=r"new_aan_pairs.train.tsv:2: label 2 is out of range"):
+        load_split("retrieval", "train", data_dir=str(tmp_path))
+
+
+def test_cropping_to_a_short_max_len_is_said_once(tiny_listops, tmp_path, capsys):
+    """The tiny config's max_len (64) on longer data crops silently no more: train.py says how
+    many sequences of each split were cut and to what length."""
+    data = load_split("listops", "val", tiny_listops, max_len=20)
+    full = load_split("listops", "val", tiny_listops)
+    longer = int((full.inputs[0].lengths() > 20).sum())
+    assert 0 < longer < len(full) and data.cropped == longer and data.subset(100).cropped == int(
+        (full.inputs[0].lengths()[:100] > 20).sum())
+    train.main(tiny_args(tiny_listops, str(tmp_path), max_len=20, max_iters=1, eval_interval=1, n_train=64, n_eval=32))
+    out = capsys.readouterr().out
+    n_val = int((full.inputs[0].lengths()[:32] > 20).sum())
+    assert f"listops val: {n_val:,} of 32 sequences are longer than max_len and were cropped to 20 tokens" in out
+    assert out.count("listops train:") == 1

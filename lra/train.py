@@ -8,13 +8,17 @@ model, with the baseline's MLP sized so both models have the same parameter coun
     python lra/train.py lra/configs/listops_tost.py                  # needs data/lra_release
     python lra/train.py lra/configs/listops_softmax.py --data_dir=data/lra_gen
     python lra/train.py lra/configs/text_tost.py --batch_size=16 --gradient_accumulation_steps=2
-    torchrun --standalone --nproc_per_node=8 lra/train.py lra/configs/pathfinder_tost.py
+    torchrun --standalone --nproc_per_node=8 lra/train.py lra/configs/listops_tost.py \
+        --batch_size=8 --gradient_accumulation_steps=8      # the config's 64 examples per step, on 8 GPUs
     python lra/train.py lra/configs/listops_tost.py --init_from=resume   # continue out_dir/ckpt.pt
     python lra/train.py lra/configs/listops_tost.py --eval_only=True      # accuracy of out_dir/ckpt.pt
 
-Every eval_interval steps: accuracy on val (and on test whenever val improves), one JSON
-line in out_dir/log.jsonl, and an atomic checkpoint out_dir/ckpt.pt that resumes exactly
-(model, optimizer, step, every RNG; batches are a function of (seed, step)).
+batch_size and gradient_accumulation_steps mean what they mean in train.py: examples per
+process per micro-step, and micro-steps per optimizer step over all processes together, so a
+step sees batch_size x gradient_accumulation_steps examples whatever the number of processes.
+Every eval_interval steps: loss and accuracy on val (and test accuracy whenever val improves),
+one JSON line in out_dir/log.jsonl, and an atomic checkpoint out_dir/ckpt.pt that resumes
+exactly (model, optimizer, step, every RNG; batches are a function of (seed, step)).
 """
 
 import os
@@ -44,7 +48,7 @@ data_dir = "data/lra_release"  # the unpacked LRA release (or lra/generate.py's 
 cache_dir = "data/lra_cache"  # tokenised arrays are kept here; "" to keep nothing
 hf_text = "stanfordnlp/imdb"  # Hugging Face name or local parquet folder for the text task
 hf_image = "uoft-cs/cifar10"  # same for the image task
-max_len = 0  # 0: the task's LRA length; smaller crops every sequence (quick runs)
+max_len = 0  # 0: the task's LRA length; smaller crops longer sequences (quick runs; it says how many)
 n_train = 0  # 0: the whole train split; n: its first n examples (quick runs)
 n_eval = 0  # 0: whole val and test splits; n: their first n examples
 pad_multiple = 64  # batches are padded to the longest sequence, rounded up to this
@@ -60,9 +64,10 @@ dropout = 0.1
 norm = "pre"  # "pre" | "post" (post-norm, the paper's choice for Pathfinder)
 bias = True
 layer_scale_init = None  # None: no layer scale
+tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 # optimisation (AdamW)
-batch_size = 32  # examples per optimizer step, over all processes and micro-steps
-gradient_accumulation_steps = 1
+batch_size = 32  # examples per process per micro-step
+gradient_accumulation_steps = 1  # micro-steps per optimizer step, over all processes together
 learning_rate = 1e-4
 min_lr = 0.0
 lr_schedule = "linear"  # "linear" | "cosine" | "invsqrt" | "constant", after a linear warmup
@@ -82,8 +87,8 @@ init_from = "scratch"  # "scratch" | "resume"
 eval_only = False
 seed = 1337
 # system
-device = ""  # "": cuda if available, else cpu (under torchrun: this rank's GPU)
-dtype = ""  # "": bfloat16 on GPUs that have it, else float32
+device = "auto"  # "auto" (this rank's GPU if there is one, else cpu), "cpu", "cuda", "cuda:1"
+dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
 # -----------------------------------------------------------------------------
@@ -93,11 +98,33 @@ SETTINGS = trainkit.config_defaults(globals())
 
 def model_config(cfg):
     spec = get_task(cfg["task"])
-    return LRAConfig(vocab_size=spec.vocab_size, num_classes=spec.num_classes,
-                     max_len=min(cfg["max_len"] or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
-                     n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
-                     mlp_hidden=cfg["mlp_hidden"], dropout=cfg["dropout"], attn=cfg["attn"], pi=cfg["pi"],
-                     norm=cfg["norm"], bias=cfg["bias"], layer_scale_init=cfg["layer_scale_init"])
+    args = dict(vocab_size=spec.vocab_size, num_classes=spec.num_classes,
+                max_len=min(cfg["max_len"] or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
+                n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], mlp_hidden=cfg["mlp_hidden"],
+                dropout=cfg["dropout"], attn=cfg["attn"], pi=cfg["pi"], norm=cfg["norm"], bias=cfg["bias"],
+                layer_scale_init=cfg["layer_scale_init"])
+    if "tssa_impl" in LRAConfig.__dataclass_fields__:
+        args["tssa_impl"] = cfg["tssa_impl"]
+    return LRAConfig(**args)
+
+
+def check_settings(cfg):
+    """Every setting that can be wrong on its own, checked before any data is read."""
+    get_task(cfg["task"])
+    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "n_layer", "n_head",
+                "n_embd", "mlp_hidden", "pad_multiple"):
+        trainkit.require(cfg[key] >= 1, f"{key} must be at least 1, got {cfg[key]}")
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip", "max_len",
+                "eval_batch_size"):
+        trainkit.require(cfg[key] >= 0, f"{key} must not be negative, got {cfg[key]}")
+    trainkit.require(cfg["learning_rate"] > 0, f"learning_rate must be positive, got {cfg['learning_rate']}")
+    trainkit.require(0 <= cfg["dropout"] < 1, f"dropout must be in [0, 1), got {cfg['dropout']}")
+    trainkit.require(cfg["n_embd"] % cfg["n_head"] == 0,
+                     f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
+    for key, allowed in (("init_from", ("scratch", "resume")), ("attn", ("tssa", "softmax")),
+                         ("pi", ("softmax", "uniform")), ("norm", ("pre", "post")),
+                         ("lr_schedule", ("linear", "cosine", "invsqrt", "constant"))):
+        trainkit.require(cfg[key] in allowed, f"{key} must be one of {', '.join(allowed)}, got {cfg[key]!r}")
 
 
 def count_params(cfg):
@@ -133,22 +160,24 @@ def to_device(towers, labels, device):
 
 @torch.no_grad()
 def evaluate(model, split, cfg, ctx, device, dist):
-    """Accuracy on a whole split. Examples are sorted by length so batches carry little
-    padding; under DDP each rank takes every world_size-th batch."""
+    """(mean loss, accuracy) on a whole split. Examples are sorted by length so batches carry
+    little padding; under DDP each rank takes every world_size-th batch."""
     model.eval()
     lengths = np.max([r.lengths() for r in split.inputs], axis=0)
     order = np.argsort(lengths, kind="stable")
     bs = cfg["eval_batch_size"] or cfg["batch_size"]
     batches = [order[i:i + bs] for i in range(0, len(order), bs)][dist.rank::dist.world_size]
-    correct = torch.zeros(2, device=device)  # (right, seen)
+    total = torch.zeros(3, device=device)  # (sum of losses, right, seen)
     for idx in batches:
         towers, labels = to_device(*make_batch(split, idx, model_max_len(model), cfg["pad_multiple"]), device)
         with ctx():
             logits = model(towers)
-        correct += torch.stack([(logits.argmax(-1) == labels).sum().float(), torch.tensor(len(idx), device=device)])
-    correct = trainkit.all_reduce_mean(correct, dist)  # same ratio as the sums
+        loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+        total += torch.stack([loss, (logits.argmax(-1) == labels).sum().float(), torch.tensor(float(len(idx)), device=device)])
+    total = trainkit.all_reduce_mean(total, dist)  # same ratios as the sums
     model.train()
-    return (correct[0] / correct[1].clamp_min(1)).item()
+    seen = total[2].clamp_min(1)
+    return (total[0] / seen).item(), (total[1] / seen).item()
 
 
 def model_max_len(model):
@@ -156,110 +185,128 @@ def model_max_len(model):
 
 
 def main(argv=None):
+    # settings: the globals above, then config files and --key=value, then checks
     cfg = trainkit.configure(SETTINGS, sys.argv[1:] if argv is None else argv)
-    get_task(cfg["task"])  # an unknown task fails here, before anything is loaded
-    dist = trainkit.setup_distributed(cfg["device"] or None)
-    dev = dist.device
+    check_settings(cfg)
+    device, dtype = trainkit.choose_device_dtype(cfg["device"], cfg["dtype"])
     if cfg["num_threads"]:
         torch.set_num_threads(cfg["num_threads"])
-    dtype = cfg["dtype"] or ("bfloat16" if str(dev).startswith("cuda") and torch.cuda.is_bf16_supported() else "float32")
-    ctx, scaler = trainkit.autocast_for(dev, dtype)
-    world = dist.world_size
-    accum = cfg["gradient_accumulation_steps"]
-    if cfg["batch_size"] % (world * accum):
-        raise trainkit.ConfigError(f"batch_size {cfg['batch_size']} must be divisible by processes x "
-                                   f"gradient_accumulation_steps = {world} x {accum}")
-    micro = cfg["batch_size"] // (world * accum)
-    torch.manual_seed(cfg["seed"] + dist.rank)
-    log = trainkit.JsonlLogger(os.path.join(cfg["out_dir"], "log.jsonl"), enabled=dist.is_master)
-    say = print if dist.is_master else (lambda *a, **k: None)
-
-    # data
-    load = lambda split: load_split(cfg["task"], split, cfg["data_dir"], cfg["max_len"] or None, cfg["cache_dir"],
-                                    cfg["hf_text"], cfg["hf_image"], cfg["load_workers"])
-    val, test = load("val").subset(cfg["n_eval"]), load("test").subset(cfg["n_eval"])
-    train = None if cfg["eval_only"] else load("train").subset(cfg["n_train"])
-    if train is not None:
-        say(f"{cfg['task']}: {len(train)} train / {len(val)} val / {len(test)} test examples")
-
-    # model, optimizer, and the state to resume from
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-    ckpt = trainkit.load_checkpoint(ckpt_path) if (cfg["init_from"] == "resume" or cfg["eval_only"]) else None
-    if cfg["init_from"] not in ("scratch", "resume"):
-        raise trainkit.ConfigError(f"init_from must be 'scratch' or 'resume', got {cfg['init_from']!r}")
-    mconf = LRAConfig(**ckpt["model_config"]) if ckpt else model_config(cfg)
-    model = LRAClassifier(mconf).to(dev)
-    optimizer = configure_adamw(model, cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
-                                "cuda" if str(dev).startswith("cuda") else "cpu")
-    start_iter, best_val, test_at_best = 0, -1.0, None
-    if ckpt:
-        model.load_state_dict(trainkit.clean_state_dict(ckpt["model"]))
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if scaler is not None and ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        start_iter, best_val, test_at_best = ckpt["iter_num"], ckpt["best_val_acc"], ckpt["test_acc_at_best_val"]
-        trainkit.set_rng_state(ckpt["rng"])
-    n_params = model.get_num_params()
-    say(f"model: {'ToST' if mconf.attn == 'tssa' else 'softmax Transformer'}, {n_params:,} parameters "
-        f"({mconf.n_layer} layers, width {mconf.n_embd}, {mconf.n_head} heads, MLP {mconf.mlp_hidden}, "
-        f"{mconf.norm}-norm), {dtype} on {dev}")
-    if cfg["eval_only"]:
-        result = {"iter": start_iter, "val_acc": evaluate(model, val, cfg, ctx, dev, dist),
-                  "test_acc": evaluate(model, test, cfg, ctx, dev, dist), "n_params": n_params}
-        say(result)
-        trainkit.cleanup_distributed(dist)
-        return result
-    raw_model = model
-    if cfg["compile"]:
-        model = torch.compile(model, dynamic=True)
-    if dist.ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if "cuda" in dev else None)
+    resume = cfg["init_from"] == "resume" or cfg["eval_only"]
+    if not resume:
+        trainkit.refuse_overwrite(cfg["out_dir"])
 
-    decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
-    result = {"n_params": n_params}
-    t0, it = time.time(), start_iter
-    for it in range(start_iter, cfg["max_iters"] + 1):
-        # evaluate and checkpoint (not again right after resuming: that was done before saving)
-        if (it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]) and not (ckpt and it == start_iter):
-            val_acc = evaluate(model, val, cfg, ctx, dev, dist)
-            if val_acc > best_val:
-                best_val, test_at_best = val_acc, evaluate(model, test, cfg, ctx, dev, dist)
-            record = {"iter": it, "val_acc": val_acc, "best_val_acc": best_val, "test_acc_at_best_val": test_at_best,
-                      "time_s": round(time.time() - t0, 1)}
-            say(f"step {it}: val acc {val_acc:.4f} (best {best_val:.4f}, test at best {test_at_best:.4f})")
-            log.log(record)
-            result.update(record)
-            if dist.is_master and it > 0:
-                trainkit.save_checkpoint({
-                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict() if scaler is not None else None,
-                    "model_config": asdict(mconf), "config": cfg, "iter_num": it, "best_val_acc": best_val,
-                    "test_acc_at_best_val": test_at_best, "rng": trainkit.rng_state()}, ckpt_path)
-        if it == cfg["max_iters"]:
-            break
+    with trainkit.distributed(device) as dist:
+        dev, world = dist.device, dist.world_size
+        trainkit.require(cfg["gradient_accumulation_steps"] % world == 0,
+                         f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
+                         f"by the number of processes ({world})")
+        accum = cfg["gradient_accumulation_steps"] // world  # micro-steps of this process per step
+        B = cfg["batch_size"]
+        ctx, scaler = trainkit.autocast_for(dev, dtype)
+        torch.manual_seed(cfg["seed"] + dist.rank)
+        say = print if dist.is_master else (lambda *a, **k: None)
 
-        # one optimizer step over `accum` micro-batches of this rank's share of the batch
-        lr = trainkit.lr_at(it, lr=cfg["learning_rate"], min_lr=cfg["min_lr"], warmup_iters=cfg["warmup_iters"],
-                            decay_iters=decay_iters, schedule=cfg["lr_schedule"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        idx = batch_indices(len(train), cfg["batch_size"], it, cfg["seed"])[dist.rank::world]
-        loss_sum = 0.0
-        for k in range(accum):
-            towers, labels = to_device(*make_batch(train, idx[k * micro:(k + 1) * micro], mconf.max_len,
-                                                   cfg["pad_multiple"]), dev)
-            sync = nullcontext() if (not dist.ddp or k == accum - 1) else model.no_sync()
-            with sync:
-                with ctx():
-                    logits = model(towers)
-                loss = F.cross_entropy(logits.float(), labels) / accum
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            loss_sum += loss.item()
-        trainkit.optimizer_step(optimizer, model.parameters(), cfg["grad_clip"], scaler)
-        if it % cfg["log_interval"] == 0:
-            dt = (time.time() - t0) / max(it - start_iter + 1, 1)
-            say(f"iter {it}: loss {loss_sum:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter")
-    trainkit.cleanup_distributed(dist)
+        # the run to continue (its model settings win), then the data, checked when loaded
+        ckpt = trainkit.load_checkpoint(ckpt_path) if resume else None
+        mconf = LRAConfig(**ckpt["model_args"]) if ckpt else model_config(cfg)
+
+        def load(split, n):
+            data = load_split(cfg["task"], split, cfg["data_dir"], mconf.max_len, cfg["cache_dir"], cfg["hf_text"],
+                              cfg["hf_image"], cfg["load_workers"]).subset(n)
+            if data.cropped:
+                say(f"{cfg['task']} {split}: {data.cropped:,} of {len(data):,} sequences are longer than max_len "
+                    f"and were cropped to {mconf.max_len:,} tokens (the task's LRA length is "
+                    f"{get_task(cfg['task']).seq_len:,})")
+            return data
+
+        val, test = load("val", cfg["n_eval"]), load("test", cfg["n_eval"])
+        train = None if cfg["eval_only"] else load("train", cfg["n_train"])
+        if train is not None:
+            say(f"{cfg['task']}: {len(train)} train / {len(val)} val / {len(test)} test examples")
+
+        # model and optimizer, fresh or exactly as the checkpoint left them
+        model = LRAClassifier(mconf).to(dev)
+        optimizer = configure_adamw(model, cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
+                                    "cuda" if str(dev).startswith("cuda") else "cpu")
+        start_iter, best_val_loss, best_val, test_at_best = 0, float("inf"), -1.0, None
+        if ckpt:
+            model.load_state_dict(trainkit.clean_state_dict(ckpt["model"]))
+            optimizer.load_state_dict(ckpt["optimizer"])
+            if scaler is not None and ckpt.get("scaler"):
+                scaler.load_state_dict(ckpt["scaler"])
+            start_iter, best_val_loss, best_val = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_val_acc"]
+            test_at_best = ckpt["test_acc_at_best_val"]
+            if len(ckpt["rng"]) == world:
+                trainkit.set_rng_state(ckpt["rng"][dist.rank])
+        n_params = model.get_num_params()
+        say(f"model: {'ToST' if mconf.attn == 'tssa' else 'softmax Transformer'}, {n_params:,} parameters "
+            f"({mconf.n_layer} layers, width {mconf.n_embd}, {mconf.n_head} heads, MLP {mconf.mlp_hidden}, "
+            f"{mconf.norm}-norm), {dtype} on {dev}, {B * cfg['gradient_accumulation_steps']} examples per step "
+            f"({cfg['gradient_accumulation_steps']} x {B})")
+        if cfg["eval_only"]:
+            (val_loss, val_acc), (_, test_acc) = (evaluate(model, s, cfg, ctx, dev, dist) for s in (val, test))
+            result = {"iter": start_iter, "val_loss": val_loss, "val_acc": val_acc, "test_acc": test_acc,
+                      "n_params": n_params}
+            say(result)
+            return result
+        raw_model = model
+        if cfg["compile"]:
+            model = torch.compile(model, dynamic=True)
+        if dist.ddp:
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if "cuda" in dev else None)
+        log = trainkit.JsonlLogger(os.path.join(cfg["out_dir"], "log.jsonl"), dist.is_master, fresh=not ckpt)
+
+        decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
+        result = {"n_params": n_params}
+        t0, train_loss = time.time(), None
+        for it in range(start_iter, cfg["max_iters"] + 1):
+            lr = trainkit.lr_at(it, lr=cfg["learning_rate"], min_lr=cfg["min_lr"], warmup_iters=cfg["warmup_iters"],
+                                decay_iters=decay_iters, schedule=cfg["lr_schedule"])
+            # evaluate and checkpoint (not again right after resuming: that was done before saving)
+            if (it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]) and not (ckpt and it == start_iter):
+                val_loss, val_acc = evaluate(model, val, cfg, ctx, dev, dist)
+                best_val_loss = min(best_val_loss, val_loss)
+                if val_acc > best_val:
+                    best_val, test_at_best = val_acc, evaluate(model, test, cfg, ctx, dev, dist)[1]
+                record = {"iter": it, "lr": lr, "train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc,
+                          "best_val_acc": best_val, "test_acc_at_best_val": test_at_best,
+                          "time_s": round(time.time() - t0, 1)}
+                say(f"step {it}: val loss {val_loss:.4f}, val acc {val_acc:.4f} (best {best_val:.4f}, "
+                    f"test at best {test_at_best:.4f})")
+                log.log(record)
+                result.update(record)
+                rng = trainkit.gather_rng_states(dist)  # a collective: every rank takes part
+                if dist.is_master and it > 0:
+                    trainkit.save_checkpoint({
+                        "model": trainkit.clean_state_dict(raw_model.state_dict()), "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict() if scaler is not None else None, "model_args": asdict(mconf),
+                        "iter_num": it, "best_val_loss": best_val_loss, "best_val_acc": best_val,
+                        "test_acc_at_best_val": test_at_best, "config": cfg, "rng": rng}, ckpt_path)
+            if it == cfg["max_iters"]:
+                break
+
+            # one optimizer step: this process's `accum` micro-batches of B examples, picked by
+            # their global micro-step index from the step's batch of B x gradient_accumulation_steps
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            idx = batch_indices(len(train), B * cfg["gradient_accumulation_steps"], it, cfg["seed"])
+            loss_sum = torch.zeros((), device=dev)
+            for k in range(accum):
+                m = dist.rank * accum + k
+                towers, labels = to_device(*make_batch(train, idx[m * B:(m + 1) * B], mconf.max_len,
+                                                       cfg["pad_multiple"]), dev)
+                with model.no_sync() if dist.ddp and k < accum - 1 else nullcontext():
+                    with ctx():
+                        logits = model(towers)
+                    loss = F.cross_entropy(logits.float(), labels) / accum
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                loss_sum += loss.detach()
+            train_loss = trainkit.all_reduce_mean(loss_sum, dist).item()
+            trainkit.optimizer_step(optimizer, model.parameters(), cfg["grad_clip"], scaler)
+            if it % cfg["log_interval"] == 0:
+                dt = (time.time() - t0) / max(it - start_iter + 1, 1)
+                say(f"iter {it}: loss {train_loss:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter")
     return result
 
 

@@ -1,6 +1,7 @@
 """
-Tests of the language-modelling pipeline: prepare_openwebtext.py, train.py, sample.py.
-CPU only, offline, tiny models (2 layers, width 32, context 32).
+Tests of the language-modelling pipeline: prepare_char.py, prepare_openwebtext.py, train.py,
+sample.py, evaluate.py. CPU only, offline, tiny models (2 layers, width 32, context 32); and
+one test per bad input of issue 12 (each fails if the old behaviour comes back).
 
     python -m pytest -q tests/test_train.py
 
@@ -26,6 +27,8 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+import evaluate  # noqa: E402
+import prepare_char  # noqa: E402
 import prepare_openwebtext as prep  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
@@ -58,11 +61,11 @@ def run(script, *args, check=True, extra_env=None):
 
 
 def call_main(module, *argv, capsys):
-    """module.main(argv) in this process (the same code path as the command line, without the
-    seconds an interpreter + torch start costs). Returns (exit code, stdout, stderr); a message
-    passed to sys.exit counts as stderr with code 1, as the interpreter does."""
+    """run_cli(module.main, argv) in this process (the same code path as the command line,
+    without the seconds an interpreter + torch start costs). Returns (exit code, stdout,
+    stderr); a message passed to sys.exit counts as stderr with code 1, as the interpreter does."""
     try:
-        module.main(list(argv))
+        tk.run_cli(module.main, list(argv))
         code = 0
     except SystemExit as e:
         code = e.code
@@ -72,9 +75,16 @@ def call_main(module, *argv, capsys):
     return code, out, err
 
 
-def read_log(out_dir, kind):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [r for r in map(json.loads, f) if r.get("type") == kind]
+def read_log(out_dir, kind, name="log.jsonl"):
+    """Records of a log: kind "eval" (they have val_loss), "train" (the others) or "all"."""
+    with open(os.path.join(out_dir, name)) as f:
+        records = [json.loads(line) for line in f]
+    return [r for r in records if kind == "all" or ("val_loss" in r) == (kind == "eval")]
+
+
+def read_meta(folder):
+    with open(os.path.join(folder, "meta.json")) as f:
+        return json.load(f)
 
 
 def load_weights(out_dir):
@@ -83,9 +93,10 @@ def load_weights(out_dir):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """The embedded corpus prepared by train.py on first use, and a tiny ToST trained 40 steps."""
+    """The embedded corpus prepared by prepare_char.py, and a tiny ToST trained 40 steps."""
     root = tmp_path_factory.mktemp("lm")
     data, out = str(root / "data"), str(root / "out")
+    run("prepare_char.py", f"--data_dir={data}")
     p = run("train.py", "--dataset=pydocs_char", f"--data_dir={data}", f"--out_dir={out}", *TINY,
             "--max_iters=40", "--eval_interval=20", "--learning_rate=1e-2", "--lr_decay_iters=40", "--min_lr=1e-3")
     return dict(data=data, out=out, stdout=p.stdout)
@@ -95,8 +106,8 @@ def tiny_run(tmp_path_factory):
 # embedded corpus, training, sampling, evaluation
 
 
-def test_embedded_corpus_prepared_on_first_use(tiny_run):
-    meta = prep.read_meta(os.path.join(tiny_run["data"], "pydocs_char"))
+def test_embedded_corpus_prepared(tiny_run):
+    meta = read_meta(os.path.join(tiny_run["data"], "pydocs_char"))
     assert meta["tokenizer"] == "char" and meta["vocab_size"] == len(meta["chars"])
     train_ids = np.fromfile(os.path.join(tiny_run["data"], "pydocs_char", "train.bin"), dtype=np.uint16)
     assert len(train_ids) == meta["splits"]["train"] > 100_000  # the stdlib's docstrings: over 1M characters
@@ -139,7 +150,7 @@ def check_sample_greedy(out_dir, prompt, n_new, capsys):
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(ckpt["model"])
     model.eval()
-    encode, decode = prep.load_tokenizer(ckpt["tokenizer"])
+    encode, decode = sample.load_tokenizer(ckpt["tokenizer"])
     with torch.no_grad():
         expected = decode(greedy_by_full_forward(model, encode(prompt), n_new))
     assert samples[0].strip("\n") == expected == samples[1].strip("\n")
@@ -164,12 +175,12 @@ def test_sample_softmax_checkpoint(tiny_run, tmp_path, capsys):
     check_sample_greedy(str(tmp_path), "Return the", 30, capsys)
 
 
-def test_eval_only_scores_the_whole_split(tiny_run, capsys):
-    code, out, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}",
-                               f"--out_dir={tiny_run['out']}", "--eval_only=True", "--eval_tokens=2000",
-                               "--batch_size=16", "--num_threads=1", "--device=cpu", capsys=capsys)
+def test_evaluate_scores_the_whole_split(tiny_run, capsys):
+    code, out, err = call_main(evaluate, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}",
+                               f"--out_dir={tiny_run['out']}", "--max_tokens=2000", "--batch_size=16",
+                               "--num_threads=1", "--device=cpu", capsys=capsys)
     assert code == 0 and "perplexity" in out, err
-    record = read_log(tiny_run["out"], "eval_only")[-1]
+    record = read_log(tiny_run["out"], "all", "eval.jsonl")[-1]
     assert record["tokens"] == 2000 and record["split"] == "val"
     # independent reference: the first 2001 tokens of val cut into windows of 32, each scored by a plain forward
     ckpt = tk.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"))
@@ -192,7 +203,7 @@ def test_eval_only_scores_the_whole_split(tiny_run, capsys):
 def test_eval_windows_score_every_prediction_once():
     for n, T, stride in [(10, 4, 4), (10, 4, 2), (100, 32, 7), (33, 32, 32), (5, 32, 16)]:
         scored = []
-        for start, skip in train.eval_windows(n, T, stride):
+        for start, skip in evaluate.windows(n, T, stride):
             end = min(start + T, n - 1)
             scored += list(range(start + skip, end))  # prediction i: target token i + 1
             assert skip >= 0 and end > start + skip
@@ -215,8 +226,8 @@ def test_resume_continues_exactly(tiny_run, tmp_path):
     assert tk.load_checkpoint(os.path.join(part, "ckpt.pt"))["iter_num"] == 4
     p = run("train.py", *common, f"--out_dir={part}", "--max_iters=8", "--init_from=resume")
     assert "resumed from" in p.stdout
-    losses_full = [(r["iter"], r["loss"]) for r in read_log(full, "train")]
-    losses_part = [(r["iter"], r["loss"]) for r in read_log(part, "train")]
+    losses_full = [(r["iter"], r["train_loss"]) for r in read_log(full, "train")]
+    losses_part = [(r["iter"], r["train_loss"]) for r in read_log(part, "train")]
     assert [i for i, _ in losses_full] == list(range(8))
     assert losses_part == losses_full  # exact equality of the floats
     a, b = (tk.load_checkpoint(os.path.join(d, "ckpt.pt")) for d in (full, part))
@@ -236,7 +247,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_run, tmp_path, cap
     # a learning rate of 1e30 throws the weights to ~1e30; the next forward overflows float32
     # (any other exception than the clean exit would propagate and fail the test)
     code, _, err = call_main(train, *common, "--max_iters=6", "--init_from=resume", "--learning_rate=1e30",
-                             "--decay_lr=False", capsys=capsys)
+                             "--lr_schedule=constant", capsys=capsys)
     assert code == 1
     assert "non-finite training loss" in err and "last good checkpoint" in err
     assert open(ckpt_path, "rb").read() == before  # untouched: still the iter-2 checkpoint
@@ -263,9 +274,9 @@ tk.save_checkpoint({{"version": 1, "w": torch.ones(2**20)}}, path)
 """
 
 
-def test_killed_save_leaves_a_loadable_checkpoint(tmp_path):
+def test_killed_save_leaves_a_loadable_checkpoint_and_the_next_save_cleans_up(tmp_path):
     """A process killed (SIGKILL, no cleanup) half-way through writing checkpoint 1 leaves
-    checkpoint 0 whole and loadable."""
+    checkpoint 0 whole and loadable; the next save removes the dead process's temp file."""
     script = tmp_path / "saver.py"
     script.write_text(SAVER.format(repo=REPO))
     path = str(tmp_path / "ckpt.pt")
@@ -275,10 +286,13 @@ def test_killed_save_leaves_a_loadable_checkpoint(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    torn = [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
-    assert len(torn) == 1  # the half-written new checkpoint, never renamed over the old one
+    torn = [f for f in os.listdir(tmp_path) if f.startswith(".ckpt.pt.tmp")]
+    assert torn == [f".ckpt.pt.tmp{proc.pid}"]  # the half-written new checkpoint, never renamed over the old one
     ckpt = tk.load_checkpoint(path)
     assert ckpt["version"] == 0 and torch.equal(ckpt["w"], torch.zeros(2**20))
+    tk.save_checkpoint({"version": 2}, path)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "saver.py"]  # the stale temp file is gone
+    assert tk.load_checkpoint(path)["version"] == 2
 
 
 # -----------------------------------------------------------------------------
@@ -287,12 +301,10 @@ def test_killed_save_leaves_a_loadable_checkpoint(tmp_path):
 DDP_WORKER = """
 import sys, torch
 sys.path.insert(0, {repo!r})
-import train, trainkit as tk
-C, dist, device, dt = train.setup(sys.argv[1:])
-meta = train.ensure_dataset(C, dist)
-model = train.train(C, dist, device, dt, meta)
-torch.save(model.state_dict(), f"{{C.out_dir}}/rank{{dist.rank}}.pt")  # what each rank ends with
-tk.cleanup_distributed(dist)
+import os, train
+model = train.main(sys.argv[1:])
+out_dir = [a for a in sys.argv if a.startswith("--out_dir=")][0][len("--out_dir="):]
+torch.save(model.state_dict(), f"{{out_dir}}/rank{{os.environ['RANK']}}.pt")  # what each rank ends with
 """
 
 
@@ -306,7 +318,6 @@ def test_torchrun_two_processes_match_one(tiny_run, tmp_path, capsys):
     common = ["--dataset=pydocs_char", f"--data_dir={tiny_run['data']}", *TINY, "--gradient_accumulation_steps=2",
               "--max_iters=6", "--eval_interval=6", "--lr_decay_iters=6", "--learning_rate=3e-3"]
     ddp, single = str(tmp_path / "ddp"), str(tmp_path / "single")
-    os.makedirs(ddp)
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     p = run(torchrun, "--standalone", "--nproc_per_node=2", str(worker), *common, f"--out_dir={ddp}")
     assert "2 process(es)" in p.stdout
@@ -319,8 +330,8 @@ def test_torchrun_two_processes_match_one(tiny_run, tmp_path, capsys):
     # process and (g0/2 + g1/2) summed by the all-reduce in the other (DDP divides by the world
     # size first); halving is exact in floating point and a sum of two terms has one order
     assert all(torch.equal(ckpt_ddp[k], ckpt_single[k]) for k in ckpt_single)
-    ddp_losses = [r["loss"] for r in read_log(ddp, "train")]
-    assert len(ddp_losses) == 6 and ddp_losses == [r["loss"] for r in read_log(single, "train")]
+    ddp_losses = [r["train_loss"] for r in read_log(ddp, "train")]
+    assert len(ddp_losses) == 6 and ddp_losses == [r["train_loss"] for r in read_log(single, "train")]
     model = GPT(GPTConfig(**tk.load_checkpoint(os.path.join(ddp, "ckpt.pt"))["model_args"]))
     model.load_state_dict(ckpt_ddp)  # the DDP checkpoint loads into a plain model
 
@@ -339,19 +350,17 @@ def test_prepare_local_text_with_gpt2_bpe_round_trips(tmp_path):
     args = [f"--input={src}", f"--data_dir={data}", "--num_proc=2"]
     run("prepare_openwebtext.py", *args, extra_env={"HF_DATASETS_CACHE": str(tmp_path / "hf")})
     folder = os.path.join(data, "small")
-    meta = prep.read_meta(folder)
+    meta = read_meta(folder)
     assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257
     ids = np.concatenate([np.fromfile(os.path.join(folder, f"{s}.bin"), dtype=np.uint16) for s in ("train", "val")])
     assert meta["splits"]["val"] > 0 and len(ids) == meta["splits"]["train"] + meta["splits"]["val"]
     import tiktoken
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.abspath(TIKTOKEN_CACHE))
     assert tiktoken.get_encoding("gpt2").decode(ids.tolist()) == text + "<|endoftext|>"
-    # idempotent: the same command again leaves the files alone; other settings need --force
+    # the same command again leaves the files alone
     mtime = os.path.getmtime(os.path.join(folder, "train.bin"))
     p = run("prepare_openwebtext.py", *args)
     assert "already prepared" in p.stdout and os.path.getmtime(os.path.join(folder, "train.bin")) == mtime
-    p = run("prepare_openwebtext.py", *args, "--val_fraction=0.5", check=False)
-    assert p.returncode != 0 and "--force" in p.stderr
 
 
 @needs_bpe
@@ -378,25 +387,27 @@ def test_prepare_text_file_at_character_level(tmp_path):
     text = "Beautiful is better than ugly.\nExplicit is better than implicit. é ü\n" * 40
     src = tmp_path / "zen.txt"
     src.write_text(text, encoding="utf-8")
-    meta = prep.prepare(prep.parse_args([f"--input={src}", "--char", f"--data_dir={tmp_path}"]))
+    prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
+    meta = read_meta(tmp_path / "zen_char")
     assert meta["dataset"] == "zen_char" and meta["chars"] == "".join(sorted(set(text)))
     ids = np.concatenate([np.fromfile(tmp_path / "zen_char" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
-    encode, decode = prep.load_tokenizer(meta)
+    encode, decode = sample.load_tokenizer(meta)
     assert decode(ids.tolist()) == text and encode(text) == ids.tolist()
-    assert meta["splits"]["val"] == round(0.1 * len(text))  # one document: val is the last 10%
+    assert meta["splits"]["val"] == round(0.1 * len(text))  # one text: val is its last 10%
+    # an edited file is refused instead of silently training on the old tokens
+    src.write_text(text + "A new line with new letters: qxz!\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="earlier version"):
+        prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
+    prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}", "--force"])
+    assert "q" in read_meta(tmp_path / "zen_char")["chars"]
 
 
-def test_prepare_fails_fast_offline(tmp_path, monkeypatch):
-    # the tokenizer: no cached files and no network -> says where the cache is
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
-    monkeypatch.setattr(prep, "reachable", lambda host, **kw: False)
-    with pytest.raises(prep.PrepareError, match="TIKTOKEN_CACHE_DIR"):
-        prep.gpt2_encoding()
-    # the hub: offline and not cached -> suggests local files, within seconds
+def test_prepare_fails_fast_offline(tmp_path):
+    # the hub, offline and not cached: one line that suggests local files, within seconds
     t0 = time.time()
-    p = run("prepare_openwebtext.py", "--dataset=wikitext2", f"--data_dir={tmp_path}", "--char", check=False,
+    p = run("prepare_openwebtext.py", "--dataset=wikitext2", f"--data_dir={tmp_path}", check=False,
             extra_env={"HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HOME": str(tmp_path / "hfhome")})
-    assert p.returncode != 0 and "--input" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode != 0 and "--input" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert time.time() - t0 < 60
 
 
@@ -406,7 +417,7 @@ def test_prepare_fails_fast_offline(tmp_path, monkeypatch):
 
 def test_config_errors_are_clear(tmp_path, capsys):
     defaults = train.DEFAULTS
-    assert "MODEL_KEYS" not in defaults and "out_dir" in defaults  # only the settings block
+    assert "TRAIN" not in defaults and "out_dir" in defaults  # only the settings block
     c = tk.configure(defaults, ["--dropout=0", "--compile=false", "--max_iters=1e3"])
     assert c["dropout"] == 0.0 and isinstance(c["dropout"], float) and c["compile"] is False
     assert c["max_iters"] == 1000
@@ -422,16 +433,16 @@ def test_config_errors_are_clear(tmp_path, capsys):
         tk.configure(defaults, ["--max_iters=2.5"])
     with pytest.raises(tk.ConfigError, match="--key=value"):
         tk.configure(defaults, ["--max_iters"])
-    # through train.main, as on the command line: a one-line message and exit code 1, no traceback
-    code, _, err = call_main(train, "--n_embed=64", capsys=capsys)
-    assert code == 1 and "unknown config key 'n_embed'" in err and "n_embd" in err
+    # through the command line: a one-line message and exit code 1, no traceback
+    p = run("train.py", "--n_embed=64", check=False)
+    assert p.returncode == 1 and "unknown config key 'n_embed'" in p.stderr and "n_embd" in p.stderr
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
     code, _, err = call_main(train, "config/no_such_config.py", capsys=capsys)
     assert code == 1 and "not found" in err
-    code, _, err = call_main(train, f"--data_dir={tmp_path}", "--dataset=nothing_here", "--device=cpu",
-                             capsys=capsys)
+    code, _, err = call_main(train, f"--data_dir={tmp_path}", "--dataset=nothing_here", "--device=cpu", capsys=capsys)
     assert code == 1 and "prepare_openwebtext.py --dataset=nothing_here" in err
-    code, _, err = call_main(train, f"--data_dir={tmp_path}", "--text_path=/no/such/file.txt", capsys=capsys)
-    assert code == 1 and "is not a file" in err
+    code, _, err = call_main(train, f"--data_dir={tmp_path}", "--dataset=pydocs_char", "--device=cpu", capsys=capsys)
+    assert code == 1 and "python prepare_char.py" in err
 
 
 @pytest.mark.parametrize("script", ["vit_train.py", "vit_inspect.py", "bench.py", "lra/train.py"])
@@ -448,31 +459,7 @@ def test_every_script_answers_help_and_bad_keys_without_a_traceback(script):
 
 
 # -----------------------------------------------------------------------------
-# any text file, and the evaluation sets of the paper
-
-
-def test_text_path_trains_on_any_text_file(tmp_path, capsys):
-    """--text_path=<file>: prepared at character level as <stem>_char (not over the config's
-    dataset), trained on, and re-prepared only if the file is unchanged; an edited file is
-    refused instead of silently training on the old tokens."""
-    src = tmp_path / "poem.txt"
-    text = "".join(f"Line {i}: roses are red, violets are blue.\n" for i in range(300))
-    src.write_text(text, encoding="utf-8")
-    data, out = str(tmp_path / "data"), str(tmp_path / "out")
-    common = [f"--text_path={src}", f"--data_dir={data}", f"--out_dir={out}", *TINY, "--eval_iters=2"]
-    code, stdout, err = call_main(train, *common, "--max_iters=2", "--eval_interval=2", capsys=capsys)
-    assert code == 0, err
-    meta = prep.read_meta(os.path.join(data, "poem_char"))
-    assert meta["chars"] == "".join(sorted(set(text)))
-    ids = np.concatenate([np.fromfile(os.path.join(data, "poem_char", f"{s}.bin"), dtype=np.uint16)
-                          for s in ("train", "val")])
-    assert "".join(meta["chars"][i] for i in ids) == text
-    assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"))["tokenizer"]["chars"] == meta["chars"]
-    assert not os.path.exists(os.path.join(data, "openwebtext"))
-    src.write_text(text + "A new line with new letters: qxz!\n", encoding="utf-8")
-    code, _, err = call_main(train, *common, "--max_iters=2", "--eval_interval=2", capsys=capsys)
-    assert code == 1 and "earlier version" in err and "--dataset=" in err
-
+# the evaluation sets of the paper
 
 # What the Hub serves for each evaluation set (fake rows), and the token stream expected from them.
 FAKE_HUB_ROWS = {
@@ -484,19 +471,19 @@ FAKE_HUB_ROWS = {
 
 def expected_stream(name, rows):
     sep = {"wikitext2": "", "lambada": "<|endoftext|>", "ptb": "\n"}[name]
-    return "".join(row + sep for row in rows)
+    return "".join(row + sep for row in rows) + ("" if name == "lambada" else "<|endoftext|>")
 
 
 @needs_bpe
 def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
     """WikiText-2, LAMBADA and PTB (Table 4 of the paper): the Hub repositories of
     prepare_openwebtext.HUB are asked for their test split (a fake load_dataset stands in for
-    the network), written whole as test.bin with GPT-2 BPE, and eval_only scores a GPT-2 BPE
+    the network), written whole as test.bin with GPT-2 BPE, and evaluate.py scores a GPT-2 BPE
     checkpoint on them: the loss equals a plain forward over the same windows."""
     import datasets
+    import tiktoken
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.path.abspath(TIKTOKEN_CACHE))
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # no network probe
     asked = []
 
     def fake_load_dataset(path, config=None, split=None, revision=None, **kw):
@@ -506,28 +493,28 @@ def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     data = str(tmp_path / "data")
-    enc = prep.gpt2_encoding()
+    enc = tiktoken.get_encoding("gpt2")
     for name, rows in FAKE_HUB_ROWS.items():
-        meta = prep.prepare(prep.parse_args([f"--dataset={name}", f"--data_dir={data}", "--num_proc=1"]))
+        prep.main([f"--dataset={name}", f"--data_dir={data}", "--num_proc=1"])
+        meta = read_meta(os.path.join(data, name))
         assert list(meta["splits"]) == ["test"] and meta["tokenizer"] == "gpt2"
         ids = np.fromfile(os.path.join(data, name, "test.bin"), dtype=np.uint16).tolist()
         assert enc.decode(ids) == expected_stream(name, rows)
     assert asked == [(n, prep.HUB[n]["config"], "test") for n in FAKE_HUB_ROWS]
 
     # a tiny random GPT-2 BPE model, saved as train.py saves, scored on the WikiText-2 test split
-    args = dict(block_size=8, vocab_size=train.padded_vocab(enc.n_vocab), n_layer=1, n_head=2, n_embd=16)
+    args = dict(block_size=8, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**args)).eval()
     out = str(tmp_path / "out")
     tk.save_checkpoint(dict(model=model.state_dict(), model_args=asdict(model.config), iter_num=0,
-                            tokenizer=train.tokenizer_info(prep.read_meta(os.path.join(data, "wikitext2")))),
-                       os.path.join(out, "ckpt.pt"))
-    common = ["--dataset=wikitext2", f"--data_dir={data}", f"--out_dir={out}", "--eval_only=True", "--device=cpu"]
-    code, _, err = call_main(train, *common, capsys=capsys)  # the default split is val: not in an evaluation set
+                            tokenizer=dict(tokenizer="gpt2", vocab_size=50257)), os.path.join(out, "ckpt.pt"))
+    common = ["--dataset=wikitext2", f"--data_dir={data}", f"--out_dir={out}", "--device=cpu"]
+    code, _, err = call_main(evaluate, *common, capsys=capsys)  # the default split is val: not in an evaluation set
     assert code == 1 and "splits: test" in err
-    code, stdout, err = call_main(train, *common, "--eval_split=test", capsys=capsys)
+    code, stdout, err = call_main(evaluate, *common, "--split=test", capsys=capsys)
     assert code == 0 and "perplexity" in stdout, err
-    record = read_log(out, "eval_only")[-1]
+    record = read_log(out, "all", "eval.jsonl")[-1]
     ids = np.fromfile(os.path.join(data, "wikitext2", "test.bin"), dtype=np.uint16).astype(np.int64)
     total = 0.0
     with torch.no_grad():
@@ -538,3 +525,130 @@ def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
     assert record["split"] == "test" and record["tokens"] == len(ids) - 1
     # float32 over a few dozen tokens, summed in another order: equal to ~1e-6 relative
     assert record["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# bad input: a one-line error, and nothing lost (issue 12)
+
+
+def test_generate_never_samples_the_padded_vocabulary_ids():
+    """vocab_size is padded to a multiple of 64 (107 characters -> 128 ids); at a high
+    temperature an unmasked model draws the padding ids (which no tokenizer can decode)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx = torch.zeros(4, 1, dtype=torch.long)
+    with torch.no_grad():
+        unmasked = model.generate(idx, 100, temperature=50.0)[:, 1:]
+        masked = model.generate(idx, 100, temperature=50.0, n_vocab=107)[:, 1:]
+        greedy = model.generate(idx, 20, temperature=0, n_vocab=3)[:, 1:]
+    assert (unmasked >= 107).any()  # the check below can fail: without the mask padding ids come up
+    assert masked.max() < 107 and greedy.max() < 3
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(idx, 1, temperature=-1.0)
+
+
+def test_sample_at_high_temperature_and_bad_settings(tiny_run, capsys):
+    common = [f"--out_dir={tiny_run['out']}", "--num_threads=1", "--max_new_tokens=200", "--num_samples=2"]
+    code, out, err = call_main(sample, *common, "--temperature=50", capsys=capsys)  # 21 of 128 ids are padding
+    assert code == 0 and "tokens/s" in out, err
+    for bad, words in (("--temperature=-0.5", "temperature must be >= 0"), ("--num_samples=0", "num_samples must be"),
+                       ("--top_k=-1", "top_k must be"), ("--temprature=1", "Did you mean temperature")):
+        code, out, err = call_main(sample, *common, bad, capsys=capsys)
+        assert code == 1 and words in err and err.count("\n") <= 1, (bad, err)
+
+
+def test_scratch_run_refuses_an_out_dir_that_holds_a_checkpoint(tiny_run, capsys):
+    ckpt, log = (os.path.join(tiny_run["out"], f) for f in ("ckpt.pt", "log.jsonl"))
+    before = open(ckpt, "rb").read(), open(log).read()
+    code, _, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}",
+                             f"--out_dir={tiny_run['out']}", *TINY, "--max_iters=2", "--eval_interval=1", capsys=capsys)
+    assert code == 1 and "--init_from=resume" in err and "--out_dir=" in err and "already exists" in err
+    assert (open(ckpt, "rb").read(), open(log).read()) == before  # nothing overwritten, nothing appended
+
+
+def test_truncated_checkpoint_names_the_file(tiny_run, tmp_path, capsys):
+    whole = open(os.path.join(tiny_run["out"], "ckpt.pt"), "rb").read()
+    (tmp_path / "ckpt.pt").write_bytes(whole[:len(whole) // 2])
+    code, _, err = call_main(sample, f"--out_dir={tmp_path}", capsys=capsys)
+    assert code == 1 and f"{tmp_path}/ckpt.pt" in err and "truncated or corrupt" in err and err.count("\n") <= 1
+    code, _, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}", f"--out_dir={tmp_path}",
+                             *TINY, "--init_from=resume", capsys=capsys)
+    assert code == 1 and "truncated or corrupt" in err
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("--learning_rate=-1e-3", "learning_rate must be positive"),
+    ("--eval_interval=0", "eval_interval must be at least 1"),
+    ("--batch_size=0", "batch_size must be at least 1"),
+    ("--n_head=5", "must be divisible by n_head"),
+    ("--lr_schedule=step", "lr_schedule must be one of"),
+    ("--device=cuda", "no CUDA GPU"),
+])
+def test_bad_settings_are_one_line(setting, words, tmp_path, capsys):
+    if setting == "--device=cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, _, err = call_main(train, *TINY, setting, f"--out_dir={tmp_path}", f"--data_dir={tmp_path}", capsys=capsys)
+    assert code == 1 and words in err and err.count("\n") <= 1, err
+
+
+def test_block_size_is_checked_against_the_data_before_building_the_model(tiny_run, tmp_path, monkeypatch, capsys):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the data was checked")
+
+    monkeypatch.setattr(train, "GPT", no_model)
+    code, _, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}",
+                             f"--out_dir={tmp_path}", *TINY, "--block_size=1000000", capsys=capsys)
+    assert code == 1 and "not more than block_size (1,000,000)" in err and "lower --block_size" in err
+
+
+@pytest.mark.parametrize("content, words, not_words", [
+    (b"", "is empty", "val_fraction"),
+    (b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4, "compressed archive", "iconv -f latin1"),
+    (b"\x00" * 5000, "NUL bytes", "latin1"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(200), "NUL bytes", "latin1"),
+    ("caf\u00e9 ".encode("latin-1") * 100, "not UTF-8 text", "latin1 -t"),
+])
+def test_prepare_char_refuses_what_is_not_text(content, words, not_words, tmp_path):
+    src = tmp_path / "input.txt"
+    src.write_bytes(content)
+    p = run("prepare_char.py", f"--input={src}", f"--data_dir={tmp_path / 'data'}", check=False)
+    assert p.returncode == 1 and words in p.stderr and not_words not in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+    assert not os.path.exists(tmp_path / "data")  # a failed preparation leaves no folder behind
+
+
+def test_preparation_removes_temp_files_of_a_killed_run(tmp_path):
+    src = tmp_path / "poem.txt"
+    src.write_text("roses are red, violets are blue\n" * 50, encoding="utf-8")
+    folder = tmp_path / "poem_char"
+    folder.mkdir()
+    (folder / "train.bin.tmp").write_bytes(bytes(1000))  # what kill -9 mid-write leaves
+    prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
+    assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_configs_list_only_what_differs_and_the_base_recipe_is_the_released_one():
+    for name in os.listdir(os.path.join(REPO, "config")):
+        if name.startswith(("tost_owt", "gpt2_owt", "pydocs_")):
+            scope = {}
+            exec(open(os.path.join(REPO, "config", name)).read(), scope)
+            same = [k for k, v in scope.items() if not k.startswith("_") and train.DEFAULTS.get(k) == v]
+            assert not same, (name, same)
+    base = tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", "tost_owt.py")])
+    assert base["weight_decay"] == 0.01  # the released ToST-Base config (the paper's text: 0.1)
+    for size in ("medium", "large"):
+        assert tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"tost_owt_{size}.py")])["weight_decay"] == 0.1
+    # 480 sequences of 1024 tokens per step, as in the paper, for every OpenWebText config
+    for name in ("tost_owt", "tost_owt_medium", "tost_owt_large", "gpt2_owt"):
+        c = tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"{name}.py")])
+        assert c["batch_size"] * c["gradient_accumulation_steps"] == 480 and c["block_size"] == 1024
+
+
+def test_max_time_stops_cleanly_with_an_evaluation_and_a_checkpoint(tiny_run, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    code, stdout, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}", f"--out_dir={out}",
+                                  *TINY, "--max_iters=100000", "--eval_interval=100000", "--max_time=1e-9",
+                                  capsys=capsys)
+    assert code == 0 and "max_time" in stdout, err
+    assert [r["iter"] for r in read_log(out, "eval")] == [0, 1]  # the last step is evaluated and saved
+    assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 1

@@ -1,0 +1,115 @@
+"""
+Score a train.py checkpoint on every token of a split: loss and perplexity (the paper's
+Table 4 numbers come from the test splits of prepare_openwebtext.py's evaluation sets).
+
+    python evaluate.py --out_dir=out-tost-owt --dataset=wikitext2 --split=test
+    python evaluate.py --out_dir=out-pydocs-char-tost --dataset=pydocs_char       # its val split
+    torchrun --standalone --nproc_per_node=8 evaluate.py --out_dir=out-tost-owt --dataset=openwebtext
+
+The split is cut into windows of the model's block_size; with --stride < block_size windows
+overlap and each token is scored once, by the window that gives it the most context. Every
+process scores its share of the windows; the result (one line, and one record appended to
+out_dir/eval.jsonl) does not depend on the number of processes.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+import trainkit as tk
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+out_dir = "out"  # folder holding ckpt.pt
+dataset = "openwebtext"
+data_dir = "data"
+split = "val"  # "val", "test" (evaluation sets) or "train"
+stride = 0  # windows of block_size every `stride` tokens (0: block_size, no overlap)
+max_tokens = 0  # score at most this many tokens of the split (0: all)
+batch_size = 8  # windows per forward pass
+device = "auto"
+dtype = "auto"
+num_threads = 0
+# -----------------------------------------------------------------------------
+
+
+def windows(n_tokens, T, stride):
+    """(start, skip) of windows of up to T tokens that score each of the n_tokens - 1
+    predictions of a stream exactly once: a window starts every `stride` tokens and its first
+    `skip` predictions were scored by an earlier window (with more context)."""
+    out, done, start = [], 0, 0  # predictions [0, done) are scored
+    while done < n_tokens - 1:
+        out.append((start, done - start))
+        done = min(start + T, n_tokens - 1)
+        start += stride
+    return out
+
+
+@torch.no_grad()
+def main(argv):
+    C = tk.configure(tk.config_defaults(globals()), argv)
+    tk.require(C["batch_size"] >= 1, f"batch_size must be at least 1, got {C['batch_size']}")
+    device, dtype = tk.choose_device_dtype(C["device"], C["dtype"])
+    if C["num_threads"] > 0:
+        torch.set_num_threads(C["num_threads"])
+    with tk.distributed(device) as dist:  # under torchrun: this rank's GPU
+        device = dist.device
+        ckpt_path = os.path.join(C["out_dir"], "ckpt.pt")
+        ckpt = tk.load_checkpoint(ckpt_path)
+        folder = os.path.join(C["data_dir"], C["dataset"])
+        if not os.path.isfile(os.path.join(folder, "meta.json")):
+            raise tk.UserError(f"dataset {C['dataset']!r} is not prepared ({folder}/meta.json is missing): "
+                               f"python prepare_openwebtext.py --dataset={C['dataset']}")
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
+            raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({ckpt['tokenizer']['tokenizer']}, "
+                               f"{ckpt['tokenizer'].get('dataset')}) than {C['dataset']!r} uses ({meta['tokenizer']})")
+        if C["split"] not in meta["splits"]:
+            raise tk.UserError(f"{C['dataset']} has no split {C['split']!r}; its splits: {', '.join(meta['splits'])}")
+        tokens = np.memmap(os.path.join(folder, f"{C['split']}.bin"), dtype=np.uint16, mode="r")
+        if C["max_tokens"]:
+            tokens = tokens[:C["max_tokens"] + 1]
+        model = GPT(GPTConfig(**ckpt["model_args"]))
+        model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+        model.to(device).eval()
+        T = model.config.block_size
+        stride = C["stride"] or T
+        tk.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
+        ctx, _ = tk.autocast_for(device, dtype)
+
+        t0 = time.time()
+        total = torch.zeros(2, dtype=torch.float64, device=dist.device)  # (sum of losses, tokens scored)
+        mine = windows(len(tokens), T, stride)[dist.rank::dist.world_size]
+        for i in range(0, len(mine), C["batch_size"]):
+            x = np.zeros((len(mine[i:i + C["batch_size"]]), T), dtype=np.int64)  # (B, T)
+            y = np.full_like(x, -1)  # -1: not scored (padding, or scored by an earlier window)
+            for row, (start, skip) in enumerate(mine[i:i + C["batch_size"]]):
+                chunk = tokens[start:start + T + 1].astype(np.int64)
+                x[row, :len(chunk) - 1], y[row, :len(chunk) - 1] = chunk[:-1], chunk[1:]
+                y[row, :skip] = -1
+            x, y = torch.from_numpy(x).to(dist.device), torch.from_numpy(y).to(dist.device)
+            with ctx():
+                _, loss = model(x, y)  # mean over the scored targets
+            n = (y != -1).sum()
+            total += torch.stack([loss.double() * n, n.double()])
+        if dist.ddp:
+            torch_dist.all_reduce(total)
+        loss, n = (total[0] / total[1]).item(), int(total[1].item())
+        record = dict(iter=ckpt["iter_num"], dataset=C["dataset"], split=C["split"], loss=loss, ppl=math.exp(loss),
+                      tokens=n, block_size=T, stride=stride)
+        if dist.is_master:
+            print(f"{C['dataset']} {C['split']}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} ({n:,} tokens, "
+                  f"windows of {T} every {stride}, {time.time() - t0:.1f}s)")
+            tk.JsonlLogger(os.path.join(C["out_dir"], "eval.jsonl")).log(record)
+    return record
+
+
+if __name__ == "__main__":
+    tk.run_cli(main, sys.argv[1:])
