@@ -13,6 +13,7 @@ Suites (--suites, comma separated):
   decode        one generated token at context T: TSSA recurrent step vs SDPA over a KV cache
   model         whole-model training step (forward, backward, AdamW): ToST-Base vs GPT-2 Base
   model_decode  whole-model per-token decoding at context T, with the size of the carried state
+  vit           vision: 12 attention layers of ToST-S width, forward, at T tokens (image side 16 sqrt(T))
 Implementations (--impls): reference (model.py as written), fast (fast_tssa.py), sdpa
 (softmax attention; the backend that ran is named: flash, cudnn, efficient or math), and
 compiled (torch.compile of the reference; off by default, it compiles for ~30 s).
@@ -321,6 +322,24 @@ def model_decode_case(impl, T_):
     return run, f"state {size / 2**20:.3f} MB"
 
 
+def vit_case(impl, T_):
+    """Vision at T_ tokens (a sqrt(T_) * 16 pixel square image, patch 16): the forward pass of
+    12 attention layers of ToST-S width (384, 8 heads), batch B, no gradients (notes §6: the
+    paper's 10k-token comparison). sdpa: softmax attention; reference / fast / compiled: TSSA."""
+    torch.manual_seed(0)
+    kind = "softmax" if impl == "sdpa" else "tssa"
+    layers = torch.nn.Sequential(*[model.make_attention(kind, n_embd=384, n_head=8, bias=True)
+                                   for _ in range(12)]).to(DEVICE, DTYPE).eval()
+    fn = torch.compile(layers) if impl == "compiled" else layers
+    x = torch.randn(B, T_, 384, device=DEVICE, dtype=DTYPE)
+
+    def run():
+        with torch.no_grad(), reference_only(impl in ("reference", "compiled")):
+            fn(x)
+    side = int(round(T_ ** 0.5)) * 16
+    return run, f"image {side}x{side}, 12 layers, width 384"
+
+
 # -----------------------------------------------------------------------------
 # driver
 
@@ -348,7 +367,8 @@ def run_suite(suite, impl_list, mode_list, T_list, results, bw):
                         continue
                 try:
                     make = {"op": lambda: op_case(impl, mode, T_), "decode": lambda: decode_case(impl, T_),
-                            "model": lambda: model_case(impl, T_), "model_decode": lambda: model_decode_case(impl, T_)}[suite]
+                            "model": lambda: model_case(impl, T_), "model_decode": lambda: model_decode_case(impl, T_),
+                            "vit": lambda: vit_case(impl, T_)}[suite]
                     fn, note = make()
                     fn()  # first call outside the timing (compilation, C build, allocator warm-up)
                     ms, all_ms, cpu_ms = timed(fn, repeats, warmup)
