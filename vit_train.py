@@ -483,13 +483,13 @@ def build_model(cfg, num_classes):
         if ckpt["model_args"]["num_classes"] != num_classes:
             raise trainkit.UserError(f"the checkpoint has {ckpt['model_args']['num_classes']} classes, dataset "
                                      f"{cfg['dataset']!r} has {num_classes}; init_from='finetune' gives a new head")
-        return model_from_checkpoint(ckpt), ckpt
+        return model_from_checkpoint(ckpt, tssa_impl=cfg["tssa_impl"]), ckpt
     if cfg["init_from"] == "finetune":
         if not cfg["finetune_from"]:
             raise trainkit.ConfigError("init_from='finetune' needs finetune_from=<path to a ckpt.pt>")
         ckpt = trainkit.load_checkpoint(cfg["finetune_from"])  # its architecture; this run's size, regularisation
         model = model_from_checkpoint(ckpt, img_size=cfg["img_size"], dropout=cfg["dropout"],
-                                      drop_path=cfg["drop_path"])
+                                      drop_path=cfg["drop_path"], tssa_impl=cfg["tssa_impl"])
         if model.config.num_classes != num_classes:
             model.reset_classifier(num_classes)
         return model, None
