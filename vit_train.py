@@ -357,6 +357,12 @@ def timm_transforms(cfg):
     except ImportError as e:
         raise trainkit.UserError(f"recipe='paper' needs timm ({e}); see the README: pip install timm "
                                  "(--no-deps next to a CPU torch), or recipe='builtin'") from None
+    from timm.data.auto_augment import posterize
+    try:  # RandAugment at magnitude 10 (rand-m9-mstd0.5 reaches it) keeps 0 bits: Pillow 13 refuses that
+        posterize(Image.new("RGB", (1, 1)), 0)
+    except ValueError as e:
+        raise trainkit.UserError(f"timm's RandAugment posterizes to 0 bits, which this Pillow refuses ({e}); "
+                                 "install Pillow<13 next to timm (README)") from None
     mean, std = mean_std(cfg["dataset"])
     common = dict(input_size=cfg["img_size"], interpolation="bicubic", mean=mean, std=std)
     train = create_transform(**common, is_training=True, scale=tuple(cfg["crop_scale"]),

@@ -337,7 +337,10 @@ def test_paper_recipe_through_timm(tmp_path):
     exactly."""
     pytest.importorskip("timm", reason="timm is an optional extra (pip install timm); not installed here")
     cfg = {**vit_train.DEFAULTS, "img_size": 32, "dataset": "shapes"}
-    train_tf, eval_tf = vit_train.timm_transforms(cfg)
+    try:
+        train_tf, eval_tf = vit_train.timm_transforms(cfg)
+    except trainkit.UserError as e:  # timm <= 1.0.31 with Pillow >= 13 (README): say so, do not hide it
+        pytest.skip(str(e))
     text = repr(train_tf)
     assert "RandAugment" in text and "RandomErasing" in text and "bicubic" in text.lower(), text
     assert "36" in repr(eval_tf) and "CenterCrop" in repr(eval_tf)  # 32 / 0.875 -> 36, centre 32
