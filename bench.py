@@ -13,6 +13,7 @@ Suites (--suites, comma separated):
   decode        one generated token at context T: TSSA recurrent step vs SDPA over a KV cache
   model         whole-model training step (forward, backward, AdamW): ToST-Base vs GPT-2 Base
   model_decode  whole-model per-token decoding at context T, with the size of the carried state
+  vit           vision: 12 attention layers of ToST-S width, forward, at T tokens (image side 16 sqrt(T))
 Implementations (--impls): the values of tssa_impl, each reached through model.tssa_ops /
 GPTConfig(tssa_impl=...) as a training run reaches it: torch (model.py's maths), cpu (the C
 kernels), triton (the Triton kernels; CUDA); then sdpa (softmax attention; the backend that
@@ -316,6 +317,25 @@ def model_decode_case(impl, T_):
     return run, f"state {size / 2**20:.3f} MB"
 
 
+def vit_case(impl, T_):
+    """Vision at T_ tokens (a sqrt(T_) * 16 pixel square image, patch 16): the forward pass of
+    12 attention layers of ToST-S width (384, 8 heads), batch B, no gradients (notes §6: the
+    paper's 10k-token comparison). sdpa: softmax attention; torch / cpu / triton / compiled: TSSA."""
+    torch.manual_seed(0)
+    kind = "softmax" if impl == "sdpa" else "tssa"
+    tssa_impl = impl if impl in ("cpu", "triton") else "torch"
+    layers = torch.nn.Sequential(*[model.make_attention(kind, n_embd=384, n_head=8, bias=True, tssa_impl=tssa_impl)
+                                   for _ in range(12)]).to(DEVICE, DTYPE).eval()
+    fn = torch.compile(layers) if impl == "compiled" else layers
+    x = torch.randn(B, T_, 384, device=DEVICE, dtype=DTYPE)
+
+    def run():
+        with torch.no_grad():
+            fn(x)
+    side = int(round(T_ ** 0.5)) * 16
+    return run, f"image {side}x{side}, 12 layers, width 384"
+
+
 # -----------------------------------------------------------------------------
 # driver
 
@@ -343,7 +363,8 @@ def run_suite(suite, impl_list, mode_list, T_list, results, bw):
                         continue
                 try:
                     make = {"op": lambda: op_case(impl, mode, T_), "decode": lambda: decode_case(impl, T_),
-                            "model": lambda: model_case(impl, T_), "model_decode": lambda: model_decode_case(impl, T_)}[suite]
+                            "model": lambda: model_case(impl, T_), "model_decode": lambda: model_decode_case(impl, T_),
+                            "vit": lambda: vit_case(impl, T_)}[suite]
                     fn, note = make()
                     fn()  # first call outside the timing (compilation, C build, allocator warm-up)
                     note = "; ".join(n for n in (note, fallback_note(impl)) if n)
@@ -355,6 +376,11 @@ def run_suite(suite, impl_list, mode_list, T_list, results, bw):
                     results.append(rec)
                     print_row(rec)
                     break
+                except Exception as e:  # e.g. a compiler error: say so in the table and go on
+                    rec.update(note=f"FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0][:100]}")
+                    results.append(rec)
+                    print_row(rec)
+                    continue
                 if per_call:
                     ms, all_ms, cpu_ms = ms / decode_steps, [t / decode_steps for t in all_ms], cpu_ms / decode_steps
                 rec.update(ms=ms, ms_all=all_ms, cpu_ms=cpu_ms if DEVICE == "cpu" else None, peak_mb=mem.mb, note=note)

@@ -612,17 +612,18 @@ class ConvPatchEmbed(nn.Module):
 
 
 class FourierPositionalEncoding(nn.Module):
-    """2-D sinusoidal features of the normalised patch coordinates, mapped to C by a 1x1 conv."""
+    """2-D sinusoidal features of the normalised patch coordinates, mapped to C by a 1x1 conv.
+    Row i of Hp (1-based) sits at 2 pi i / (Hp + 1e-6), as released (columns alike)."""
 
-    def __init__(self, *, n_embd, hidden=32, temperature=10000.0):
+    def __init__(self, *, n_embd, hidden=32, temperature=10000.0, eps=1e-6):
         super().__init__()
-        self.hidden, self.temperature = hidden, temperature
+        self.hidden, self.temperature, self.eps = hidden, temperature, eps
         self.proj = nn.Conv2d(2 * hidden, n_embd, kernel_size=1)
 
     def forward(self, B, Hp, Wp, device):  # -> (B, C, Hp, Wp)
         y = torch.arange(1, Hp + 1, device=device, dtype=torch.float32)[:, None].expand(Hp, Wp)
         x = torch.arange(1, Wp + 1, device=device, dtype=torch.float32)[None, :].expand(Hp, Wp)
-        y, x = y / Hp * 2 * math.pi, x / Wp * 2 * math.pi  # coordinates in (0, 2 pi]
+        y, x = y / (Hp + self.eps) * 2 * math.pi, x / (Wp + self.eps) * 2 * math.pi  # just under (0, 2 pi]
         freqs = self.temperature ** (2 * (torch.arange(self.hidden, device=device) // 2) / self.hidden)
         def features(coord):  # (Hp, Wp) -> (hidden, Hp, Wp), sin on even channels, cos on odd
             a = coord[None] / freqs[:, None, None]
@@ -646,26 +647,38 @@ class ClassAttention(nn.Module):
     def forward(self, x):  # x (B, 1 + N, C) with the class token first -> (B, 1, C), attn (B, H, 1 + N)
         q = _split_heads(self.q(x[:, :1]), self.n_head)  # (B, H, 1, p)
         k, v = (_split_heads(t, self.n_head) for t in self.kv(x).chunk(2, dim=-1))  # (B, H, 1+N, p)
-        attn = (q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1)  # (B, H, 1, 1+N)
+        acc = torch.promote_types(q.dtype, torch.float32)  # scores in fp32 at least (bf16 runs)
+        attn = (q.to(acc) @ k.to(acc).transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1)  # (B, H, 1, 1+N)
         y = (attn.to(v.dtype) @ v)  # (B, H, 1, p)
         return self.dropout(self.c_proj(_merge_heads(y))), attn[:, :, 0]
 
 
 class ClassAttentionBlock(nn.Module):
-    def __init__(self, *, n_embd, n_head, mlp_ratio=4.0, layer_scale_init=1.0, dropout=0.0):
+    """XCiT's class-attention block with tokens_norm=True, as the released ToST (notes §5).
+    With x = [c, p] (class token, patch tokens):
+        n = LN1(x);           x = x + drop_path(g1 * [attn_c(n), n_p])   (patches: p + g1 LN1(p))
+        x = LN2(x)            on the residual stream, every token
+        x = x + drop_path([g2 * MLP(x_c), x_p])                          (patches: doubled)
+    The class token leaves as LN2(c') + g2 MLP(LN2(c')); the next block's LN1 undoes the 2."""
+
+    def __init__(self, *, n_embd, n_head, mlp_ratio=4.0, layer_scale_init=1.0, dropout=0.0, drop_path=0.0,
+                 eps=1e-6):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd)
+        self.ln_1 = nn.LayerNorm(n_embd, eps=eps)
         self.attn = ClassAttention(n_embd=n_embd, n_head=n_head, dropout=dropout)
         self.ls_1 = LayerScale(n_embd, layer_scale_init)
-        self.ln_2 = nn.LayerNorm(n_embd)
+        self.ln_2 = nn.LayerNorm(n_embd, eps=eps)
         self.mlp = MLP(n_embd=n_embd, hidden=int(mlp_ratio * n_embd), bias=True, dropout=dropout)
         self.ls_2 = LayerScale(n_embd, layer_scale_init)
+        self.drop_path = DropPath(drop_path)
 
-    def forward(self, x):  # x (B, 1 + N, C) -> same; only the class token changes
-        a, attn = self.attn(self.ln_1(x))
-        cls = x[:, :1] + self.ls_1(a)  # (B, 1, C)
-        cls = cls + self.ls_2(self.mlp(self.ln_2(cls)))
-        return torch.cat([cls, x[:, 1:]], dim=1), attn
+    def forward(self, x):  # x (B, 1 + N, C) -> same, attn (B, H, 1 + N)
+        n = self.ln_1(x)
+        a, attn = self.attn(n)  # (B, 1, C)
+        x = x + self.drop_path(self.ls_1(torch.cat([a, n[:, 1:]], dim=1)))
+        x = self.ln_2(x)
+        x = x + self.drop_path(torch.cat([self.ls_2(self.mlp(x[:, :1])), x[:, 1:]], dim=1))
+        return x, attn
 
 
 @dataclass(kw_only=True)
@@ -679,7 +692,9 @@ class ViTConfig:
     n_embd: int = 384
     mlp_ratio: float = 4.0
     dropout: float = 0.0
-    drop_path: float = 0.0  # stochastic depth rate of the last block (linear in depth)
+    drop_path: float = 0.0  # stochastic depth rate of every ToST block (released: T 0, S 0.05, M 0.15)
+    cls_drop_path: float = 0.0  # of the class-attention blocks (XCiT, and so the release: 0)
+    ln_eps: float = 1e-6  # LayerNorm epsilon everywhere in the ViT (as released)
     layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (notes §5)
     attn: str = "tssa"  # "tssa" | "softmax" (ViT baseline at the same size otherwise)
     pi: str = "softmax"
@@ -688,9 +703,9 @@ class ViTConfig:
 
 
 VIT_PRESETS = {
-    "tost-t": dict(n_layer=12, n_head=4, n_embd=192),  # 5.8M
-    "tost-s": dict(n_layer=12, n_head=8, n_embd=384),  # 22.6M
-    "tost-m": dict(n_layer=24, n_head=8, n_embd=512, layer_scale_init=1e-5),  # 71.5M (released config)
+    "tost-t": dict(n_layer=12, n_head=4, n_embd=192, drop_path=0.0),  # 5.8M
+    "tost-s": dict(n_layer=12, n_head=8, n_embd=384, drop_path=0.05),  # 22.6M
+    "tost-m": dict(n_layer=24, n_head=8, n_embd=512, layer_scale_init=1e-5, drop_path=0.15),  # 71.5M (released)
 }
 
 
@@ -707,15 +722,19 @@ class ToSTViT(nn.Module):
         self.blocks = nn.ModuleList(
             Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=False, bias=True, dropout=c.dropout,
                   mlp_ratio=c.mlp_ratio, layer_scale_init=c.layer_scale_init, pi=c.pi,
-                  drop_path=c.drop_path * i / max(c.n_layer - 1, 1),
+                  drop_path=c.drop_path,
                   tssa_impl=c.tssa_impl)
-            for i in range(c.n_layer))
+            for _ in range(c.n_layer))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
         self.cls_blocks = nn.ModuleList(
             ClassAttentionBlock(n_embd=c.n_embd, n_head=c.n_head, mlp_ratio=c.mlp_ratio,
-                                layer_scale_init=c.layer_scale_init, dropout=c.dropout)
+                                layer_scale_init=c.layer_scale_init, dropout=c.dropout,
+                                drop_path=c.cls_drop_path, eps=c.ln_eps)
             for _ in range(c.n_cls_layers))
-        self.norm = nn.LayerNorm(c.n_embd)
+        self.norm = nn.LayerNorm(c.n_embd, eps=c.ln_eps)
+        for m in self.blocks.modules():  # the shared Block builds its LayerNorms with torch's 1e-5
+            if isinstance(m, nn.LayerNorm):
+                m.eps = c.ln_eps
         self.head = nn.Linear(c.n_embd, c.num_classes)
         self.apply(self._init_weights)
         nn.init.trunc_normal_(self.cls_token, std=0.02)

@@ -77,8 +77,7 @@ def main(argv):
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)
     model_args = dict(ckpt["model_args"])
-    if "tssa_impl" in GPTConfig.__dataclass_fields__:
-        model_args["tssa_impl"] = C["tssa_impl"]
+    model_args["tssa_impl"] = C["tssa_impl"]
     model = GPT(GPTConfig(**model_args))
     model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
     model.to(dev).eval()

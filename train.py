@@ -217,8 +217,7 @@ def main(argv):
             model_args = dict(ckpt["model_args"])
             if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
                 raise tk.UserError(f"{ckpt_path} was trained with another tokenizer than dataset {C.dataset!r}'s")
-        if "tssa_impl" in GPTConfig.__dataclass_fields__:  # how to compute, not what: this run's choice
-            model_args["tssa_impl"] = C.tssa_impl
+        model_args["tssa_impl"] = C.tssa_impl  # how to compute, not what: this run's choice
         model = GPT(GPTConfig(**model_args)).to(device)
         raw_model = model  # the plain module: parameters, checkpoints, MFU
         optimizer = model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2),

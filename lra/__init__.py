@@ -1,2 +1,2 @@
-"""Long Range Arena for nanoToST: data (data.py, generate.py; PNG through ../pngio.py), the encoder
+"""Long Range Arena for nanoToST: data (data.py, generate.py), the encoder
 classifier (encoder.py) and one training script (train.py). See lra/README.md."""

@@ -29,6 +29,7 @@ ListOps uses LISTOPS_VOCAB (vocabulary 16).
 """
 
 import hashlib
+import io
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -40,7 +41,8 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pngio import decode_png, to_grey
+from PIL import Image
+
 from trainkit import UserError
 
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
@@ -282,7 +284,9 @@ def read_text(hf_name, split, max_len):
 
 
 def _grey_pixels(png_bytes):
-    return to_grey(decode_png(png_bytes)).reshape(-1)
+    """PNG bytes -> flat uint8 grey pixels, through Pillow (RGB -> ITU-R 601 luma, alpha dropped)."""
+    with Image.open(io.BytesIO(png_bytes)) as im:
+        return np.asarray(im.convert("L")).reshape(-1)
 
 
 def _decode_all(blobs, workers):

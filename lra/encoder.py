@@ -46,14 +46,16 @@ class LRAConfig:
     two_tower: bool = False  # retrieval: two documents, one shared encoder
     bias: bool = True
     layer_scale_init: float | None = None  # None: no layer scale
+    tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
 
 
 class PostNormBlock(nn.Module):
     """x = LN(x + Attn(x)); x = LN(x + MLP(x)) (the original Transformer's order)."""
 
-    def __init__(self, *, n_embd, n_head, attn, bias=True, dropout=0.0, mlp_hidden, pi="softmax"):
+    def __init__(self, *, n_embd, n_head, attn, bias=True, dropout=0.0, mlp_hidden, pi="softmax", tssa_impl="torch"):
         super().__init__()
-        self.attn = make_attention(attn, n_embd=n_embd, n_head=n_head, causal=False, bias=bias, dropout=dropout, pi=pi)
+        self.attn = make_attention(attn, n_embd=n_embd, n_head=n_head, causal=False, bias=bias, dropout=dropout, pi=pi,
+                                   tssa_impl=tssa_impl)
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = MLP(n_embd=n_embd, hidden=mlp_hidden, bias=bias, dropout=dropout)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
@@ -78,13 +80,14 @@ class LRAEncoder(nn.Module):
         if c.norm == "pre":
             self.blocks = nn.ModuleList(
                 Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=False, bias=c.bias, dropout=c.dropout,
-                      mlp_ratio=c.mlp_hidden / c.n_embd, layer_scale_init=c.layer_scale_init, pi=c.pi)
+                      mlp_ratio=c.mlp_hidden / c.n_embd, layer_scale_init=c.layer_scale_init, pi=c.pi,
+                      tssa_impl=c.tssa_impl)
                 for _ in range(c.n_layer))
             self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
         else:
             self.blocks = nn.ModuleList(
                 PostNormBlock(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, bias=c.bias, dropout=c.dropout,
-                              mlp_hidden=c.mlp_hidden, pi=c.pi)
+                              mlp_hidden=c.mlp_hidden, pi=c.pi, tssa_impl=c.tssa_impl)
                 for _ in range(c.n_layer))
             self.ln_f = nn.Identity()  # post-norm blocks end in a LayerNorm already
 

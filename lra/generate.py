@@ -30,11 +30,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+from PIL import Image
 
 if __package__ in (None, ""):  # run as a script: make `lra` and the repo's modules importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pngio import encode_png
 
 # -----------------------------------------------------------------------------
 # ListOps
@@ -315,8 +315,7 @@ def _write_pathfinder_images(args):
     style = PATHFINDER_STYLES[size]
     for index, label, rel_path in items:
         img, _ = pathfinder_sample(np.random.default_rng([seed, index]), style, int(label))
-        with open(os.path.join(root, rel_path), "wb") as f:
-            f.write(encode_png(img))
+        Image.fromarray(img).save(os.path.join(root, rel_path), format="PNG")  # 8-bit grey
 
 
 def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, workers=1):

@@ -1,18 +1,17 @@
 """
 Tests for lra/: generators (deterministic, valid labels checked independently), loaders for
-all five release layouts (files written here), the PNG decoder, padding masks through the
+all five release layouts (files written here, PNGs through Pillow), padding masks through the
 whole encoder, parameter budgets of the configs, learning on tiny ListOps, exact resume.
 
     python -m pytest -q lra/test_lra.py     (CPU, offline, ~10-45 s)
 """
 
+import io
 import json
 import os
 import statistics
-import struct
 import sys
 import tempfile
-import zlib
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # never reach for the network
 os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(tempfile.gettempdir(), "nanotost_lra_test_hf"))
@@ -27,7 +26,7 @@ import trainkit
 from lra import generate, train
 from lra.data import LISTOPS_VOCAB, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
-from pngio import decode_png, encode_png, to_grey
+from PIL import Image
 
 torch.set_num_threads(1)  # on a shared 2-core machine more threads only contend
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -178,7 +177,7 @@ def test_pathfinder_generator_layout_determinism_and_labels(tmp_path):
         data = open(os.path.join(root, rel), "rb").read()
         assert data == open(os.path.join(again, rel), "rb").read()
         differs |= data != open(os.path.join(other, rel), "rb").read()
-        img = decode_png(data, use_pil=False)[..., 0]
+        img = decode_png(data)
         redo, scene = generate.pathfinder_sample(np.random.default_rng([3, index]), style, int(fields[3]))
         assert np.array_equal(img, redo) and img.shape == (32, 32)
         check_scene(img, scene, style, bridge_gaps=False)
@@ -202,39 +201,18 @@ def test_pathfinder_generator_layout_determinism_and_labels(tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# PNG
+# PNG (Pillow)
 
 
-def png_from_rows(width, height, colour_type, filtered_rows, bit_depth=8):
-    """A PNG assembled by hand from already-filtered scanlines (filter byte first)."""
-    def chunk(kind, payload):
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-    header = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(filtered_rows)))
-            + chunk(b"IEND", b""))
+def encode_png(pixels):
+    """PNG bytes of uint8 (H, W) grey or (H, W, 3) RGB pixels, written by Pillow."""
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
 
 
-def test_png_decoder_all_filters_and_roundtrip():
-    # grey 3 x 5, one row per filter type; filtered bytes worked out by hand from the spec
-    # pixels:   row0 10 20 30 | row1 15 25 35 | row2 5 6 7 | row3 100 0 50 | row4 1 2 3
-    rows = [0, 10, 20, 30,  # None
-            2, 5, 5, 5,  # Up: minus row 0
-            1, 5, 1, 1,  # Sub: minus the left neighbour
-            3, (100 - 2) % 256, (0 - 53) % 256, (50 - 3) % 256,  # Average: floor((left + up) / 2)
-            4, (1 - 100) % 256, (2 - 0) % 256, (3 - 50) % 256]  # Paeth: predictors 100, 0, 50 by hand
-    want = np.array([[10, 20, 30], [15, 25, 35], [5, 6, 7], [100, 0, 50], [1, 2, 3]], np.uint8)
-    got = decode_png(png_from_rows(3, 5, 0, rows), use_pil=False)
-    assert got.shape == (5, 3, 1) and np.array_equal(got[..., 0], want)
-    # RGB with Sub (bpp 3): second pixel stored as the difference to the first
-    rgb = decode_png(png_from_rows(2, 1, 2, [1, 200, 100, 50, 10, 20, 30]), use_pil=False)
-    assert rgb[0].tolist() == [[200, 100, 50], [210, 120, 80]]
-    # 1-bit grey: 0b10100000 -> white, black, white
-    bits = decode_png(png_from_rows(3, 1, 0, [0, 0b10100000], bit_depth=1), use_pil=False)
-    assert bits[0, :, 0].tolist() == [255, 0, 255]
-    img = np.random.default_rng(0).integers(0, 256, (7, 9, 3), dtype=np.uint8)
-    assert np.array_equal(decode_png(encode_png(img), use_pil=False), img)
-    # grey: ITU-R 601 luma, rounded
-    assert to_grey(np.array([[[255, 0, 0], [0, 255, 0], [10, 20, 30]]], np.uint8)).tolist() == [[76, 150, 18]]
+def decode_png(data):
+    return np.asarray(Image.open(io.BytesIO(data)))
 
 
 # -----------------------------------------------------------------------------

@@ -102,9 +102,7 @@ def model_config(cfg):
                 max_len=min(cfg["max_len"] or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
                 n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], mlp_hidden=cfg["mlp_hidden"],
                 dropout=cfg["dropout"], attn=cfg["attn"], pi=cfg["pi"], norm=cfg["norm"], bias=cfg["bias"],
-                layer_scale_init=cfg["layer_scale_init"])
-    if "tssa_impl" in LRAConfig.__dataclass_fields__:
-        args["tssa_impl"] = cfg["tssa_impl"]
+                layer_scale_init=cfg["layer_scale_init"], tssa_impl=cfg["tssa_impl"])
     return LRAConfig(**args)
 
 
