@@ -9,7 +9,10 @@ tssa_impl="cpu" or "triton" on GPTConfig / ViTConfig makes model.TSSA call fused
             runs them on the CPU). Five launches each way, two of them owning all heads of
             a chunk so the softmax across heads (and its backward) stays inside a kernel.
 fused.py holds the autograd.Function both share and the fallback to the reference (one
-warning) where a kernel cannot be built or run. Pi comes back detached, as from model.py;
+warning) where a kernel cannot be built or run; triton_ops.py registers the Triton forward and
+backward as torch.library custom operators, which torch.compile keeps inside its graph;
+gpu_check.py checks the Triton kernels on a GPU (accuracy, determinism, > 2^31 elements,
+compute-sanitizer, profile). Pi comes back detached, as from model.py;
 gradients flow to w, temp and pos_bias. The guards PI_NORM_EPS and STAT_EPS are model.py's,
 passed to every kernel call.
 

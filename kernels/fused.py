@@ -19,6 +19,8 @@ import torch
 import model
 
 BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels")}
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+PROBE_ON_CPU = False  # tests: also probe the custom operators under TRITON_INTERPRET=1
 
 
 def _on_device(t):
@@ -102,7 +104,7 @@ class FusedOps:
 
     def kernels_for(self, w, pi_mode="softmax"):
         """The kernel class that runs w, or None for the reference."""
-        if pi_mode != "softmax" or w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if pi_mode != "softmax" or w.dtype not in FUSED_DTYPES:
             return None
         if self.failure is None and self.kernels is None:
             module, name = BACKENDS[self.impl]
@@ -128,8 +130,36 @@ class FusedOps:
             self.disable(f"the kernels raised {type(e).__name__}: {e}")
             return None
 
-    @torch.compiler.disable  # Dynamo must not trace into ctypes calls or Triton launches
     def tssa(self, w, temp, return_pi=False, mask=None, pi_mode="softmax"):
+        if torch.compiler.is_compiling():
+            return self._traced(w, temp, None, mask, False, return_pi, pi_mode)
+        return self._tssa(w, temp, return_pi, mask, pi_mode)
+
+    def causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
+        if torch.compiler.is_compiling():
+            return self._traced(w, temp, pos_bias, None, True, return_pi, pi_mode)
+        return self._causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+
+    def _traced(self, w, temp, pos_bias, mask, causal, return_pi, pi_mode):
+        """Under torch.compile: the Triton kernels as custom operators (kernels/triton_ops.py),
+        inside the graph; the reference maths where they do not apply (the CPU kernels run
+        between graphs, as in eager mode)."""
+        if self.impl != "triton" or pi_mode != "softmax" or w.dtype not in FUSED_DTYPES \
+                or not _triton_ready(w.device.type):
+            if self.impl == "cpu":
+                return (self._causal_tssa(w, temp, pos_bias, return_pi, pi_mode) if causal
+                        else self._tssa(w, temp, return_pi, mask, pi_mode))
+            return (model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode) if causal
+                    else model.tssa(w, temp, return_pi, mask, pi_mode))
+        model._check_w(w, temp)
+        B, H, T, p = w.shape
+        bias = model._check_pos_bias(pos_bias, H, T, w.dtype)[:, :T] if causal else None  # (H, T)
+        mask_f = None if mask is None else mask.to(torch.float32)
+        out, pi, *_ = torch.ops.nanotost.tssa_fwd(w, temp.reshape(H).float(), bias, mask_f, causal, *guards(causal))
+        return (out, pi) if return_pi else out
+
+    @torch.compiler.disable  # Dynamo must not trace into ctypes calls or Triton launches
+    def _tssa(self, w, temp, return_pi=False, mask=None, pi_mode="softmax"):
         model._check_w(w, temp)
         model._check_mask(w, mask)
         res = None
@@ -141,7 +171,7 @@ class FusedOps:
         return res if return_pi else res[0]
 
     @torch.compiler.disable
-    def causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
+    def _causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
         model._check_w(w, temp)
         B, H, T, p = w.shape
         res = None
@@ -175,6 +205,31 @@ class FusedOps:
 
 
 _OPS = {}  # impl -> FusedOps: one per process, so each warns at most once
+
+
+@torch.compiler.assume_constant_result  # asked once while Dynamo traces, then a constant of the graph
+def _triton_ready(device_type):
+    """Whether the Triton custom operators can run on device_type: Triton imports, the
+    operators are registered, and (on a GPU) a small forward and backward runs. Otherwise the
+    compiled graph holds the reference maths, with FusedOps' one warning."""
+    ops = _OPS["triton"]
+    probe = torch.zeros(1, 1, 1, 1, device=device_type)
+    if ops.kernels_for(probe) is None:
+        return False
+    try:
+        import kernels.triton_ops  # noqa: F401  (registers torch.ops.nanotost.*)
+
+        if device_type == "cuda" or PROBE_ON_CPU:  # a compile error shows here, not in a compiled step
+            w = torch.randn(1, 2, 16, 8, device=device_type)
+            temp, bias = torch.ones(2, device=device_type), torch.zeros(2, 16, device=device_type)
+            out, pi, u, cS, cMN = torch.ops.nanotost.tssa_fwd(w, temp, bias, None, True, *guards(True))
+            torch.ops.nanotost.tssa_bwd(w, torch.ones_like(out), temp, pi, u, None, cS, cMN, True, *guards(True))
+            if device_type == "cuda":
+                torch.cuda.synchronize()
+    except Exception as e:
+        ops.disable(f"the Triton custom operators raised {type(e).__name__}: {e}")
+        return False
+    return True
 
 
 def fused_ops(impl):

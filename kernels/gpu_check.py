@@ -1,0 +1,158 @@
+"""GPU checks of the Triton kernels (tssa_impl="triton") against model.py's maths, one mode
+per call, from the repository root on a CUDA machine (the README's "On a GPU" figures):
+
+    python -m kernels.gpu_check accuracy [out.json]  # out, dw, dtemp, dbias vs float64, beside the fp32 reference
+    python -m kernels.gpu_check determinism          # two fwd+bwd runs at the training shape, bit for bit
+    python -m kernels.gpu_check big                  # a forward of > 2**31 elements: first/last rows == run alone
+    python -m kernels.gpu_check sanitize             # one bf16 fwd+bwd at the training shape, for
+        compute-sanitizer --tool memcheck|racecheck|synccheck|initcheck python -m kernels.gpu_check sanitize
+    python -m kernels.gpu_check profile              # GPU time per kernel vs wall time (launch overhead)
+"""
+import json
+import sys
+import time
+
+import torch
+
+import model
+
+TRITON = model.tssa_ops("triton")
+
+
+def inputs(B, H, T, p, seed=0, device="cuda"):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    w = torch.randn(B, H, T, p, generator=g, dtype=torch.float64)
+    w[:, :, :, :4] *= 1e-4  # features close to zero (the clamp / epsilon guards matter there)
+    temp = 0.5 + torch.rand(H, generator=g, dtype=torch.float64)
+    bias = 0.1 * torch.randn(H, T, generator=g, dtype=torch.float64)
+    gout = torch.randn(B, H, T, p, generator=g, dtype=torch.float64)
+    return [t.to(device) for t in (w, temp, bias, gout)]
+
+
+def fwd_bwd(fn, w, temp, bias, gout, dtype):
+    stat = torch.float64 if dtype == torch.float64 else torch.float32
+    w_ = w.to(dtype).detach().requires_grad_()
+    temp_, bias_ = (t.to(stat).detach().requires_grad_() for t in (temp, bias))
+    out = fn(w_, temp_, bias_)
+    out.backward(gout.to(dtype))
+    return [t.detach().double() for t in (out, w_.grad, temp_.grad, bias_.grad)]
+
+
+def ref(w, t, b):
+    return model.causal_tssa(w, t, b)
+
+
+def fused(w, t, b):
+    return TRITON.causal_tssa(w, t, b)
+
+
+def rel_rms(a, b):
+    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+
+
+def accuracy():
+    rows = []
+    for B, H, T, p in [(12, 12, 1024, 64), (1, 12, 65536, 64)]:
+        w, temp, bias, gout = inputs(B, H, T, p)
+        exact = fwd_bwd(ref, w, temp, bias, gout, torch.float64)
+        for name, fn, dt in [("reference fp32", ref, torch.float32), ("triton fp32", fused, torch.float32),
+                             ("reference bf16", ref, torch.bfloat16), ("triton bf16", fused, torch.bfloat16)]:
+            got = fwd_bwd(fn, w, temp, bias, gout, dt)
+            errs = {k: rel_rms(a, e) for k, a, e in zip(("out", "dw", "dtemp", "dbias"), got, exact)}
+            rows.append(dict(shape=[B, H, T, p], impl=name, **errs))
+            print(f"{B}x{H}x{T}x{p} {name:<15} " + "  ".join(f"{k} {v:.2e}" for k, v in errs.items()), flush=True)
+        del exact
+        torch.cuda.empty_cache()
+    return rows
+
+
+def determinism():
+    w, temp, bias, gout = inputs(16, 12, 1024, 64, seed=1)
+    a = fwd_bwd(fused, w, temp, bias, gout, torch.bfloat16)
+    b = fwd_bwd(fused, w, temp, bias, gout, torch.bfloat16)
+    same = [bool(torch.equal(x, y)) for x, y in zip(a, b)]
+    print("bit-identical out, dw, dtemp, dbias:", same, flush=True)
+    return dict(identical=same)
+
+
+def big():
+    B, H, T, p = 44, 12, 65536, 64
+    print(f"elements {B * H * T * p:,} (2**31 = {2**31:,})", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(B, H, T, p, device="cuda", dtype=torch.bfloat16, generator=g)
+    temp = torch.ones(H, device="cuda")
+    bias = torch.zeros(H, T, device="cuda")
+    with torch.no_grad():
+        t0 = time.time()
+        out = fused(w, temp, bias)
+        torch.cuda.synchronize()
+        print(f"forward {time.time() - t0:.2f} s; peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+        last = out[-1].clone()
+        first = out[0].clone()
+        del out
+        alone = fused(w[-1:].contiguous(), temp, bias)[0]
+        alone0 = fused(w[:1].contiguous(), temp, bias)[0]
+    res = dict(last_row_equal=bool(torch.equal(last, alone)), max_abs_diff_last=(last.float() - alone.float()).abs().max().item(),
+               first_row_equal=bool(torch.equal(first, alone0)))
+    print(res, flush=True)
+    return res
+
+
+def sanitize():
+    w, temp, bias, gout = inputs(16, 12, 1024, 64, seed=2)
+    fwd_bwd(fused, w, temp, bias, gout, torch.bfloat16)
+    torch.cuda.synchronize()
+    print("sanitize case done", flush=True)
+    return {}
+
+
+
+def profile():
+    """Where the time of one fused fwd+bwd goes: per-kernel GPU time (torch.profiler), and the
+    host-side wall time with and without a CUDA graph (launch overhead)."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    out = {}
+    for B, T in [(16, 1024), (1, 16384)]:
+        w, temp, bias, gout = inputs(B, 12, T, 64, seed=3)
+        wb = w.bfloat16().requires_grad_()
+        t32, b32 = temp.float().requires_grad_(), bias.float().requires_grad_()
+        gb = gout.bfloat16()
+
+        def step():
+            wb.grad = t32.grad = b32.grad = None
+            fused(wb, t32, b32).backward(gb)
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record()
+        for _ in range(50):
+            step()
+        ev[1].record()
+        torch.cuda.synchronize()
+        eager_ms = ev[0].elapsed_time(ev[1]) / 50
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(10):
+                step()
+            torch.cuda.synchronize()
+        rows = sorted(p.key_averages(), key=lambda e: -e.device_time_total)
+        gpu_total = sum(e.device_time_total for e in rows) / 10 / 1e3
+        print(f"B={B} T={T}: wall {eager_ms:.3f} ms/iter, GPU busy {gpu_total:.3f} ms/iter", flush=True)
+        table = []
+        for e in rows[:14]:
+            table.append((e.key[:60], e.count // 10, e.device_time_total / 10 / 1e3))
+            print(f"   {e.key[:60]:<60} x{e.count // 10:<3} {e.device_time_total / 10 / 1e3:.4f} ms", flush=True)
+        out[f"B{B}_T{T}"] = dict(wall_ms=eager_ms, gpu_ms=gpu_total, kernels=table)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in ("accuracy", "determinism", "big", "sanitize", "profile"):
+        sys.exit(__doc__)
+    if not torch.cuda.is_available():
+        sys.exit("kernels/gpu_check.py: needs a CUDA GPU (the tests run these kernels on the CPU under TRITON_INTERPRET=1)")
+    mode = sys.argv[1]
+    res = globals()[mode]()
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, result=res), f, indent=1)
