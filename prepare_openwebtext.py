@@ -134,6 +134,7 @@ def main(argv=None):
         if os.path.isfile(os.path.join(out_dir, "meta.json")) and not args.force:
             print(f"{out_dir} is already prepared (--force prepares it again, --name=<other> writes elsewhere)")
             return
+        ds, field, join = load_rows(args)  # the data first: its errors say how to use local files
         import tiktoken
 
         try:
@@ -141,7 +142,6 @@ def main(argv=None):
         except Exception as e:  # no network and nothing in tiktoken's cache
             raise PrepareError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it "
                                "once (needs network); set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
-        ds, field, join = load_rows(args)
 
         def tokenize(batch):  # rows -> token ids (uint16), a document's last row ends with <|endoftext|>
             texts = batch[field] if join == "eot" else [t + join for t in batch[field]]
