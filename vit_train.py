@@ -194,17 +194,18 @@ def load_image(path):
 
 
 class Source:
-    """Images with labels: held in memory (uint8 (N, 3, H, W)), files, or a Hub split;
-    get(items, i) reads item i when they are not in memory."""
+    """Images with labels: held in memory (uint8 (N, 3, H, W)), or files or Hub rows that
+    read(item) decodes."""
 
-    def __init__(self, items, labels, classes, get=None):
-        self.items, self.labels, self.classes, self._get = items, list(map(int, labels)), list(classes), get
+    def __init__(self, items, labels, classes, read=None):
+        self.items, self.labels, self.classes, self.read = items, list(map(int, labels)), list(classes), read
 
     def __len__(self):
         return len(self.labels)
 
     def get(self, i):  # -> (uint8 (3, H, W), label)
-        return (self._get(self.items, i) if self._get else self.items[i]), self.labels[i]
+        item = self.items[int(i)]
+        return (self.read(item) if self.read else item), self.labels[i]
 
 
 def scan_image_folder(root):
@@ -226,7 +227,6 @@ def folder_sources(data_dir, val_fraction):
     if not data_dir or not os.path.isdir(data_dir):
         raise FileNotFoundError(f"dataset='folder' needs data_dir=<a folder> holding train/<class>/<images> and "
                                 f"val/<class>/<images>, or <class>/<images>; got {data_dir!r}")
-    file = lambda paths, i: load_image(paths[i])
     val_dir = next((os.path.join(data_dir, d) for d in ("val", "validation", "test")
                     if os.path.isdir(os.path.join(data_dir, d))), None)
     if os.path.isdir(os.path.join(data_dir, "train")) and val_dir:
@@ -234,7 +234,8 @@ def folder_sources(data_dir, val_fraction):
         vp, vl, vclasses = scan_image_folder(val_dir)
         if set(vclasses) - set(classes):
             raise trainkit.UserError(f"{val_dir} has classes that train/ lacks: {sorted(set(vclasses) - set(classes))[:5]}")
-        return Source(tp, tl, classes, file), Source(vp, [classes.index(vclasses[k]) for k in vl], classes, file)
+        vl = [classes.index(vclasses[k]) for k in vl]
+        return Source(tp, tl, classes, load_image), Source(vp, vl, classes, load_image)
     paths, labels, classes = scan_image_folder(data_dir)
     train_paths, val_paths = [], []
     for k in range(len(classes)):  # the last val_fraction of each class (in name order) is held out
@@ -243,7 +244,7 @@ def folder_sources(data_dir, val_fraction):
         train_paths += mine[:cut]
         val_paths += mine[cut:]
     label_of = dict(zip(paths, labels))
-    return tuple(Source(ps, [label_of[p] for p in ps], classes, file) for ps in (train_paths, val_paths))
+    return tuple(Source(ps, [label_of[p] for p in ps], classes, load_image) for ps in (train_paths, val_paths))
 
 
 def hf_sources(name):
@@ -259,8 +260,7 @@ def hf_sources(name):
             "Without it: dataset='folder' with data_dir=<image tree>, or dataset='shapes'") from e
     classes = splits[0].features[label_key].names
     if name == "imagenet-1k":
-        hub_image = lambda ds, i: rgb_tensor(ds[int(i)][image_key])
-        return tuple(Source(ds, ds[label_key], classes, hub_image) for ds in splits)
+        return tuple(Source(ds, ds[label_key], classes, lambda row: rgb_tensor(row[image_key])) for ds in splits)
     return tuple(Source(torch.stack([rgb_tensor(im) for im in ds[image_key]]), ds[label_key], classes)
                  for ds in splits)
 
@@ -526,7 +526,7 @@ def loaders(cfg, train_src, val_src, d, start):
     mine = list(range(d.rank, n, d.world_size))
     val_batches = [mine[i:i + cfg["batch_size"]] for i in range(0, len(mine), cfg["batch_size"])]
 
-    def loader(view, batches, pin_memory=False):
+    def loader(view, batches, pin_memory=False):  # shuffles with its own generator, not the global RNG
         return torch.utils.data.DataLoader(view, batch_sampler=batches, num_workers=cfg["num_workers"],
                                            pin_memory=pin_memory, generator=torch.Generator().manual_seed(0))
 
