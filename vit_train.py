@@ -15,13 +15,10 @@ position and colours on textured backgrounds, chance 1/10, learnable on a CPU);
 <class>/* and data_dir/val/<class>/* (or one tree of class folders, val_fraction held out),
 decoded with Pillow.
 
-Recipes (`recipe`):
-  "builtin"  needs nothing more: random resized crop, horizontal flip, mixup / cutmix, label
-             smoothing; every draw is a function of (seed, epoch, position), and the data
-             position of a micro-step does not depend on the number of processes.
-  "paper"    the paper's ImageNet recipe through timm (pip install timm; README): RandAugment
-             rand-m9-mstd0.5-inc1, random erasing 0.25, repeated augmentation x3, mixup 0.8,
-             cutmix 1.0, label smoothing 0.1, bicubic resizing, evaluation crop 0.875.
+Recipes (`recipe`): "builtin" needs nothing more (random resized crop, horizontal flip, mixup /
+cutmix, label smoothing; every draw is a function of (seed, epoch, position), whatever the number
+of processes); "paper" is the paper's ImageNet recipe through timm (RandAugment, random erasing,
+repeated augmentation, bicubic resizing: the settings marked recipe="paper"; pip install timm, README).
 Checkpoints (out_dir/ckpt.pt, atomic) resume exactly; one JSON line per evaluation in log.jsonl.
 """
 
@@ -146,7 +143,7 @@ def _shape_mask(kind, u, v):
     return masks[kind]()
 
 
-def make_shapes(n, size=32, num_classes=10, seed=0, chunk=1000):
+def make_shapes(n, size=32, num_classes=10, seed=0):
     """n images (uint8 (n, 3, size, size)) and labels ((n,) int64): one shape per image at a
     random position, radius, rotation and colour, on a two-colour gradient with noise.
     Same arguments -> same tensors, on any machine."""
@@ -157,8 +154,8 @@ def make_shapes(n, size=32, num_classes=10, seed=0, chunk=1000):
     labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=g)]
     images = torch.empty(n, 3, size, size, dtype=torch.uint8)
     coords = (torch.arange(2 * size, dtype=torch.float32) + 0.5) / 2  # drawn at 2x, then averaged 2x2
-    for start in range(0, n, chunk):
-        lab = labels[start:start + chunk]
+    for start in range(0, n, 1000):  # in chunks of 1000 images
+        lab = labels[start:start + 1000]
         m = lab.numel()
         radius = size * (0.22 + 0.16 * rand(m))
         cx, cy = (radius + 1 + (size - 2 * radius - 2) * rand(m) for _ in range(2))
@@ -176,7 +173,7 @@ def make_shapes(n, size=32, num_classes=10, seed=0, chunk=1000):
         c0, c1, theta = rand(m, 3, 1, 1), rand(m, 3, 1, 1), 2 * math.pi * rand(m, 1, 1, 1)
         ramp = torch.linspace(0, 1, size)
         t = (theta.cos() * ramp[None, None, None, :] + theta.sin() * ramp[None, None, :, None] + 1) / 3
-        bg = c0 + (c1 - c0) * t + 0.05 * torch.randn(m, 3, size, size, generator=g)
+        bg = c0 + (c1 - c0) * t + 0.05 * torch.randn(m, 3, size, size, generator=g)  # (m, 3, S, S)
         fg = rand(m, 3, 1, 1)  # a colour that stands out from the background's mean brightness
         low_contrast = (fg.mean(1) - bg.mean((1, 2, 3))[:, None, None]).abs() < 0.25  # (m, 1, 1)
         fg = torch.where(low_contrast[:, None], 1 - bg.mean((2, 3), keepdim=True), fg)
@@ -186,27 +183,29 @@ def make_shapes(n, size=32, num_classes=10, seed=0, chunk=1000):
     return images, labels
 
 
+def rgb_tensor(im):
+    """A Pillow image -> uint8 (3, H, W), RGB."""
+    return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1).contiguous()
+
+
 def load_image(path):
-    """Any image file Pillow reads -> uint8 (3, H, W), RGB."""
     with Image.open(path) as im:
-        return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1).contiguous()
+        return rgb_tensor(im)
 
 
 class Source:
-    """Images with labels: held in memory (uint8 (N, 3, H, W)), files, or a Hub split."""
+    """Images with labels: held in memory (uint8 (N, 3, H, W)), or files or Hub rows that
+    read(item) decodes."""
 
-    def __init__(self, items, labels, classes, get=None):
-        self.items, self.labels, self.classes, self._get = items, list(map(int, labels)), list(classes), get
+    def __init__(self, items, labels, classes, read=None):
+        self.items, self.labels, self.classes, self.read = items, list(map(int, labels)), list(classes), read
 
     def __len__(self):
         return len(self.labels)
 
     def get(self, i):  # -> (uint8 (3, H, W), label)
-        return (self._get(self.items, i) if self._get else self.items[i]), self.labels[i]
-
-
-def _hub_image(ds, key):
-    return lambda _, i: torch.from_numpy(np.array(ds[int(i)][key].convert("RGB"))).permute(2, 0, 1)
+        item = self.items[int(i)]
+        return (self.read(item) if self.read else item), self.labels[i]
 
 
 def scan_image_folder(root):
@@ -228,7 +227,6 @@ def folder_sources(data_dir, val_fraction):
     if not data_dir or not os.path.isdir(data_dir):
         raise FileNotFoundError(f"dataset='folder' needs data_dir=<a folder> holding train/<class>/<images> and "
                                 f"val/<class>/<images>, or <class>/<images>; got {data_dir!r}")
-    file = lambda paths, i: load_image(paths[i])
     val_dir = next((os.path.join(data_dir, d) for d in ("val", "validation", "test")
                     if os.path.isdir(os.path.join(data_dir, d))), None)
     if os.path.isdir(os.path.join(data_dir, "train")) and val_dir:
@@ -236,15 +234,17 @@ def folder_sources(data_dir, val_fraction):
         vp, vl, vclasses = scan_image_folder(val_dir)
         if set(vclasses) - set(classes):
             raise trainkit.UserError(f"{val_dir} has classes that train/ lacks: {sorted(set(vclasses) - set(classes))[:5]}")
-        return Source(tp, tl, classes, file), Source(vp, [classes.index(vclasses[k]) for k in vl], classes, file)
+        vl = [classes.index(vclasses[k]) for k in vl]
+        return Source(tp, tl, classes, load_image), Source(vp, vl, classes, load_image)
     paths, labels, classes = scan_image_folder(data_dir)
-    split = ([], [], [], [])  # train paths, train labels, val paths, val labels
+    train_paths, val_paths = [], []
     for k in range(len(classes)):  # the last val_fraction of each class (in name order) is held out
         mine = [p for p, lab in zip(paths, labels) if lab == k]
         cut = len(mine) - int(round(val_fraction * len(mine)))
-        split[0].extend(mine[:cut]), split[1].extend([k] * cut)
-        split[2].extend(mine[cut:]), split[3].extend([k] * (len(mine) - cut))
-    return Source(split[0], split[1], classes, file), Source(split[2], split[3], classes, file)
+        train_paths += mine[:cut]
+        val_paths += mine[cut:]
+    label_of = dict(zip(paths, labels))
+    return tuple(Source(ps, [label_of[p] for p in ps], classes, load_image) for ps in (train_paths, val_paths))
 
 
 def hf_sources(name):
@@ -260,9 +260,9 @@ def hf_sources(name):
             "Without it: dataset='folder' with data_dir=<image tree>, or dataset='shapes'") from e
     classes = splits[0].features[label_key].names
     if name == "imagenet-1k":
-        return tuple(Source(ds, ds[label_key], classes, _hub_image(ds, image_key)) for ds in splits)
-    return tuple(Source(torch.from_numpy(np.stack([np.asarray(im.convert("RGB")) for im in ds[image_key]]))
-                        .permute(0, 3, 1, 2).contiguous(), ds[label_key], classes) for ds in splits)
+        return tuple(Source(ds, ds[label_key], classes, lambda row: rgb_tensor(row[image_key])) for ds in splits)
+    return tuple(Source(torch.stack([rgb_tensor(im) for im in ds[image_key]]), ds[label_key], classes)
+                 for ds in splits)
 
 
 def build_sources(cfg):
@@ -274,10 +274,9 @@ def build_sources(cfg):
                      for i, n in enumerate((cfg["shapes_train_size"], cfg["shapes_val_size"])))
     if name == "folder":
         return folder_sources(cfg["data_dir"], cfg["val_fraction"])
-    if name in HF_DATASETS:
-        return hf_sources(name)
-    raise trainkit.ConfigError(f"unknown dataset {name!r}; use shapes, folder (with data_dir) or one of "
-                               f"{sorted(HF_DATASETS)}")
+    trainkit.require(name in HF_DATASETS, f"unknown dataset {name!r}; use shapes, folder (with data_dir) or one "
+                                          f"of {sorted(HF_DATASETS)}")
+    return hf_sources(name)
 
 
 # -----------------------------------------------------------------------------
@@ -292,12 +291,12 @@ def resize(img, size):
     return out[0].round().clamp(0, 255).to(torch.uint8)
 
 
-def random_resized_crop_box(H, W, scale, rng, ratio=(3 / 4, 4 / 3)):
-    """(top, left, h, w): area in scale * H * W, aspect ratio log-uniform in ratio; after 10
-    failed tries the whole image."""
+def random_resized_crop_box(H, W, scale, rng):
+    """(top, left, h, w): area in scale * H * W, aspect ratio log-uniform in [3/4, 4/3]; after
+    10 failed tries the whole image."""
     for _ in range(10):
         area = H * W * rng.uniform(*scale)
-        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
         w, h = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
         if 0 < w <= W and 0 < h <= H:
             return int(rng.integers(0, H - h + 1)), int(rng.integers(0, W - w + 1)), h, w
@@ -341,13 +340,17 @@ class View(torch.utils.data.Dataset):
     def _timm(self, img, seed):
         """timm draws from python's, numpy's and torch's global generators: seed them from the
         key, run the transform, put them back."""
-        state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        state = random.getstate(), np.random.get_state(), torch.get_rng_state()
         s = int(np.random.SeedSequence(seed).generate_state(1)[0])
-        random.seed(s), np.random.seed(s), torch.manual_seed(s)
+        random.seed(s)
+        np.random.seed(s)
+        torch.manual_seed(s)
         try:
             return self.transform(Image.fromarray(img.permute(1, 2, 0).numpy()))
-        finally:
-            random.setstate(state[0]), np.random.set_state(state[1]), torch.set_rng_state(state[2])
+        finally:  # not trainkit.set_rng_state: that touches CUDA, which a forked worker must not
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+            torch.set_rng_state(state[2])
 
 
 def timm_transforms(cfg):
@@ -395,8 +398,11 @@ class TrainBatches:
             self.sampler.set_epoch(self.seed + epoch)
             return [(j * self.world + self.rank, i) for j, i in enumerate(self.sampler)]
         perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
-        return [(g * self.bs + j, perm[g * self.bs + j]) for m in range(self.steps_per_epoch)
-                for g in [m * self.world + self.rank] for j in range(self.bs)]
+        keys = []
+        for m in range(self.steps_per_epoch):
+            first = (m * self.world + self.rank) * self.bs  # the first slot of global micro-batch m * world + rank
+            keys += [(slot, perm[slot]) for slot in range(first, first + self.bs)]
+        return keys
 
     def __iter__(self):
         epoch, b = divmod(self.start, self.steps_per_epoch)
@@ -405,11 +411,6 @@ class TrainBatches:
             for b in range(b, self.steps_per_epoch):
                 yield [(epoch, slot, i) for slot, i in keys[b * self.bs:(b + 1) * self.bs]]
             epoch, b = epoch + 1, 0
-
-
-def make_loader(view, batches, num_workers, pin_memory=False):
-    return torch.utils.data.DataLoader(view, batch_sampler=batches, num_workers=num_workers, pin_memory=pin_memory,
-                                       generator=torch.Generator().manual_seed(0))  # not the global RNG
 
 
 def mix_batch(x, target, rng, mixup_alpha, cutmix_alpha, prob):
@@ -447,7 +448,7 @@ def to_input(images, dataset_name, dev):
 
 
 def make_mixer(cfg, num_classes):
-    """batch, labels, micro-step -> (inputs, soft targets) of the recipe."""
+    """(inputs, labels, global micro-step) -> (inputs, soft targets) of the recipe."""
     if cfg["recipe"] == "paper" and (cfg["mixup"] > 0 or cfg["cutmix"] > 0):
         from timm.data import Mixup  # its draws come from numpy's global generator (checkpointed)
         timm_mix = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], prob=cfg["mix_prob"],
@@ -465,13 +466,9 @@ def make_mixer(cfg, num_classes):
 # 3. Model, checkpoints, evaluation
 
 
-def vit_config(args, **overrides):
-    return ViTConfig(**{**args, **overrides})
-
-
 def model_from_checkpoint(ckpt, **overrides):
     """Rebuild the model a checkpoint of this script holds (on the CPU)."""
-    model = ToSTViT(vit_config(ckpt["model_args"], **overrides))
+    model = ToSTViT(ViTConfig(**{**ckpt["model_args"], **overrides}))
     model.load_state_dict(trainkit.clean_state_dict(ckpt["model"]))
     return model
 
@@ -479,24 +476,23 @@ def model_from_checkpoint(ckpt, **overrides):
 def build_model(cfg, num_classes):
     """(model, checkpoint or None) for init_from = scratch / resume / finetune."""
     if cfg["init_from"] == "scratch":
-        return ToSTViT(vit_config({k: cfg[k] for k in MODEL_KEYS}, num_classes=num_classes,
-                                  tssa_impl=cfg["tssa_impl"])), None
+        args = {k: cfg[k] for k in MODEL_KEYS}
+        return ToSTViT(ViTConfig(**args, num_classes=num_classes, tssa_impl=cfg["tssa_impl"])), None
     if cfg["init_from"] == "resume":
         ckpt = trainkit.load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
         if ckpt["model_args"]["num_classes"] != num_classes:
             raise trainkit.UserError(f"the checkpoint has {ckpt['model_args']['num_classes']} classes, dataset "
                                      f"{cfg['dataset']!r} has {num_classes}; init_from='finetune' gives a new head")
         return model_from_checkpoint(ckpt, tssa_impl=cfg["tssa_impl"]), ckpt
-    if cfg["init_from"] == "finetune":
-        if not cfg["finetune_from"]:
-            raise trainkit.ConfigError("init_from='finetune' needs finetune_from=<path to a ckpt.pt>")
-        ckpt = trainkit.load_checkpoint(cfg["finetune_from"])  # its architecture; this run's size, regularisation
-        model = model_from_checkpoint(ckpt, img_size=cfg["img_size"], dropout=cfg["dropout"],
-                                      drop_path=cfg["drop_path"], tssa_impl=cfg["tssa_impl"])
-        if model.config.num_classes != num_classes:
-            model.reset_classifier(num_classes)
-        return model, None
-    raise trainkit.ConfigError(f"init_from must be scratch, resume or finetune, got {cfg['init_from']!r}")
+    trainkit.require(cfg["init_from"] == "finetune",
+                     f"init_from must be scratch, resume or finetune, got {cfg['init_from']!r}")
+    trainkit.require(cfg["finetune_from"], "init_from='finetune' needs finetune_from=<path to a ckpt.pt>")
+    ckpt = trainkit.load_checkpoint(cfg["finetune_from"])  # its architecture; this run's size, regularisation
+    model = model_from_checkpoint(ckpt, img_size=cfg["img_size"], dropout=cfg["dropout"],
+                                  drop_path=cfg["drop_path"], tssa_impl=cfg["tssa_impl"])
+    if model.config.num_classes != num_classes:
+        model.reset_classifier(num_classes)
+    return model, None
 
 
 @torch.no_grad()
@@ -521,38 +517,30 @@ def evaluate(model, loader, dev, ctx, d, dataset_name):
 # 4. Training
 
 
-def train(cfg):
-    device_name, _ = trainkit.choose_device_dtype(cfg["device"], cfg["dtype"])
-    d = trainkit.setup_distributed(device_name)
-    try:
-        result = _train(cfg, d)
-    except BaseException:
-        trainkit.cleanup_distributed(d, wait=False)
-        raise
-    trainkit.cleanup_distributed(d)
-    return result
-
-
-def _loaders(cfg, train_src, val_src, d, start):
+def loaders(cfg, train_src, val_src, d, start):
+    """(iterator over this process's training batches from micro-step `start`, val loader)."""
     transforms = timm_transforms(cfg) if cfg["recipe"] == "paper" else (None, None)
     repeats = cfg["repeated_aug"] if cfg["recipe"] == "paper" else 1
     batches = TrainBatches(len(train_src), cfg["batch_size"], d.rank, d.world_size, cfg["seed"], start, repeats)
-    train_loader = make_loader(View(train_src, cfg, True, transforms[0]), batches, cfg["num_workers"],
-                               pin_memory=d.device.startswith("cuda"))
     n = len(val_src) if cfg["eval_max_images"] <= 0 else min(len(val_src), cfg["eval_max_images"])
     mine = list(range(d.rank, n, d.world_size))
     val_batches = [mine[i:i + cfg["batch_size"]] for i in range(0, len(mine), cfg["batch_size"])]
-    return iter(train_loader), make_loader(View(val_src, cfg, False, transforms[1]), val_batches, cfg["num_workers"])
+
+    def loader(view, batches, pin_memory=False):  # shuffles with its own generator, not the global RNG
+        return torch.utils.data.DataLoader(view, batch_sampler=batches, num_workers=cfg["num_workers"],
+                                           pin_memory=pin_memory, generator=torch.Generator().manual_seed(0))
+
+    train_loader = loader(View(train_src, cfg, True, transforms[0]), batches, d.device.startswith("cuda"))
+    val_loader = loader(View(val_src, cfg, False, transforms[1]), val_batches)
+    return iter(train_loader), val_loader
 
 
-def _train(cfg, d):
-    if cfg["recipe"] not in ("builtin", "paper"):
-        raise trainkit.ConfigError(f"recipe must be builtin or paper, got {cfg['recipe']!r}")
+def train(cfg, d):
+    trainkit.require(cfg["recipe"] in ("builtin", "paper"), f"recipe must be builtin or paper, got {cfg['recipe']!r}")
     dev, dtype_name = trainkit.choose_device_dtype(d.device, cfg["dtype"])
     accum = cfg["gradient_accumulation_steps"]
-    if accum % d.world_size:
-        raise trainkit.ConfigError(f"gradient_accumulation_steps ({accum}) must be divisible by the number of "
-                                   f"processes ({d.world_size})")
+    trainkit.require(accum % d.world_size == 0, f"gradient_accumulation_steps ({accum}) must be divisible by the "
+                                                f"number of processes ({d.world_size})")
     accum //= d.world_size  # micro-steps per process
     torch.manual_seed(cfg["seed"] + d.rank)
     np.random.seed(cfg["seed"] + d.rank)
@@ -581,10 +569,9 @@ def _train(cfg, d):
         model = torch.compile(model)
     if d.ddp:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[d.local_rank] if dev.startswith("cuda") else None)
-    train_iter, val_loader = _loaders(cfg, train_src, val_src, d, start=iter_num * accum)
+    train_iter, val_loader = loaders(cfg, train_src, val_src, d, start=iter_num * accum)
     mixer = make_mixer(cfg, num_classes)
     logger = trainkit.JsonlLogger(os.path.join(cfg["out_dir"], "log.jsonl"), enabled=d.is_master)
-    decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
     if d.is_master:
         print(f"{cfg['attn']} ViT: {raw_model.get_num_params() / 1e6:.2f}M parameters, {num_classes} classes, "
               f"{len(train_src)} train / {len(val_src)} val images, {d.world_size} process(es) on {dev}, "
@@ -624,16 +611,16 @@ def _train(cfg, d):
         if iter_num >= cfg["max_iters"]:
             return record
         lr = trainkit.lr_at(iter_num, lr=cfg["learning_rate"], min_lr=cfg["min_lr"], warmup_iters=cfg["warmup_iters"],
-                            decay_iters=decay_iters, schedule=cfg["lr_schedule"])
+                            decay_iters=cfg["lr_decay_iters"] or cfg["max_iters"], schedule=cfg["lr_schedule"])
         for group in optimizer.param_groups:
             group["lr"] = lr
         for micro in range(accum):
             images, labels = next(train_iter)
-            x, target = mixer(to_input(images, cfg["dataset"], dev), labels.to(dev),
-                              (iter_num * accum + micro) * d.world_size + d.rank)  # global micro-batch number
+            step = (iter_num * accum + micro) * d.world_size + d.rank  # the global micro-batch number
+            x, target = mixer(to_input(images, cfg["dataset"], dev), labels.to(dev), step)  # (B, 3, S, S), (B, K)
             with model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
                 with ctx():
-                    logits = model(x)
+                    logits = model(x)  # (B, K)
                 loss = -(target * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean() / accum
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             loss_sum += loss.detach()
@@ -648,7 +635,9 @@ def main(argv=None):
     cfg = trainkit.configure(DEFAULTS, sys.argv[1:] if argv is None else argv)
     if cfg["num_threads"] > 0:
         torch.set_num_threads(cfg["num_threads"])
-    return train(cfg)
+    device_name, _ = trainkit.choose_device_dtype(cfg["device"], cfg["dtype"])
+    with trainkit.distributed(device_name) as d:
+        return train(cfg, d)
 
 
 if __name__ == "__main__":
