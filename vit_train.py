@@ -546,6 +546,8 @@ def train(cfg, d):
     np.random.seed(cfg["seed"] + d.rank)
     random.seed(cfg["seed"] + d.rank)
     ctx, scaler = trainkit.autocast_for(dev, dtype_name)
+    if cfg["init_from"] != "resume":  # a new run never overwrites another run's checkpoint
+        trainkit.refuse_overwrite(cfg["out_dir"])
     train_src, val_src = build_sources(cfg)
     num_classes = len(train_src.classes)
     model, ckpt = build_model(cfg, num_classes)
@@ -571,7 +573,8 @@ def train(cfg, d):
         model = nn.parallel.DistributedDataParallel(model, device_ids=[d.local_rank] if dev.startswith("cuda") else None)
     train_iter, val_loader = loaders(cfg, train_src, val_src, d, start=iter_num * accum)
     mixer = make_mixer(cfg, num_classes)
-    logger = trainkit.JsonlLogger(os.path.join(cfg["out_dir"], "log.jsonl"), enabled=d.is_master)
+    logger = trainkit.JsonlLogger(os.path.join(cfg["out_dir"], "log.jsonl"), enabled=d.is_master,
+                                  fresh=cfg["init_from"] != "resume")
     if d.is_master:
         print(f"{cfg['attn']} ViT: {raw_model.get_num_params() / 1e6:.2f}M parameters, {num_classes} classes, "
               f"{len(train_src)} train / {len(val_src)} val images, {d.world_size} process(es) on {dev}, "

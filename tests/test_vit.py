@@ -441,3 +441,15 @@ def test_inspect_on_a_folder_of_images(trained, tmp_path):
     assert all(os.path.isfile(os.path.join(out, f"pi_{i:02d}.png")) for i in range(3))
     with pytest.raises(trainkit.ConfigError, match="out of range"):
         vit_inspect.main([f"--ckpt={trained}/ckpt.pt", f"--out_dir={out}", "--layers=3"])
+
+
+def test_new_run_refuses_an_out_dir_that_holds_a_checkpoint(tmp_path):
+    """As train.py and lra/train.py: a scratch run into a finished run's out_dir stops with one
+    line and leaves its checkpoint and log untouched."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"an earlier run")
+    (out / "log.jsonl").write_text('{"iter": 0}\n')
+    with pytest.raises(trainkit.UserError, match="init_from=resume"):
+        vit_train.main(["--shapes_train_size=32", "--shapes_val_size=8", "--device=cpu", f"--out_dir={out}"])
+    assert (out / "ckpt.pt").read_bytes() == b"an earlier run" and (out / "log.jsonl").read_text() == '{"iter": 0}\n'
