@@ -20,6 +20,7 @@ import torch
 
 import trainkit as tk
 from model import GPT, GPTConfig
+from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
@@ -65,6 +66,7 @@ def main(argv):
     tk.require(C["max_new_tokens"] >= 0, f"max_new_tokens must not be negative, got {C['max_new_tokens']}")
     tk.require(C["temperature"] >= 0, f"temperature must be >= 0 (0: greedy), got {C['temperature']}")
     tk.require(C["top_k"] >= 0, f"top_k must be >= 0 (0: all tokens), got {C['top_k']}")
+    tk.require(C["tssa_impl"] in _TSSA_IMPLS, f"tssa_impl must be one of {', '.join(_TSSA_IMPLS)}, got {C['tssa_impl']!r}")
     dev, dt = tk.choose_device_dtype(C["device"], C["dtype"])
     torch.manual_seed(C["seed"])
 

@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import trainkit as tk
 from model import GPT, GPTConfig
+from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: ToST-Base on OpenWebText, the released recipe (config/tost_owt.py says
@@ -106,7 +107,7 @@ def check_settings(C):
     tk.require(0 <= C.dropout < 1, f"dropout must be in [0, 1), got {C.dropout}")
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     for key, allowed in (("init_from", ("scratch", "resume")), ("attn", ("tssa", "softmax")),
-                         ("pi", ("softmax", "uniform")), ("lr_schedule", ("cosine", "linear", "invsqrt", "constant"))):
+                         ("pi", ("softmax", "uniform")), ("tssa_impl", _TSSA_IMPLS), ("lr_schedule", ("cosine", "linear", "invsqrt", "constant"))):
         tk.require(getattr(C, key) in allowed, f"{key} must be one of {', '.join(allowed)}, got {getattr(C, key)!r}")
 
 

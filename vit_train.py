@@ -37,6 +37,7 @@ from PIL import Image
 
 import trainkit
 from model import ToSTViT, ViTConfig
+from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
 
 # -----------------------------------------------------------------------------
 # settings
@@ -537,6 +538,8 @@ def loaders(cfg, train_src, val_src, d, start):
 
 def train(cfg, d):
     trainkit.require(cfg["recipe"] in ("builtin", "paper"), f"recipe must be builtin or paper, got {cfg['recipe']!r}")
+    trainkit.require(cfg["tssa_impl"] in _TSSA_IMPLS,
+                     f"tssa_impl must be one of {', '.join(_TSSA_IMPLS)}, got {cfg['tssa_impl']!r}")
     dev, dtype_name = trainkit.choose_device_dtype(d.device, cfg["dtype"])
     accum = cfg["gradient_accumulation_steps"]
     trainkit.require(accum % d.world_size == 0, f"gradient_accumulation_steps ({accum}) must be divisible by the "

@@ -39,6 +39,7 @@ import trainkit
 from lra.data import get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
 from model import configure_adamw
+from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
 
 # -----------------------------------------------------------------------------
 # settings
@@ -116,6 +117,8 @@ def check_settings(cfg):
                 "eval_batch_size"):
         trainkit.require(cfg[key] >= 0, f"{key} must not be negative, got {cfg[key]}")
     trainkit.require(cfg["learning_rate"] > 0, f"learning_rate must be positive, got {cfg['learning_rate']}")
+    trainkit.require(cfg["tssa_impl"] in _TSSA_IMPLS,
+                     f"tssa_impl must be one of {', '.join(_TSSA_IMPLS)}, got {cfg['tssa_impl']!r}")
     trainkit.require(0 <= cfg["dropout"] < 1, f"dropout must be in [0, 1), got {cfg['dropout']}")
     trainkit.require(cfg["n_embd"] % cfg["n_head"] == 0,
                      f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")

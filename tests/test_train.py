@@ -582,6 +582,7 @@ def test_truncated_checkpoint_names_the_file(tiny_run, tmp_path, capsys):
     ("--batch_size=0", "batch_size must be at least 1"),
     ("--n_head=5", "must be divisible by n_head"),
     ("--lr_schedule=step", "lr_schedule must be one of"),
+    ("--tssa_impl=cuda", "tssa_impl must be one of"),
     ("--device=cuda", "no CUDA GPU"),
 ])
 def test_bad_settings_are_one_line(setting, words, tmp_path, capsys):
