@@ -5,8 +5,7 @@ each trainer reads as the training loop and nothing else:
   configure        nanoGPT-style config: module globals, then config files, then --key=value,
                    with type checking and clear errors (ConfigError); --help lists them
   run_cli          a script's main(): config mistakes end in one line, not a traceback
-  setup_distributed / cleanup_distributed   DDP from torchrun's environment variables
-  distributed      both as a context manager (`with distributed(device) as d:`)
+  distributed      `with distributed(device) as d:` DDP from torchrun's environment variables
   save_checkpoint / load_checkpoint         atomic writes (stale temp files of killed saves
                    removed), CPU loads, a corrupt file named in a one-line error
   refuse_overwrite a scratch run never overwrites another run's checkpoint
@@ -178,48 +177,37 @@ class Dist:
     is_master: bool
 
 
-def setup_distributed(device=None):
-    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; nccl on CUDA, gloo on CPU. Without
-    torchrun: one process on `device` (default: cuda if available, else cpu)."""
+@contextmanager
+def distributed(device):
+    """with distributed(device) as d: DDP from torchrun's RANK / LOCAL_RANK / WORLD_SIZE (nccl
+    on CUDA, this rank's GPU; gloo on CPU), or one process on `device` (choose_device_dtype's
+    choice) without torchrun; the process group is left at the end.
+    A normal end first waits for every rank, so none tears its connections down while another
+    still communicates (rank 0 saving a checkpoint); an error ends without waiting, since the
+    other ranks may never come. Unreachable DDP wrappers are freed before the group goes (gc),
+    while the interpreter is fully alive: gloo work they still own aborts the process if it is
+    freed at exit."""
     if "RANK" not in os.environ:
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return Dist(False, 0, 0, 1, device, True)
+        yield Dist(False, 0, 0, 1, device, True)
+        return
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    use_cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
+    use_cuda = torch.cuda.is_available() and device.startswith("cuda")
     if use_cuda:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     else:
         device = "cpu"
     dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return Dist(True, rank, local_rank, world_size, device, rank == 0)
-
-
-def cleanup_distributed(d, wait=True):
-    """Leave the process group. wait=True (a normal end): first wait for every rank, so none
-    tears its connections down while another still communicates (rank 0 saving a
-    checkpoint); pass wait=False on an error path, where the other ranks may never come.
-    Unreachable DDP wrappers are freed before the group goes (gc), while the interpreter is
-    fully alive: gloo work they still own aborts the process if it is freed at exit."""
-    if d.ddp and dist.is_initialized():
-        if wait:
-            dist.barrier()
-        gc.collect()
-        dist.destroy_process_group()
-
-
-@contextmanager
-def distributed(device=None):
-    """with distributed(device) as d: setup_distributed, then cleanup_distributed at the end
-    (without waiting for the other ranks when an error ends the block)."""
-    d = setup_distributed(device)
+    normal_end = False
     try:
-        yield d
-    except BaseException:
-        cleanup_distributed(d, wait=False)
-        raise
-    cleanup_distributed(d)
+        yield Dist(True, rank, local_rank, int(os.environ["WORLD_SIZE"]), device, rank == 0)
+        normal_end = True
+    finally:
+        if dist.is_initialized():
+            if normal_end:
+                dist.barrier()
+            gc.collect()
+            dist.destroy_process_group()
 
 
 def all_reduce_mean(tensor, d):

@@ -23,10 +23,15 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PROBE_ON_CPU = False  # tests: also probe the custom operators under TRITON_INTERPRET=1
 
 
-def _on_device(t):
+def on_device(t):
     """Launch on t's GPU (Triton launches on the current CUDA device: a tensor on cuda:1 while
     cuda:0 is current would be an illegal address); nothing to do elsewhere."""
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def masked(w, mask):
+    """w with the padded tokens zeroed (mask (B, T) float, or None: w itself)."""
+    return w if mask is None else w * mask[:, None, :, None].to(w.dtype)
 
 
 def guards(causal):
@@ -46,9 +51,8 @@ class FusedTSSA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, w, temp, bias, mask, causal, ops):
         eps = guards(causal)
-        with torch.autocast(w.device.type, enabled=False), _on_device(w):
-            wm = w if mask is None else w * mask[:, None, :, None].to(w.dtype)  # padded tokens are zeros
-            out, pi, u, saved = ops.kernels.forward(wm, temp, bias, mask, causal, eps)
+        with torch.autocast(w.device.type, enabled=False), on_device(w):
+            out, pi, u, saved = ops.kernels.forward(masked(w, mask), temp, bias, mask, causal, eps)
         ctx.causal, ctx.ops, ctx.eps, ctx.n_saved = causal, ops, eps, len(saved)
         ctx.save_for_backward(w, temp, bias, mask, pi, u, *saved)
         ctx.mark_non_differentiable(pi)
@@ -58,11 +62,10 @@ class FusedTSSA(torch.autograd.Function):
     def backward(ctx, g_out, _g_pi):  # _g_pi is ignored: Pi is returned detached
         w, temp, bias, mask, pi, u, *saved = ctx.saved_tensors
         try:
-            with torch.autocast(w.device.type, enabled=False), _on_device(w):
-                wm = w if mask is None else w * mask[:, None, :, None].to(w.dtype)
-                gw, gtemp, gbias = ctx.ops.kernels.backward(wm, g_out, temp, pi, u, mask, saved, ctx.causal, ctx.eps)
-                if mask is not None:
-                    gw = gw * mask[:, None, :, None].to(gw.dtype)
+            with torch.autocast(w.device.type, enabled=False), on_device(w):
+                gw, gtemp, gbias = ctx.ops.kernels.backward(masked(w, mask), g_out, temp, pi, u, mask, saved,
+                                                            ctx.causal, ctx.eps)
+                gw = masked(gw, mask)
         except Exception as e:  # e.g. the backward kernels failed to compile: the reference's gradients
             ctx.ops.disable(f"the backward kernels raised {type(e).__name__}: {e}")
             gw, gtemp, gbias = _reference_grads(w, temp, bias, mask, g_out, ctx.causal)
@@ -130,25 +133,22 @@ class FusedOps:
             self.disable(f"the kernels raised {type(e).__name__}: {e}")
             return None
 
+    # Under torch.compile the Triton kernels run as custom operators inside the graph
+    # (_traced); the C kernels run between graphs (_tssa / _causal_tssa are compiler.disable'd).
     def tssa(self, w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-        if torch.compiler.is_compiling():
+        if self.impl == "triton" and torch.compiler.is_compiling():
             return self._traced(w, temp, None, mask, False, return_pi, pi_mode)
         return self._tssa(w, temp, return_pi, mask, pi_mode)
 
     def causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
-        if torch.compiler.is_compiling():
+        if self.impl == "triton" and torch.compiler.is_compiling():
             return self._traced(w, temp, pos_bias, None, True, return_pi, pi_mode)
         return self._causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
 
     def _traced(self, w, temp, pos_bias, mask, causal, return_pi, pi_mode):
-        """Under torch.compile: the Triton kernels as custom operators (kernels/triton_ops.py),
-        inside the graph; the reference maths where they do not apply (the CPU kernels run
-        between graphs, as in eager mode)."""
-        if self.impl != "triton" or pi_mode != "softmax" or w.dtype not in FUSED_DTYPES \
-                or not _triton_ready(w.device.type):
-            if self.impl == "cpu":
-                return (self._causal_tssa(w, temp, pos_bias, return_pi, pi_mode) if causal
-                        else self._tssa(w, temp, return_pi, mask, pi_mode))
+        """The Triton custom operators (kernels/triton_ops.py), traced into the graph; the
+        reference maths where they do not apply or did not pass the start-up probe."""
+        if pi_mode != "softmax" or w.dtype not in FUSED_DTYPES or not _triton_ready(w.device.type):
             return (model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode) if causal
                     else model.tssa(w, temp, return_pi, mask, pi_mode))
         model._check_w(w, temp)
@@ -195,7 +195,7 @@ class FusedOps:
             pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)
             bias = pos_bias[:, min(state.pos, pos_bias.shape[1] - 1)]  # (H,); the last one past the end
             try:  # a launch that raises (a compile error) has not touched the state
-                with torch.no_grad(), _on_device(w_t):
+                with torch.no_grad(), on_device(w_t):
                     out, pi = kernels.step(w_t, temp.reshape(H), bias.float(), state, guards(True))
                 state.pos += 1
                 return (out, state, pi) if return_pi else (out, state)

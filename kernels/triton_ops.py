@@ -11,30 +11,26 @@ a known derivative (register_autograd) instead of Python it must not trace. Eage
         -> dw, dtemp (H,), dbias (H, T) (an empty tensor for the non-causal form)
 """
 
-import contextlib
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from kernels.fused import on_device, masked
 from kernels.triton_tssa import TritonKernels
-
-
-def _masked(w, mask):  # padded tokens are zeros (non-causal form only)
-    return w if mask is None else w * mask[:, None, :, None].to(w.dtype)
 
 
 @torch.library.custom_op("nanotost::tssa_fwd", mutates_args=())
 def tssa_fwd(w: Tensor, temp: Tensor, bias: Optional[Tensor], mask: Optional[Tensor], causal: bool,
              sq_floor: float, stat_eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    with torch.cuda.device(w.device) if w.is_cuda else contextlib.nullcontext():
-        out, pi, u, (cS, cMN) = TritonKernels.forward(_masked(w, mask), temp, bias, mask, causal, (sq_floor, stat_eps))
+    with on_device(w):
+        out, pi, u, (cS, cMN) = TritonKernels.forward(masked(w, mask), temp, bias, mask, causal, (sq_floor, stat_eps))
     return out, pi, u, cS, cMN
 
 
 @tssa_fwd.register_fake
 def _(w, temp, bias, mask, causal, sq_floor, stat_eps):
-    wk = TritonKernels.prepare(_masked(w, mask))
+    wk = TritonKernels.prepare(masked(w, mask))
     B, H, T, p = wk.shape
     nC = -(-T // TritonKernels.meta(p)["BT"])
     f32 = dict(device=w.device, dtype=torch.float32)
@@ -45,17 +41,17 @@ def _(w, temp, bias, mask, causal, sq_floor, stat_eps):
 @torch.library.custom_op("nanotost::tssa_bwd", mutates_args=())
 def tssa_bwd(w: Tensor, g: Tensor, temp: Tensor, pi: Tensor, u: Tensor, mask: Optional[Tensor], cS: Tensor,
              cMN: Tensor, causal: bool, sq_floor: float, stat_eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    with torch.cuda.device(w.device) if w.is_cuda else contextlib.nullcontext():
-        gw, gtemp, gbias = TritonKernels.backward(_masked(w, mask), g, temp, pi, u, mask, (cS, cMN), causal,
+    with on_device(w):
+        gw, gtemp, gbias = TritonKernels.backward(masked(w, mask), g, temp, pi, u, mask, (cS, cMN), causal,
                                                   (sq_floor, stat_eps))
-    gw = _masked(gw, mask)
+    gw = masked(gw, mask)
     return gw, gtemp, (gbias if causal else temp.new_empty(0, dtype=torch.float32))
 
 
 @tssa_bwd.register_fake
 def _(w, g, temp, pi, u, mask, cS, cMN, causal, sq_floor, stat_eps):
-    B, H, T, p = w.shape
-    gw = _masked(torch.empty_like(TritonKernels.prepare(_masked(w, mask)), dtype=w.dtype), mask)
+    _, H, T, _ = w.shape
+    gw = masked(torch.empty_like(TritonKernels.prepare(masked(w, mask)), dtype=w.dtype), mask)
     f32 = dict(device=w.device, dtype=torch.float32)
     return gw, torch.empty(H, **f32), torch.empty(H, T, **f32) if causal else torch.empty(0, **f32)
 

@@ -301,7 +301,7 @@ def read_image(hf_name, split, max_len, workers=1):
 
     ds = _hf_split(hf_name, "test" if split == "test" else "train", "CIFAR-10")
     column = "img" if "img" in ds.column_names else "image"
-    ds = ds.cast_column(column, datasets.Image(decode=False))  # raw PNG bytes: no Pillow needed
+    ds = ds.cast_column(column, datasets.Image(decode=False))  # raw PNG bytes, decoded by Pillow below
     if split != "test":  # LRA: validate on the last 10% of the train split
         cut = int(0.9 * len(ds))
         ds = ds.select(range(cut) if split == "train" else range(cut, len(ds)))
