@@ -324,8 +324,8 @@ def vit_case(impl, T_):
     torch.manual_seed(0)
     kind = "softmax" if impl == "sdpa" else "tssa"
     tssa_impl = impl if impl in ("cpu", "triton") else "torch"
-    layers = torch.nn.Sequential(*[model.make_attention(kind, n_embd=384, n_head=8, bias=True, tssa_impl=tssa_impl)
-                                   for _ in range(12)]).to(DEVICE, DTYPE).eval()
+    config = model.ViTConfig(n_embd=384, n_head=8, attn=kind, tssa_impl=tssa_impl)  # ToST-S width, biases
+    layers = torch.nn.Sequential(*[model.make_attention(config, causal=False) for _ in range(12)]).to(DEVICE, DTYPE).eval()
     fn = torch.compile(layers) if impl == "compiled" else layers
     x = torch.randn(B, T_, 384, device=DEVICE, dtype=DTYPE)
 

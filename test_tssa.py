@@ -49,7 +49,7 @@ def tied_setup():
     """Z (n tokens of width d), a TSSA layer whose output map is tied to (tau/n) U, no biases."""
     torch.manual_seed(0)
     n, d, H, tau = 10, 12, 3, 0.7
-    layer = TSSA(n_embd=d, n_head=H, bias=False).double()
+    layer = TSSA(GPTConfig(n_embd=d, n_head=H, bias=False)).double()
     with torch.no_grad():
         layer.temp.copy_(torch.tensor([0.5, 1.0, 2.0]))
         layer.c_proj.weight.copy_(tau / n * layer.c_in.weight.T)  # W_out = (tau / n) U, U = W_in^T
@@ -303,7 +303,7 @@ def test_all_zero_input_gives_finite_output():
 
 def test_gradients_reach_temperature_and_position_bias():
     torch.manual_seed(12)
-    layer = TSSA(n_embd=8, n_head=2, causal=True, block_size=6)
+    layer = TSSA(GPTConfig(n_embd=8, n_head=2, block_size=6), causal=True)
     layer(torch.randn(2, 6, 8)).square().sum().backward()
     assert layer.temp.grad.abs().sum() > 0 and layer.pos_bias.grad.abs().sum() > 0
 
@@ -314,7 +314,7 @@ def test_gradients_reach_temperature_and_position_bias():
 
 def test_bf16_autocast_matches_fp32_at_4096_tokens():
     torch.manual_seed(13)
-    layer = TSSA(n_embd=64, n_head=4, causal=True, block_size=4096)
+    layer = TSSA(GPTConfig(n_embd=64, n_head=4, block_size=4096), causal=True)
     with torch.no_grad():
         layer.pos_bias.normal_(0, 0.1)
     x = torch.randn(1, 4096, 64)
@@ -521,7 +521,7 @@ def test_bad_input_raises_clear_value_errors():
     with pytest.raises(ValueError, match=r"\(B, T\)"):
         m(torch.zeros(9, dtype=torch.long))
     with pytest.raises(ValueError, match="divisible"):
-        TSSA(n_embd=10, n_head=3)
+        TSSA(GPTConfig(n_embd=10, n_head=3))
     with pytest.raises(ValueError, match="one value per head"):
         tssa(torch.randn(1, 2, 4, 3), torch.ones(3))
     with pytest.raises(ValueError, match=r"\(B, H, T, p\)"):
