@@ -319,7 +319,7 @@ def model_decode_case(impl, T_):
 
 def vit_case(impl, T_):
     """Vision at T_ tokens (a sqrt(T_) * 16 pixel square image, patch 16): the forward pass of
-    12 attention layers of ToST-S width (384, 8 heads), batch B, no gradients (notes §6: the
+    12 attention layers of ToST-S width (384, 8 heads), batch B, no gradients (MATH.md §6.3: the
     paper's 10k-token comparison). sdpa: softmax attention; torch / cpu / triton / compiled: TSSA."""
     torch.manual_seed(0)
     kind = "softmax" if impl == "sdpa" else "tssa"

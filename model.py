@@ -9,7 +9,7 @@ One file, read top to bottom:
   4. ToST-ViT, an XCiT skeleton with TSSA (vision).
 
 Shapes: B batch, T tokens, C = H * p model width, H heads, p head width.
-Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; ../shared/TOST_NOTES.md.
+Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; the derivation: MATH.md.
 
     python -c "import model; print(model.GPT.from_preset('tost-base'))"
 """
@@ -31,7 +31,7 @@ TSSA_IMPLS = ("torch", "triton", "cpu")  # GPTConfig.tssa_impl / ViTConfig.tssa_
 #
 # Each takes w = U^T z, the per-head projected features of shape (B, H, T, p), and returns
 # the per-head update -Pi * w / (1 + s) of the same shape (before the output projection).
-# Pi, when returned, is detached: it is an estimate held fixed by the theory (notes §2) and
+# Pi, when returned, is detached: it is an estimate held fixed by the theory (MATH.md §2.4) and
 # is returned for analysis maps and the decoding state; gradients flow through out only.
 
 
@@ -62,7 +62,7 @@ def _apply_pi_mode(logits, pi_mode):
 
 
 def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-    """Non-causal TSSA (notes §3). w: (B, H, T, p); temp: (H,) or (H, 1);
+    """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); temp: (H,) or (H, 1);
     mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
     statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
     temp = _check_w(w, temp)
@@ -98,7 +98,7 @@ def _check_pos_bias(pos_bias, H, T, dtype):
 
 
 def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
-    """Causal TSSA (notes §4): token j uses statistics of tokens 1..j only, via cumulative
+    """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
     sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
     added per feature before the sum. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
     temp = _check_w(w, temp)
@@ -179,7 +179,7 @@ def tssa_ops(impl="torch"):
 
 
 def compression_objective(w, pi, mask=None, f=torch.log1p):
-    """Variational compression term R_var(Z | Pi, U) of notes §1 (eq. 4), per sample.
+    """Variational compression term R_var(Z | Pi, U) of MATH.md §1.3 (paper eq. 4), per sample.
     w = U^T z: (B, H, T, p) features in each head's basis; pi: (B, H, T) memberships;
     mask: optional (B, T) bool of real tokens; f: concave spectral function (log(1+x)).
         R_var = 1/2 sum_k (n_k / n) sum_i f(s_ki),  s_ki = (1/n_k) sum_j Pi[j,k] w[j,i]^2
@@ -394,7 +394,7 @@ class Block(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# 3. ToST-GPT (notes §5, language)
+# 3. ToST-GPT (MATH.md §5.2, language)
 
 # peak dense bf16 tensor throughput (FLOP/s) for MFU, matched against the device name
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
@@ -591,7 +591,7 @@ def configure_adamw(model, weight_decay, learning_rate, betas, device_type="cpu"
 
 
 # -----------------------------------------------------------------------------
-# 4. ToST-ViT (notes §5, vision): XCiT skeleton with TSSA, no local patch interaction
+# 4. ToST-ViT (MATH.md §5.3, vision): XCiT skeleton with TSSA, no local patch interaction
 
 
 class ConvPatchEmbed(nn.Module):
@@ -657,7 +657,7 @@ class ClassAttention(nn.Module):
 
 
 class ClassAttentionBlock(nn.Module):
-    """XCiT's class-attention block with tokens_norm=True, as the released ToST (notes §5).
+    """XCiT's class-attention block with tokens_norm=True, as the released ToST (MATH.md §5.4).
     With x = [c, p] (class token, patch tokens):
         n = LN1(x);           x = x + drop_path(g1 * [attn_c(n), n_p])   (patches: p + g1 LN1(p))
         x = LN2(x)            on the residual stream, every token
@@ -698,7 +698,7 @@ class ViTConfig:
     drop_path: float = 0.0  # stochastic depth rate of every ToST block (released: T 0, S 0.05, M 0.15)
     cls_drop_path: float = 0.0  # of the class-attention blocks (XCiT, and so the release: 0)
     ln_eps: float = 1e-6  # LayerNorm epsilon everywhere in the ViT (as released)
-    layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (notes §5)
+    layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (MATH.md §5.3)
     attn: str = "tssa"  # "tssa" | "softmax" (ViT baseline at the same size otherwise)
     pi: str = "softmax"
     bias: bool = True  # biases in the blocks' Linear and LayerNorm layers (as released)

@@ -58,7 +58,7 @@ def tied_setup():
 
 
 # --------------------------------------------------------------------------------------
-# TSSA is one gradient step on R_var (notes §2, §4)
+# TSSA is one gradient step on R_var (MATH.md §2, §4.1)
 
 
 def test_tssa_equals_minus_tau_grad_of_rvar_by_finite_differences(tied_setup):
@@ -345,7 +345,7 @@ def test_statistics_accumulate_in_fp32():
 # presets, optimizer, FLOPs
 
 
-PAPER_PARAMS = {  # notes §5 (millions); GPT-2 sizes as published
+PAPER_PARAMS = {  # MATH.md §5.2-5.3 (millions); GPT-2 sizes as published
     "tost-base": 110, "tost-medium": 304, "tost-large": 655,
     "gpt2": 124, "gpt2-medium": 355, "gpt2-large": 774, "gpt2-xl": 1558,
 }
@@ -406,11 +406,11 @@ def test_flops_count_tssa_as_linear_and_mfu_knows_hopper():
 
 
 # --------------------------------------------------------------------------------------
-# the released formulas (notes §3, §4), written out independently
+# the released formulas (MATH.md §3, §4), written out independently
 
 
 def released_tssa(w, temp):
-    """Notes §3 as released: features L2-normalised over the tokens by F.normalize."""
+    """MATH.md §3.2 as released: features L2-normalised over the tokens by F.normalize."""
     w_normed = F.normalize(w, dim=2)  # each feature over the tokens; the norm floored at 1e-12
     pi = (temp.view(1, -1, 1) * w_normed.square().sum(-1)).softmax(dim=1)  # (B, H, T)
     s = (pi[..., None] * w.square()).sum(2) / (pi.sum(2)[..., None] + 1e-8)  # (B, H, p)
@@ -418,7 +418,7 @@ def released_tssa(w, temp):
 
 
 def released_causal_tssa(w, temp, bias):
-    """Notes §4 as released: the running sum of squares clamped at 1e-12."""
+    """MATH.md §4.2 as released: the running sum of squares clamped at 1e-12."""
     B, H, T, p = w.shape
     w_sq = w.square()
     logits = temp.view(1, H, 1) * (w_sq / torch.clamp_min(w_sq.cumsum(2), 1e-12) + bias[None, :, :T, None]).sum(-1)
