@@ -319,13 +319,13 @@ def model_decode_case(impl, T_):
 
 def vit_case(impl, T_):
     """Vision at T_ tokens (a sqrt(T_) * 16 pixel square image, patch 16): the forward pass of
-    12 attention layers of ToST-S width (384, 8 heads), batch B, no gradients (notes §6: the
+    12 attention layers of ToST-S width (384, 8 heads), batch B, no gradients (MATH.md §6.3: the
     paper's 10k-token comparison). sdpa: softmax attention; torch / cpu / triton / compiled: TSSA."""
     torch.manual_seed(0)
     kind = "softmax" if impl == "sdpa" else "tssa"
     tssa_impl = impl if impl in ("cpu", "triton") else "torch"
-    layers = torch.nn.Sequential(*[model.make_attention(kind, n_embd=384, n_head=8, bias=True, tssa_impl=tssa_impl)
-                                   for _ in range(12)]).to(DEVICE, DTYPE).eval()
+    config = model.ViTConfig(n_embd=384, n_head=8, attn=kind, tssa_impl=tssa_impl)  # ToST-S width, biases
+    layers = torch.nn.Sequential(*[model.make_attention(config, causal=False) for _ in range(12)]).to(DEVICE, DTYPE).eval()
     fn = torch.compile(layers) if impl == "compiled" else layers
     x = torch.randn(B, T_, 384, device=DEVICE, dtype=DTYPE)
 

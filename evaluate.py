@@ -53,61 +53,62 @@ def windows(n_tokens, T, stride):
 
 @torch.no_grad()
 def main(argv):
-    C = tk.configure(tk.config_defaults(globals()), argv)
-    tk.require(C["batch_size"] >= 1, f"batch_size must be at least 1, got {C['batch_size']}")
-    device, dtype = tk.choose_device_dtype(C["device"], C["dtype"])
-    if C["num_threads"] > 0:
-        torch.set_num_threads(C["num_threads"])
+    C, _ = tk.configure(tk.config_defaults(globals()), argv)
+    tk.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads"))
+    device, dtype = tk.choose_device_dtype(C.device, C.dtype)
+    if C.num_threads > 0:
+        torch.set_num_threads(C.num_threads)
     with tk.distributed(device) as dist:  # under torchrun: this rank's GPU
         device = dist.device
-        ckpt_path = os.path.join(C["out_dir"], "ckpt.pt")
-        ckpt = tk.load_checkpoint(ckpt_path)
-        folder = os.path.join(C["data_dir"], C["dataset"])
+        ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
+        ckpt = tk.load_checkpoint(ckpt_path, "language")
+        folder = os.path.join(C.data_dir, C.dataset)
         if not os.path.isfile(os.path.join(folder, "meta.json")):
-            raise tk.UserError(f"dataset {C['dataset']!r} is not prepared ({folder}/meta.json is missing): "
-                               f"python prepare_openwebtext.py --dataset={C['dataset']}")
+            raise tk.UserError(f"dataset {C.dataset!r} is not prepared ({folder}/meta.json is missing): "
+                               f"python prepare_openwebtext.py --dataset={C.dataset}")
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
         if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
             raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({ckpt['tokenizer']['tokenizer']}, "
-                               f"{ckpt['tokenizer'].get('dataset')}) than {C['dataset']!r} uses ({meta['tokenizer']})")
-        if C["split"] not in meta["splits"]:
-            raise tk.UserError(f"{C['dataset']} has no split {C['split']!r}; its splits: {', '.join(meta['splits'])}")
-        tokens = np.memmap(os.path.join(folder, f"{C['split']}.bin"), dtype=np.uint16, mode="r")
-        if C["max_tokens"]:
-            tokens = tokens[:C["max_tokens"] + 1]
+                               f"{ckpt['tokenizer'].get('dataset')}) than {C.dataset!r} uses ({meta['tokenizer']})")
+        if C.split not in meta["splits"]:
+            raise tk.UserError(f"{C.dataset} has no split {C.split!r}; its splits: {', '.join(meta['splits'])}")
+        tokens = np.memmap(os.path.join(folder, f"{C.split}.bin"), dtype=np.uint16, mode="r")
+        if C.max_tokens:
+            tokens = tokens[:C.max_tokens + 1]
         model = GPT(GPTConfig(**ckpt["model_args"]))
         model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
         model.to(device).eval()
         T = model.config.block_size
-        stride = C["stride"] or T
+        stride = C.stride or T
         tk.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
-        ctx, _ = tk.autocast_for(device, dtype)
+        ctx = torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=tk.DTYPES[dtype],
+                             enabled=dtype != "float32")
 
         t0 = time.time()
         total = torch.zeros(2, dtype=torch.float64, device=dist.device)  # (sum of losses, tokens scored)
         mine = windows(len(tokens), T, stride)[dist.rank::dist.world_size]
-        for i in range(0, len(mine), C["batch_size"]):
-            x = np.zeros((len(mine[i:i + C["batch_size"]]), T), dtype=np.int64)  # (B, T)
+        for i in range(0, len(mine), C.batch_size):
+            x = np.zeros((len(mine[i:i + C.batch_size]), T), dtype=np.int64)  # (B, T)
             y = np.full_like(x, -1)  # -1: not scored (padding, or scored by an earlier window)
-            for row, (start, skip) in enumerate(mine[i:i + C["batch_size"]]):
+            for row, (start, skip) in enumerate(mine[i:i + C.batch_size]):
                 chunk = tokens[start:start + T + 1].astype(np.int64)
                 x[row, :len(chunk) - 1], y[row, :len(chunk) - 1] = chunk[:-1], chunk[1:]
                 y[row, :skip] = -1
             x, y = torch.from_numpy(x).to(dist.device), torch.from_numpy(y).to(dist.device)
-            with ctx():
+            with ctx:
                 _, loss = model(x, y)  # mean over the scored targets
             n = (y != -1).sum()
             total += torch.stack([loss.double() * n, n.double()])
         if dist.ddp:
             torch_dist.all_reduce(total)
         loss, n = (total[0] / total[1]).item(), int(total[1].item())
-        record = dict(iter=ckpt["iter_num"], dataset=C["dataset"], split=C["split"], loss=loss, ppl=math.exp(loss),
+        record = dict(iter=ckpt["iter_num"], dataset=C.dataset, split=C.split, loss=loss, ppl=math.exp(loss),
                       tokens=n, block_size=T, stride=stride)
         if dist.is_master:
-            print(f"{C['dataset']} {C['split']}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} ({n:,} tokens, "
+            print(f"{C.dataset} {C.split}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} ({n:,} tokens, "
                   f"windows of {T} every {stride}, {time.time() - t0:.1f}s)")
-            tk.JsonlLogger(os.path.join(C["out_dir"], "eval.jsonl")).log(record)
+            tk.JsonlLogger(os.path.join(C.out_dir, "eval.jsonl")).log(record)
     return record
 
 

@@ -9,7 +9,7 @@ One file, read top to bottom:
   4. ToST-ViT, an XCiT skeleton with TSSA (vision).
 
 Shapes: B batch, T tokens, C = H * p model width, H heads, p head width.
-Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; ../shared/TOST_NOTES.md.
+Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; the derivation: MATH.md.
 
     python -c "import model; print(model.GPT.from_preset('tost-base'))"
 """
@@ -31,7 +31,7 @@ TSSA_IMPLS = ("torch", "triton", "cpu")  # GPTConfig.tssa_impl / ViTConfig.tssa_
 #
 # Each takes w = U^T z, the per-head projected features of shape (B, H, T, p), and returns
 # the per-head update -Pi * w / (1 + s) of the same shape (before the output projection).
-# Pi, when returned, is detached: it is an estimate held fixed by the theory (notes §2) and
+# Pi, when returned, is detached: it is an estimate held fixed by the theory (MATH.md §2.4) and
 # is returned for analysis maps and the decoding state; gradients flow through out only.
 
 
@@ -62,7 +62,7 @@ def _apply_pi_mode(logits, pi_mode):
 
 
 def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-    """Non-causal TSSA (notes §3). w: (B, H, T, p); temp: (H,) or (H, 1);
+    """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); temp: (H,) or (H, 1);
     mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
     statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
     temp = _check_w(w, temp)
@@ -98,7 +98,7 @@ def _check_pos_bias(pos_bias, H, T, dtype):
 
 
 def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
-    """Causal TSSA (notes §4): token j uses statistics of tokens 1..j only, via cumulative
+    """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
     sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
     added per feature before the sum. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
     temp = _check_w(w, temp)
@@ -179,7 +179,7 @@ def tssa_ops(impl="torch"):
 
 
 def compression_objective(w, pi, mask=None, f=torch.log1p):
-    """Variational compression term R_var(Z | Pi, U) of notes §1 (eq. 4), per sample.
+    """Variational compression term R_var(Z | Pi, U) of MATH.md §1.3 (paper eq. 4), per sample.
     w = U^T z: (B, H, T, p) features in each head's basis; pi: (B, H, T) memberships;
     mask: optional (B, T) bool of real tokens; f: concave spectral function (log(1+x)).
         R_var = 1/2 sum_k (n_k / n) sum_i f(s_ki),  s_ki = (1/n_k) sum_j Pi[j,k] w[j,i]^2
@@ -211,30 +211,29 @@ def _merge_heads(x):  # (B, H, T, p) -> (B, T, H * p)
 class TSSA(nn.Module):
     """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
     heads stacked), the operator, a free output projection. causal=True adds the learned
-    per-head position bias of the causal form (which fixes the block size). tssa_impl picks
-    the operator's implementation once, here (see tssa_ops)."""
+    per-head position bias of the causal form (its length is config.block_size).
+    config.tssa_impl picks the operator's implementation once, here (see tssa_ops)."""
 
-    def __init__(self, *, n_embd, n_head, causal=False, block_size=None, bias=False, dropout=0.0, pi="softmax",
-                 tssa_impl="torch"):
+    def __init__(self, config, causal=False):
         super().__init__()
-        if n_embd % n_head:
-            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-        if pi not in ("softmax", "uniform"):
-            raise ValueError(f"pi must be 'softmax' or 'uniform', got {pi!r}")
-        self.n_head, self.causal, self.pi_mode = n_head, causal, pi
-        self.ops = tssa_ops(tssa_impl)  # tssa, causal_tssa, causal_tssa_step
-        self.c_in = nn.Linear(n_embd, n_embd, bias=bias)  # w = U^T z for all heads at once
-        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # replaces (tau / n) [U_1 .. U_K]
-        self.temp = nn.Parameter(torch.ones(n_head))  # per-head temperature of Pi
+        C, H = config.n_embd, config.n_head
+        if C % H:
+            raise ValueError(f"n_embd ({C}) must be divisible by n_head ({H})")
+        if config.pi not in ("softmax", "uniform"):
+            raise ValueError(f"pi must be 'softmax' or 'uniform', got {config.pi!r}")
+        self.n_head, self.causal, self.pi_mode = H, causal, config.pi
+        self.ops = tssa_ops(config.tssa_impl)  # tssa, causal_tssa, causal_tssa_step
+        self.c_in = nn.Linear(C, C, bias=config.bias)  # w = U^T z for all heads at once
+        self.c_proj = nn.Linear(C, C, bias=config.bias)  # replaces (tau / n) [U_1 .. U_K]
+        self.temp = nn.Parameter(torch.ones(H))  # per-head temperature of Pi
         if causal:
-            if block_size is None:
-                raise ValueError("causal TSSA needs block_size (the length of the position bias)")
-            self.pos_bias = nn.Parameter(torch.zeros(n_head, block_size))
-        self.dropout = nn.Dropout(dropout)
+            self.pos_bias = nn.Parameter(torch.zeros(H, config.block_size))
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, state=None, return_maps=False):
         """x: (B, T, C). state: a TSSAState to continue from (decoding) or None.
-        Returns y (B, T, C), plus the updated state when one was given."""
+        Returns y (B, T, C); (y, state) when a state was given; (y, maps) with return_maps,
+        maps = {"z": x, "w": U^T z (B, H, T, p), "pi": (B, H, T), "out": y} for analysis."""
         w = _split_heads(self.c_in(x), self.n_head)  # (B, H, T, p)
         ops, pi_mode = self.ops, self.pi_mode
         if not self.causal:
@@ -251,7 +250,7 @@ class TSSA(nn.Module):
             pi = torch.stack([q for _, _, q in steps], dim=2)
         y = self.dropout(self.c_proj(_merge_heads(out)))  # (B, T, C)
         if return_maps:
-            self.maps = {"z": x, "w": w, "pi": pi, "out": y}  # read by ToSTViT for analysis
+            return y, {"z": x, "w": w, "pi": pi, "out": y}
         return y if state is None else (y, state)
 
     def init_state(self, B, device=None):
@@ -262,15 +261,15 @@ class SoftmaxAttention(nn.Module):
     """Multi-head softmax attention through F.scaled_dot_product_attention (the baseline:
     flash / memory-efficient kernels where available). Causal decoding uses a KV cache."""
 
-    def __init__(self, *, n_embd, n_head, causal=False, block_size=None, bias=False, dropout=0.0, pi=None,
-                 tssa_impl=None):
+    def __init__(self, config, causal=False):
         super().__init__()
-        if n_embd % n_head:
-            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-        self.n_head, self.causal, self.dropout_p = n_head, causal, dropout
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
-        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        C, H = config.n_embd, config.n_head
+        if C % H:
+            raise ValueError(f"n_embd ({C}) must be divisible by n_head ({H})")
+        self.n_head, self.causal, self.dropout_p = H, causal, config.dropout
+        self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)
+        self.c_proj = nn.Linear(C, C, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, state=None, return_maps=False):
         """state: a KVCache to prefill or extend (decoding), or None."""
@@ -285,6 +284,8 @@ class SoftmaxAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                            dropout_p=self.dropout_p if self.training else 0.0)
         y = self.dropout(self.c_proj(_merge_heads(y)))
+        if return_maps:
+            return y, None  # no token statistics to show
         return y if state is None else (y, state)
 
     def init_state(self, B, device=None):
@@ -320,13 +321,14 @@ class KVCache:
         return 0 if self.k is None else 2 * self.k[:, :, :self.length].numel() * self.k.element_size()
 
 
-ATTENTION = {"tssa": TSSA, "softmax": SoftmaxAttention}
-
-
-def make_attention(attn, **kw):
-    if attn not in ATTENTION:
-        raise ValueError(f"attn must be one of {sorted(ATTENTION)}, got {attn!r}")
-    return ATTENTION[attn](**kw)
+def make_attention(config, causal, attn=None):
+    """The attention of one block: `attn` if given, else config.attn."""
+    attn = attn or config.attn
+    if attn == "tssa":
+        return TSSA(config, causal)
+    if attn == "softmax":
+        return SoftmaxAttention(config, causal)
+    raise ValueError(f"attn must be 'tssa' or 'softmax', got {attn!r}")
 
 
 class MLP(nn.Module):
@@ -366,31 +368,33 @@ class DropPath(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + g1 * Attn(LN(x)), then x + g2 * MLP(LN(x))."""
+    """Pre-norm block: x + g1 * Attn(LN(x)), then x + g2 * MLP(LN(x)). Built from a model
+    config (GPTConfig, ViTConfig or lra's LRAConfig: the fields read here are common to all)."""
 
-    def __init__(self, *, n_embd, n_head, attn, causal, block_size=None, bias=False, dropout=0.0,
-                 mlp_ratio=4.0, layer_scale_init=None, drop_path=0.0, pi="softmax", tssa_impl="torch"):
+    def __init__(self, config, causal, attn=None):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
-        self.attn = make_attention(attn, n_embd=n_embd, n_head=n_head, causal=causal, block_size=block_size,
-                                   bias=bias, dropout=dropout, pi=pi, tssa_impl=tssa_impl)
-        self.ls_1 = LayerScale(n_embd, layer_scale_init)
-        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
-        self.mlp = MLP(n_embd=n_embd, hidden=int(mlp_ratio * n_embd), bias=bias, dropout=dropout)
-        self.ls_2 = LayerScale(n_embd, layer_scale_init)
-        self.drop_path = DropPath(drop_path)
+        C, ls = config.n_embd, config.layer_scale_init
+        self.ln_1 = nn.LayerNorm(C, eps=config.ln_eps, bias=config.bias)
+        self.attn = make_attention(config, causal, attn)
+        self.ls_1 = LayerScale(C, ls)
+        self.ln_2 = nn.LayerNorm(C, eps=config.ln_eps, bias=config.bias)
+        self.mlp = MLP(n_embd=C, hidden=int(config.mlp_ratio * C), bias=config.bias, dropout=config.dropout)
+        self.ls_2 = LayerScale(C, ls)
+        self.drop_path = DropPath(config.drop_path)
 
     def forward(self, x, mask=None, state=None, return_maps=False):
+        """x (B, T, C) -> x; (x, state) when decoding from a state; (x, maps) with return_maps."""
         a = self.attn(self.ln_1(x), mask=mask, state=state, return_maps=return_maps)
-        if state is not None:
-            a, state = a
+        extra = None
+        if state is not None or return_maps:
+            a, extra = a
         x = x + self.drop_path(self.ls_1(a))
         x = x + self.drop_path(self.ls_2(self.mlp(self.ln_2(x))))
-        return x if state is None else (x, state)
+        return (x, extra) if state is not None or return_maps else x
 
 
 # -----------------------------------------------------------------------------
-# 3. ToST-GPT (notes §5, language)
+# 3. ToST-GPT (MATH.md §5.2, language)
 
 # peak dense bf16 tensor throughput (FLOP/s) for MFU, matched against the device name
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
@@ -422,6 +426,9 @@ class GPTConfig:
     pi: str = "softmax"  # "softmax" | "uniform" (ablation: Pi = 1/H)
     layer_scale_init: float | None = 1e-5  # None: no layer scale (GPT-2)
     tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
+    mlp_ratio: float = 4.0  # MLP hidden width / n_embd
+    drop_path: float = 0.0  # stochastic depth (not used by the language recipes)
+    ln_eps: float = 1e-5  # LayerNorm epsilon
 
 
 GPT_PRESETS = {  # parameter counts include the position embedding, not the padded vocab
@@ -444,12 +451,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=True, block_size=c.block_size,
-                  bias=c.bias, dropout=c.dropout, layer_scale_init=c.layer_scale_init, pi=c.pi,
-                  tssa_impl=c.tssa_impl)
-            for _ in range(c.n_layer))
-        self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
+        self.blocks = nn.ModuleList(Block(c, causal=True) for _ in range(c.n_layer))
+        self.ln_f = nn.LayerNorm(c.n_embd, eps=c.ln_eps, bias=c.bias)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
         self.apply(self._init_weights)
@@ -588,7 +591,7 @@ def configure_adamw(model, weight_decay, learning_rate, betas, device_type="cpu"
 
 
 # -----------------------------------------------------------------------------
-# 4. ToST-ViT (notes §5, vision): XCiT skeleton with TSSA, no local patch interaction
+# 4. ToST-ViT (MATH.md §5.3, vision): XCiT skeleton with TSSA, no local patch interaction
 
 
 class ConvPatchEmbed(nn.Module):
@@ -654,7 +657,7 @@ class ClassAttention(nn.Module):
 
 
 class ClassAttentionBlock(nn.Module):
-    """XCiT's class-attention block with tokens_norm=True, as the released ToST (notes §5).
+    """XCiT's class-attention block with tokens_norm=True, as the released ToST (MATH.md §5.4).
     With x = [c, p] (class token, patch tokens):
         n = LN1(x);           x = x + drop_path(g1 * [attn_c(n), n_p])   (patches: p + g1 LN1(p))
         x = LN2(x)            on the residual stream, every token
@@ -695,9 +698,10 @@ class ViTConfig:
     drop_path: float = 0.0  # stochastic depth rate of every ToST block (released: T 0, S 0.05, M 0.15)
     cls_drop_path: float = 0.0  # of the class-attention blocks (XCiT, and so the release: 0)
     ln_eps: float = 1e-6  # LayerNorm epsilon everywhere in the ViT (as released)
-    layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (notes §5)
+    layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (MATH.md §5.3)
     attn: str = "tssa"  # "tssa" | "softmax" (ViT baseline at the same size otherwise)
     pi: str = "softmax"
+    bias: bool = True  # biases in the blocks' Linear and LayerNorm layers (as released)
     n_cls_layers: int = 2
     tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
 
@@ -719,12 +723,7 @@ class ToSTViT(nn.Module):
         self.patch_embed = ConvPatchEmbed(patch_size=c.patch_size, in_chans=c.in_chans, n_embd=c.n_embd)
         self.pos_embed = FourierPositionalEncoding(n_embd=c.n_embd)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=False, bias=True, dropout=c.dropout,
-                  mlp_ratio=c.mlp_ratio, layer_scale_init=c.layer_scale_init, pi=c.pi,
-                  drop_path=c.drop_path,
-                  tssa_impl=c.tssa_impl)
-            for _ in range(c.n_layer))
+        self.blocks = nn.ModuleList(Block(c, causal=False) for _ in range(c.n_layer))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
         self.cls_blocks = nn.ModuleList(
             ClassAttentionBlock(n_embd=c.n_embd, n_head=c.n_head, mlp_ratio=c.mlp_ratio,
@@ -732,9 +731,6 @@ class ToSTViT(nn.Module):
                                 drop_path=c.cls_drop_path, eps=c.ln_eps)
             for _ in range(c.n_cls_layers))
         self.norm = nn.LayerNorm(c.n_embd, eps=c.ln_eps)
-        for m in self.blocks.modules():  # the shared Block builds its LayerNorms with torch's 1e-5
-            if isinstance(m, nn.LayerNorm):
-                m.eps = c.ln_eps
         self.head = nn.Linear(c.n_embd, c.num_classes)
         self.apply(self._init_weights)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
@@ -776,9 +772,11 @@ class ToSTViT(nn.Module):
         x = self.drop(x.flatten(2).transpose(1, 2))  # (B, N, C)
         layers = []
         for block in self.blocks:
-            x = block(x, return_maps=return_maps)
             if return_maps:
-                layers.append(block.attn.__dict__.pop("maps", None))
+                x, maps = block(x, return_maps=True)
+                layers.append(maps)
+            else:
+                x = block(x)
         x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, 1 + N, C)
         cls_attn = []
         for block in self.cls_blocks:

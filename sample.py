@@ -61,50 +61,45 @@ def load_tokenizer(info):
 
 
 def main(argv):
-    C = tk.configure(tk.config_defaults(globals()), argv)
-    tk.require(C["num_samples"] >= 1, f"num_samples must be at least 1, got {C['num_samples']}")
-    tk.require(C["max_new_tokens"] >= 0, f"max_new_tokens must not be negative, got {C['max_new_tokens']}")
-    tk.require(C["temperature"] >= 0, f"temperature must be >= 0 (0: greedy), got {C['temperature']}")
-    tk.require(C["top_k"] >= 0, f"top_k must be >= 0 (0: all tokens), got {C['top_k']}")
-    tk.require(C["tssa_impl"] in _TSSA_IMPLS, f"tssa_impl must be one of {', '.join(_TSSA_IMPLS)}, got {C['tssa_impl']!r}")
-    dev, dt = tk.choose_device_dtype(C["device"], C["dtype"])
-    torch.manual_seed(C["seed"])
+    C, _ = tk.configure(tk.config_defaults(globals()), argv)
+    tk.check(C, at_least_1=("num_samples",), non_negative=("max_new_tokens", "temperature", "top_k", "num_threads"),
+             choices={"tssa_impl": _TSSA_IMPLS})
+    dev, dt = tk.choose_device_dtype(C.device, C.dtype)
+    torch.manual_seed(C.seed)
 
     # the model and its tokenizer, from the checkpoint
-    path = C["ckpt_path"] or os.path.join(C["out_dir"], "ckpt.pt")
-    ckpt = tk.load_checkpoint(path)
-    if not isinstance(ckpt, dict) or "model_args" not in ckpt or "tokenizer" not in ckpt:
-        raise tk.UserError(f"{path} is not a language-model checkpoint of train.py (no model_args / tokenizer)")
-    threads = C["num_threads"] or ckpt.get("config", {}).get("num_threads", 0)
+    path = C.ckpt_path or os.path.join(C.out_dir, "ckpt.pt")
+    ckpt = tk.load_checkpoint(path, "language")
+    threads = C.num_threads or ckpt.get("config", {}).get("num_threads", 0)
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)
     model_args = dict(ckpt["model_args"])
-    model_args["tssa_impl"] = C["tssa_impl"]
+    model_args["tssa_impl"] = C.tssa_impl
     model = GPT(GPTConfig(**model_args))
     model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
     model.to(dev).eval()
-    if C["compile"]:
+    if C.compile:
         model = torch.compile(model)
     info = ckpt["tokenizer"]
     encode, decode = load_tokenizer(info)
 
     # the prompt, repeated once per sample: (num_samples, T)
-    prompt = C["start"]
+    prompt = C.start
     if prompt.startswith("FILE:"):
         with open(prompt[len("FILE:"):], encoding="utf-8") as f:
             prompt = f.read()
     ids = encode(prompt)
     tk.require(len(ids) > 0, "the prompt is empty: give at least one character/token with --start")
-    idx = torch.tensor([ids] * C["num_samples"], dtype=torch.long, device=dev)
+    idx = torch.tensor([ids] * C.num_samples, dtype=torch.long, device=dev)
 
-    ctx, _ = tk.autocast_for(dev, dt)
+    ctx = torch.autocast("cuda" if dev.startswith("cuda") else "cpu", dtype=tk.DTYPES[dt], enabled=dt != "float32")
     c = model.config
     print(f"{path} (iter {ckpt.get('iter_num')}): {c.attn}, {c.n_layer} layers, {c.n_embd} wide, block "
-          f"{c.block_size}, {info['tokenizer']} tokenizer; {C['num_samples']} samples of {C['max_new_tokens']} "
+          f"{c.block_size}, {info['tokenizer']} tokenizer; {C.num_samples} samples of {C.max_new_tokens} "
           f"tokens on {dev}")
     t0 = time.time()
-    with torch.no_grad(), ctx():
-        out = model.generate(idx, C["max_new_tokens"], temperature=C["temperature"], top_k=C["top_k"] or None,
+    with torch.no_grad(), ctx:
+        out = model.generate(idx, C.max_new_tokens, temperature=C.temperature, top_k=C.top_k or None,
                              n_vocab=info["vocab_size"])
     if dev.startswith("cuda"):
         torch.cuda.synchronize()
@@ -113,9 +108,9 @@ def main(argv):
         print("-" * 60)
         print(decode(row))
     print("-" * 60)
-    n = C["num_samples"] * C["max_new_tokens"]
+    n = C.num_samples * C.max_new_tokens
     print(f"{n:,} tokens in {seconds:.2f}s: {n / max(seconds, 1e-9):,.0f} tokens/s "
-          f"({C['num_samples']} samples decoded together)")
+          f"({C.num_samples} samples decoded together)")
     return out
 
 

@@ -49,7 +49,7 @@ def tied_setup():
     """Z (n tokens of width d), a TSSA layer whose output map is tied to (tau/n) U, no biases."""
     torch.manual_seed(0)
     n, d, H, tau = 10, 12, 3, 0.7
-    layer = TSSA(n_embd=d, n_head=H, bias=False).double()
+    layer = TSSA(GPTConfig(n_embd=d, n_head=H, bias=False)).double()
     with torch.no_grad():
         layer.temp.copy_(torch.tensor([0.5, 1.0, 2.0]))
         layer.c_proj.weight.copy_(tau / n * layer.c_in.weight.T)  # W_out = (tau / n) U, U = W_in^T
@@ -58,7 +58,7 @@ def tied_setup():
 
 
 # --------------------------------------------------------------------------------------
-# TSSA is one gradient step on R_var (notes §2, §4)
+# TSSA is one gradient step on R_var (MATH.md §2, §4.1)
 
 
 def test_tssa_equals_minus_tau_grad_of_rvar_by_finite_differences(tied_setup):
@@ -303,7 +303,7 @@ def test_all_zero_input_gives_finite_output():
 
 def test_gradients_reach_temperature_and_position_bias():
     torch.manual_seed(12)
-    layer = TSSA(n_embd=8, n_head=2, causal=True, block_size=6)
+    layer = TSSA(GPTConfig(n_embd=8, n_head=2, block_size=6), causal=True)
     layer(torch.randn(2, 6, 8)).square().sum().backward()
     assert layer.temp.grad.abs().sum() > 0 and layer.pos_bias.grad.abs().sum() > 0
 
@@ -314,7 +314,7 @@ def test_gradients_reach_temperature_and_position_bias():
 
 def test_bf16_autocast_matches_fp32_at_4096_tokens():
     torch.manual_seed(13)
-    layer = TSSA(n_embd=64, n_head=4, causal=True, block_size=4096)
+    layer = TSSA(GPTConfig(n_embd=64, n_head=4, block_size=4096), causal=True)
     with torch.no_grad():
         layer.pos_bias.normal_(0, 0.1)
     x = torch.randn(1, 4096, 64)
@@ -345,7 +345,7 @@ def test_statistics_accumulate_in_fp32():
 # presets, optimizer, FLOPs
 
 
-PAPER_PARAMS = {  # notes §5 (millions); GPT-2 sizes as published
+PAPER_PARAMS = {  # MATH.md §5.2-5.3 (millions); GPT-2 sizes as published
     "tost-base": 110, "tost-medium": 304, "tost-large": 655,
     "gpt2": 124, "gpt2-medium": 355, "gpt2-large": 774, "gpt2-xl": 1558,
 }
@@ -406,11 +406,11 @@ def test_flops_count_tssa_as_linear_and_mfu_knows_hopper():
 
 
 # --------------------------------------------------------------------------------------
-# the released formulas (notes §3, §4), written out independently
+# the released formulas (MATH.md §3, §4), written out independently
 
 
 def released_tssa(w, temp):
-    """Notes §3 as released: features L2-normalised over the tokens by F.normalize."""
+    """MATH.md §3.2 as released: features L2-normalised over the tokens by F.normalize."""
     w_normed = F.normalize(w, dim=2)  # each feature over the tokens; the norm floored at 1e-12
     pi = (temp.view(1, -1, 1) * w_normed.square().sum(-1)).softmax(dim=1)  # (B, H, T)
     s = (pi[..., None] * w.square()).sum(2) / (pi.sum(2)[..., None] + 1e-8)  # (B, H, p)
@@ -418,7 +418,7 @@ def released_tssa(w, temp):
 
 
 def released_causal_tssa(w, temp, bias):
-    """Notes §4 as released: the running sum of squares clamped at 1e-12."""
+    """MATH.md §4.2 as released: the running sum of squares clamped at 1e-12."""
     B, H, T, p = w.shape
     w_sq = w.square()
     logits = temp.view(1, H, 1) * (w_sq / torch.clamp_min(w_sq.cumsum(2), 1e-12) + bias[None, :, :T, None]).sum(-1)
@@ -521,7 +521,7 @@ def test_bad_input_raises_clear_value_errors():
     with pytest.raises(ValueError, match=r"\(B, T\)"):
         m(torch.zeros(9, dtype=torch.long))
     with pytest.raises(ValueError, match="divisible"):
-        TSSA(n_embd=10, n_head=3)
+        TSSA(GPTConfig(n_embd=10, n_head=3))
     with pytest.raises(ValueError, match="one value per head"):
         tssa(torch.randn(1, 2, 4, 3), torch.ones(3))
     with pytest.raises(ValueError, match=r"\(B, H, T, p\)"):

@@ -27,7 +27,6 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -47,7 +46,7 @@ eval_interval = 2000  # evaluate and checkpoint every this many iterations
 log_interval = 1  # print (and log) the training loss every this many iterations
 eval_iters = 200  # batches per split for the loss estimate
 always_save_checkpoint = True  # else only when the val loss improves
-init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt) or "resume"
+init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt), "resume", or "auto" (either)
 # logging
 wandb_log = False
 wandb_project = "nanotost"
@@ -66,7 +65,7 @@ dropout = 0.0
 bias = False
 attn = "tssa"  # "tssa" or "softmax"
 pi = "softmax"  # "softmax" or "uniform" (ablation: every token in every group equally)
-layer_scale_init = 1e-5  # 0: no layer scale
+layer_scale_init = 1e-5  # 0: no layer scale (GPT-2)
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 # AdamW
 learning_rate = 6e-4
@@ -76,8 +75,8 @@ beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0  # 0: no clipping
 max_time = 0.0  # seconds after which the run evaluates, saves and stops (0: no limit)
-# learning-rate schedule: linear warmup, then decay to min_lr at lr_decay_iters
-lr_schedule = "cosine"  # "cosine", "linear", "invsqrt" or "constant"
+# learning-rate schedule: linear warmup, then decay to min_lr at lr_decay_iters (0: max_iters)
+lr_schedule = "cosine"  # "cosine", "linear" or "constant"
 warmup_iters = 2000
 lr_decay_iters = 600000
 min_lr = 6e-5
@@ -89,70 +88,99 @@ seed = 1337
 num_threads = 0  # torch CPU threads (0: torch's default)
 # -----------------------------------------------------------------------------
 DEFAULTS = tk.config_defaults(globals())  # the settings above (nothing defined below is one)
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "attn", "pi", "layer_scale_init")
 TRAIN, EVAL = 0, 1  # seed tags: training batches and evaluation batches never coincide
-
-
-class NonFiniteLoss(tk.UserError):
-    pass
 
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is built."""
-    for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
-                "block_size", "n_layer", "n_head", "n_embd"):
-        tk.require(getattr(C, key) >= 1, f"{key} must be at least 1, got {getattr(C, key)}")
-    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip", "max_time"):
-        tk.require(getattr(C, key) >= 0, f"{key} must not be negative, got {getattr(C, key)}")
-    tk.require(C.learning_rate > 0, f"learning_rate must be positive, got {C.learning_rate}")
-    tk.require(0 <= C.dropout < 1, f"dropout must be in [0, 1), got {C.dropout}")
+    tk.check(C, at_least_1=("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
+                            "block_size", "n_layer", "n_head", "n_embd"),
+             non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
+                           "max_time", "layer_scale_init", "num_threads"),
+             positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
+             choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax"),
+                      "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
+                      "lr_schedule": ("cosine", "linear", "constant")})
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    for key, allowed in (("init_from", ("scratch", "resume")), ("attn", ("tssa", "softmax")),
-                         ("pi", ("softmax", "uniform")), ("tssa_impl", _TSSA_IMPLS), ("lr_schedule", ("cosine", "linear", "invsqrt", "constant"))):
-        tk.require(getattr(C, key) in allowed, f"{key} must be one of {', '.join(allowed)}, got {getattr(C, key)!r}")
+    tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
+    tk.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
 
 
-def read_meta(folder, dataset):
+def get_lr(it, C):
+    """Linear warmup over warmup_iters, then decay to min_lr at lr_decay_iters (0: max_iters)
+    by a cosine, a straight line, or not at all ("constant"). The three trainers use it."""
+    if it < C.warmup_iters:
+        return C.learning_rate * (it + 1) / (C.warmup_iters + 1)
+    decay_iters = C.lr_decay_iters or C.max_iters
+    if C.lr_schedule == "constant":
+        return C.learning_rate
+    if it >= decay_iters:
+        return C.min_lr
+    ratio = (it - C.warmup_iters) / max(decay_iters - C.warmup_iters, 1)  # 0 -> 1
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio)) if C.lr_schedule == "cosine" else 1.0 - ratio  # 1 -> 0
+    return C.min_lr + coeff * (C.learning_rate - C.min_lr)
+
+
+def open_dataset(C):
+    """meta.json and the splits of <data_dir>/<dataset>, checked: the sizes meta.json records,
+    and enough tokens for one block. Any damage is one line with the command that re-prepares."""
+    folder = os.path.join(C.data_dir, C.dataset)
+    redo = ("python prepare_char.py" if C.dataset == "pydocs_char" else
+            "python prepare_openwebtext.py" if C.dataset == "openwebtext" else
+            f"prepare_char.py / prepare_openwebtext.py --input=<your files> --name={C.dataset}")
     path = os.path.join(folder, "meta.json")
     if not os.path.isfile(path):
-        how = "prepare_char.py" if dataset == "pydocs_char" else f"prepare_openwebtext.py --dataset={dataset}"
-        raise tk.UserError(f"dataset {dataset!r} is not prepared ({path} is missing): run `python {how}` "
-                           f"(or prepare_openwebtext.py / prepare_char.py --input=<your files> --name={dataset})")
-    with open(path) as f:
-        return json.load(f)
+        raise tk.UserError(f"dataset {C.dataset!r} is not prepared ({path} is missing): run {redo}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        meta["vocab_size"], meta["tokenizer"], meta["splits"]  # noqa: B018 (the keys it must have)
+    except (ValueError, KeyError, TypeError) as e:
+        raise tk.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again with {redo} --force") from None
+    for split in ("train", "val"):
+        path = os.path.join(folder, f"{split}.bin")
+        expected = meta["splits"].get(split)
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        if expected is None or size != 2 * expected:
+            what = "missing" if size is None else f"{size:,} bytes where meta.json says {expected} uint16 tokens"
+            raise tk.UserError(f"{path} is {what}: prepare it again with {redo} --force")
+        tk.require(expected > C.block_size, f"{path} has {expected:,} tokens, not more than block_size "
+                                            f"({C.block_size:,}): lower --block_size or prepare more text")
+    meta["redo"] = redo
+    return folder, meta
 
 
-def tokens(folder, split):
-    """A split's token ids, (N,) uint16, memory-mapped (a fresh map per call: numpy keeps a
-    long-lived map's pages in memory)."""
-    return np.memmap(os.path.join(folder, f"{split}.bin"), dtype=np.uint16, mode="r")
-
-
-def get_batch(folder, split, B, T, device, *key):
-    """B random windows of T + 1 tokens of a split, chosen by a generator seeded with `key`
-    alone: the same key gives the same batch on any rank, before or after a resume.
-    Returns x, y (B, T) int64 on the device, y = x shifted by one token."""
-    data = tokens(folder, split)
+def get_batch(folder, split, B, T, device, vocab_size, redo, *key):
+    """B random windows of T + 1 tokens of a split (a fresh memory map per call: numpy keeps a
+    long-lived map's pages), chosen by a generator seeded with `key` alone: the same batch on
+    any rank, before or after a resume. Returns x, y (B, T) int64 on the device, y = x shifted."""
+    data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=np.uint16, mode="r")
     starts = np.random.default_rng(list(key)).integers(0, len(data) - T, size=B)
-    xy = torch.from_numpy(np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64))  # (B, T + 1)
-    if str(device).startswith("cuda"):
+    xy = np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64)  # (B, T + 1)
+    if xy.max() >= vocab_size:  # a damaged file; checked here, on the CPU, at no cost
+        raise tk.UserError(f"{folder}/{split}.bin holds token id {xy.max()}, outside the vocabulary "
+                           f"({vocab_size}): prepare it again with {redo} --force")
+    xy = torch.from_numpy(xy)
+    if device.startswith("cuda"):
         xy = xy.pin_memory().to(device, non_blocking=True)
-    return xy[:, :-1].to(device), xy[:, 1:].to(device)
+    return xy[:, :-1], xy[:, 1:]
 
 
 @torch.no_grad()
-def estimate_loss(model, C, folder, block_size, dist, ctx):
+def estimate_loss(model, C, data, d, ctx):
     """Mean loss over eval_iters fixed batches per split. Batch k is seeded by k alone and run by
     rank k % world_size: every rank works, and the result does not depend on the world size."""
     model.eval()
     out = {}
     for code, split in enumerate(("train", "val")):
-        total = torch.zeros(2, device=dist.device)  # (sum of batch losses, number of batches)
-        for k in range(dist.rank, C.eval_iters, dist.world_size):
-            x, y = get_batch(folder, split, C.batch_size, block_size, dist.device, C.seed, EVAL, code, k)
-            with ctx():
+        total = torch.zeros(2, device=d.device)  # (sum of batch losses, number of batches)
+        for k in range(d.rank, C.eval_iters, d.world_size):
+            x, y = get_batch(*data(split), C.seed, EVAL, code, k)
+            with ctx:
                 _, loss = model(x, y)
-            total += torch.stack([loss.float(), torch.ones((), device=dist.device)])
-        if dist.ddp:
+            total += torch.stack([loss.float(), torch.ones((), device=d.device)])
+        if d.ddp:
             torch_dist.all_reduce(total)
         out[split] = (total[0] / total[1]).item()
     model.train()
@@ -162,170 +190,160 @@ def estimate_loss(model, C, folder, block_size, dist, ctx):
 def main(argv):
     # -------------------------------------------------------------------------
     # settings: the globals above, then config files and --key=value, then checks
-    C = SimpleNamespace(**tk.configure(DEFAULTS, argv))
+    C, given = tk.configure(DEFAULTS, argv)
     check_settings(C)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
+    if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
+        C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
+    folder, meta = open_dataset(C)
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
-    with tk.distributed(device) as dist:
-        device, world = dist.device, dist.world_size
-        say = print if dist.is_master else (lambda *a, **k: None)
-        tk.require(C.gradient_accumulation_steps % world == 0,
+    with tk.distributed(device) as d:
+        device = d.device
+        say = print if d.is_master else (lambda *a, **k: None)
+        tk.require(C.gradient_accumulation_steps % d.world_size == 0,
                    f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
-                   f"number of processes ({world})")
-        accum = C.gradient_accumulation_steps // world  # micro-steps of this process per optimizer step
-        torch.manual_seed(C.seed + dist.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
-        if device.startswith("cuda"):
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+                   f"number of processes ({d.world_size})")
+        accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
+        if d.is_master:
+            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
+        torch.manual_seed(C.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
         # ---------------------------------------------------------------------
-        # the run to continue, if any (its model settings and seed win over the config's)
+        # the model: fresh, or the checkpoint's (whose architecture and seed win)
         ckpt = None
         if C.init_from == "resume":
-            ckpt = tk.load_checkpoint(ckpt_path)
-            C.seed = ckpt["config"]["seed"]  # the data order continues only with the same seed
-            C.block_size = ckpt["model_args"]["block_size"]
-        else:
-            tk.refuse_overwrite(C.out_dir)
-
-        # ---------------------------------------------------------------------
-        # data: checked against block_size before anything big is built
-        folder = os.path.join(C.data_dir, C.dataset)
-        meta = read_meta(folder, C.dataset)
-        for split in ("train", "val"):
-            path = os.path.join(folder, f"{split}.bin")
-            if not os.path.isfile(path):
-                raise tk.UserError(f"{path} is missing (this dataset has: {', '.join(meta['splits'])}); "
-                                   "prepare a dataset with train and val splits")
-            n = len(tokens(folder, split))
-            tk.require(n > C.block_size, f"{path} has {n:,} tokens, not more than block_size ({C.block_size:,}): "
-                                         "lower --block_size or prepare more text")
-        tokenizer = {k: meta[k] for k in ("dataset", "tokenizer", "vocab_size", "chars", "eot_token") if k in meta}
-
-        # ---------------------------------------------------------------------
-        # model and optimizer: fresh, or exactly as the checkpoint left them
-        if ckpt is None:
-            model_args = dict(n_layer=C.n_layer, n_head=C.n_head, n_embd=C.n_embd, block_size=C.block_size,
-                              dropout=C.dropout, bias=C.bias, attn=C.attn, pi=C.pi,
-                              layer_scale_init=C.layer_scale_init or None,
-                              vocab_size=(meta["vocab_size"] + 63) // 64 * 64)  # GPT-2: 50257 -> 50304, faster
-        else:
-            model_args = dict(ckpt["model_args"])
+            ckpt = tk.load_checkpoint(ckpt_path, "language")
+            tk.check_resume(ckpt, C, given, MODEL_KEYS + ("seed", "dataset"), ckpt_path)
             if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
-                raise tk.UserError(f"{ckpt_path} was trained with another tokenizer than dataset {C.dataset!r}'s")
-        model_args["tssa_impl"] = C.tssa_impl  # how to compute, not what: this run's choice
+                raise tk.UserError(f"{ckpt_path} was trained with another tokenizer than dataset {C.dataset!r}'s: "
+                                   "resume it on its own dataset, or start a new run with --out_dir=<new folder>")
+            for key in MODEL_KEYS + ("seed",):  # what the checkpoint was, this run is
+                setattr(C, key, ckpt["config"][key])
+            if ckpt["iter_num"] >= C.max_iters:
+                say(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
+                    f"raise --max_iters to train it further, or sample from it: python sample.py --out_dir={C.out_dir}")
+                return None
+        model_args = dict(n_layer=C.n_layer, n_head=C.n_head, n_embd=C.n_embd, block_size=C.block_size,
+                          dropout=C.dropout, bias=C.bias, attn=C.attn, pi=C.pi, tssa_impl=C.tssa_impl,
+                          layer_scale_init=C.layer_scale_init or None,  # 0: none
+                          vocab_size=(meta["vocab_size"] + 63) // 64 * 64)  # GPT-2: 50257 -> 50304, faster
         model = GPT(GPTConfig(**model_args)).to(device)
         raw_model = model  # the plain module: parameters, checkpoints, MFU
+
+        # ---------------------------------------------------------------------
+        # optimizer and precision: autocast for the forward pass, a GradScaler for float16
         optimizer = model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2),
                                                "cuda" if device.startswith("cuda") else "cpu")
-        ctx, scaler = tk.autocast_for(device, dtype)
+        device_type = "cuda" if device.startswith("cuda") else "cpu"
+        ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
+        scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss = 0, float("inf")
         if ckpt is not None:
             model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
             optimizer.load_state_dict(ckpt["optimizer"])
-            if scaler is not None and ckpt.get("scaler") is not None:
+            if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
             iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-            if len(ckpt["rng"]) == world:
-                tk.set_rng_state(ckpt["rng"][dist.rank])
-            else:
-                say(f"resume: the checkpoint ran on {len(ckpt['rng'])} processes, this run on {world}: the RNG "
-                    "states start fresh (dropout masks differ from an uninterrupted run)")
+            tk.restore_rng(ckpt["rng"], d, say)
             say(f"resumed from {ckpt_path} at iter {iter_num}")
             ckpt = None  # free the memory
         if C.compile:
             say("compiling the model (takes a minute)...")
             model = torch.compile(model)
         eval_model = model  # evaluation skips DDP (no gradients)
-        if dist.ddp:
-            model = DDP(model, device_ids=[dist.local_rank] if device.startswith("cuda") else None,
-                        find_unused_parameters=raw_model.config.pi == "uniform")  # uniform Pi leaves temp unused
+        if d.ddp:
+            model = DDP(model, device_ids=[d.local_rank] if device.startswith("cuda") else None,
+                        find_unused_parameters=C.pi == "uniform")  # uniform Pi leaves temp unused
 
         # ---------------------------------------------------------------------
         # logging
-        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), dist.is_master, fresh=C.init_from == "scratch")
+        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch")
         wandb = None
-        if C.wandb_log and dist.is_master:
+        if C.wandb_log and d.is_master:
             try:
                 import wandb
             except ImportError:
                 raise tk.UserError("wandb_log=True needs wandb: pip install wandb (or --wandb_log=False)") from None
             wandb.init(project=C.wandb_project, name=C.wandb_run_name, config=vars(C), resume="allow")
-        T = raw_model.config.block_size
+        T = C.block_size
         tokens_per_iter = C.gradient_accumulation_steps * C.batch_size * T
-        say(f"{raw_model.config.attn} model: {raw_model.get_num_params() / 1e6:.2f}M parameters, {C.dataset} "
-            f"({meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']}), {world} process(es) on {device}, "
-            f"{dtype}, {tokens_per_iter:,} tokens per iteration ({C.gradient_accumulation_steps} x {C.batch_size} x {T})")
+        say(f"{C.attn} model: {raw_model.get_num_params() / 1e6:.2f}M parameters, {C.dataset} ({meta['tokenizer']} "
+            f"tokenizer, vocabulary {meta['vocab_size']}), {d.world_size} process(es) on {device}, {dtype}, "
+            f"{tokens_per_iter:,} tokens per iteration ({C.gradient_accumulation_steps} x {C.batch_size} x {T})")
+        tokenizer = {k: meta[k] for k in ("dataset", "tokenizer", "vocab_size", "chars", "eot_token") if k in meta}
+        data = lambda split: (folder, split, C.batch_size, T, device, meta["vocab_size"], meta["redo"])  # noqa: E731
+        tk.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
         # ---------------------------------------------------------------------
         # the training loop
-        def lr_at(it):
-            return tk.lr_at(it, lr=C.learning_rate, min_lr=C.min_lr, warmup_iters=C.warmup_iters,
-                            decay_iters=C.lr_decay_iters, schedule=C.lr_schedule)
-
         resumed_at = iter_num if C.init_from == "resume" else None
         t_start, mfu, stop_at = time.time(), None, C.max_iters
         while True:
-            lr = lr_at(iter_num)
+            lr = get_lr(iter_num, C)
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
             # evaluate, log and checkpoint (not again at the iteration a resume starts from)
             if (iter_num % C.eval_interval == 0 or iter_num == stop_at) and iter_num != resumed_at:
-                losses = estimate_loss(eval_model, C, folder, T, dist, ctx)
+                losses = estimate_loss(eval_model, C, data, d, ctx)
                 say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                if not all(map(math.isfinite, losses.values())):
-                    raise NonFiniteLoss(f"non-finite evaluation loss at iter {iter_num}: {losses}")
                 logger.log(dict(iter=iter_num, lr=lr, train_loss=losses["train"], val_loss=losses["val"],
                                 time_s=round(time.time() - t_start, 3)))
                 if wandb is not None:
                     wandb.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr})
-                if losses["val"] < best_val_loss or C.always_save_checkpoint:
+                if (losses["val"] < best_val_loss or C.always_save_checkpoint) and iter_num > 0:
                     best_val_loss = min(best_val_loss, losses["val"])
-                    rng = tk.gather_rng_states(dist)  # a collective: every rank takes part
-                    if iter_num > 0 and dist.is_master:
+                    rng = tk.gather_rng_states(d)  # a collective: every rank takes part
+                    if d.is_master:
                         tk.save_checkpoint(dict(
-                            model=tk.clean_state_dict(raw_model.state_dict()), optimizer=optimizer.state_dict(),
-                            scaler=scaler.state_dict() if scaler is not None else None,
+                            kind="language", model=tk.clean_state_dict(raw_model.state_dict()),
+                            optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, tokenizer=tokenizer), ckpt_path)
                         say(f"saved {ckpt_path}")
+                    tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
+                                    f"and --init_from=resume")
             if iter_num >= stop_at:
                 break
 
-            # one optimizer step: `accum` micro-batches per process, gradients averaged over the
-            # processes at the last one only (no_sync before), then clip and step
+            # one optimizer step: `accum` micro-batches per process, the gradients averaged over
+            # the processes at the last one only (no_sync before it)
             t0 = time.time()
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
-                x, y = get_batch(folder, "train", C.batch_size, T, device,  # keyed by the global micro index
-                                 C.seed, TRAIN, iter_num, dist.rank * accum + micro)
-                with model.no_sync() if dist.ddp and micro < accum - 1 else nullcontext():
-                    with ctx():
+                x, y = get_batch(*data("train"), C.seed, TRAIN, iter_num, d.rank * accum + micro)
+                with model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
+                    with ctx:
                         _, loss = model(x, y)
-                    loss = loss / accum
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                        loss = loss / accum  # the step's gradient is the mean over its micro-batches
+                    scaler.scale(loss).backward()
                 loss_sum += loss.detach()
-            train_loss = tk.all_reduce_mean(loss_sum, dist).item()  # over every micro-batch of every rank
+            train_loss = tk.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
-                where = (f"the last good checkpoint is {ckpt_path}" if os.path.isfile(ckpt_path)
-                         else "no checkpoint was written")
-                raise NonFiniteLoss(f"stopping: non-finite training loss ({train_loss}) at iter {iter_num} "
-                                    f"(lr {lr:.3g}); nothing was saved for it, {where}. Try a lower learning_rate, "
-                                    "grad_clip=1.0, or dtype=bfloat16 / float32")
-            tk.optimizer_step(optimizer, raw_model.parameters(), C.grad_clip, scaler)
+                where = f"{ckpt_path} is the last good checkpoint" if os.path.isfile(ckpt_path) else "nothing was saved"
+                raise tk.UserError(f"non-finite training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), "
+                                   f"stopped before the update; {where}. Try a lower --learning_rate"
+                                   + (", --grad_clip=1.0" if C.grad_clip == 0 else "")
+                                   + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
+            if C.grad_clip > 0:
+                scaler.unscale_(optimizer)  # clip the true gradient, not the scaled one
+                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)
+            scaler.step(optimizer)  # (float16: skipped when the gradients overflowed)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
 
             # timing and MFU (per GPU, smoothed, after 5 warm-up steps)
             dt = time.time() - t0
             if iter_num % C.log_interval == 0:
                 tokens_per_s = tokens_per_iter / dt
                 if device.startswith("cuda") and iter_num - (resumed_at or 0) >= 5:
-                    now = raw_model.estimate_mfu(tokens_per_s / world)
+                    now = raw_model.estimate_mfu(tokens_per_s / d.world_size)
                     mfu = now if mfu is None or now is None else 0.9 * mfu + 0.1 * now
                 mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
                 say(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms, "
@@ -337,13 +355,15 @@ def main(argv):
             # max_time: every rank must agree to stop at the same iteration (clocks differ)
             if C.max_time > 0 and stop_at > iter_num:
                 out = torch.tensor(float(time.time() - t_start >= C.max_time), device=device)
-                if dist.ddp:
+                if d.ddp:
                     torch_dist.all_reduce(out, op=torch_dist.ReduceOp.MAX)
                 if out.item():
                     stop_at = iter_num  # evaluate, save and stop at the top of the loop
                     say(f"max_time ({C.max_time:.0f}s) reached at iter {iter_num}")
         if wandb is not None:
             wandb.finish()
+        if d.is_master:
+            tk.release_out_dir(C.out_dir)
     return raw_model
 
 

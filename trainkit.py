@@ -1,145 +1,105 @@
 """
-Shared training plumbing for train.py, vit_train.py and lra/train.py, kept in one place so
-each trainer reads as the training loop and nothing else:
+Plumbing shared by the scripts (train.py, vit_train.py, lra/train.py, sample.py, evaluate.py,
+the preparation scripts, bench.py, ...), kept here so that each script reads as its story:
 
-  configure        nanoGPT-style config: module globals, then config files, then --key=value,
-                   with type checking and clear errors (ConfigError); --help lists them
-  run_cli          a script's main(): config mistakes end in one line, not a traceback
-  distributed      `with distributed(device) as d:` DDP from torchrun's environment variables
-  save_checkpoint / load_checkpoint         atomic writes (stale temp files of killed saves
-                   removed), CPU loads, a corrupt file named in a one-line error
-  refuse_overwrite a scratch run never overwrites another run's checkpoint
-  require          a setting's check: a ConfigError with its message when it fails
-  rng_state / set_rng_state / gather_rng_states   every RNG a run touches (of every rank), for exact resume
-  lr_at            warmup + cosine / linear / inverse-sqrt / constant schedules
-  autocast_for     mixed precision context (+ GradScaler for float16)
-  optimizer_step   unscale, clip, step, zero the gradients
-  JsonlLogger      one JSON line per evaluation
-  UserError        a mistake the user can fix: one line from run_cli, exit status 1
-  choose_device_dtype   the one device / precision chooser ("auto" everywhere)
+  run_cli            the ONE error path: a mistake the user can fix (UserError), a file-system
+                     error, a config file that does not run, Ctrl-C / SIGTERM -> one line, exit 1
+                     (130 for an interrupt). Real bugs keep their traceback; NANOTOST_DEBUG=1
+                     shows the traceback of everything.
+  configure          nanoGPT-style settings: module globals, then config files, then --key=value
+  check              every setting that can be wrong on its own, checked in one call
+  distributed        `with distributed(device) as d:` DDP from torchrun's environment
+  choose_device_dtype the one device / precision chooser ("auto" everywhere)
+  claim_out_dir      a lock on out_dir (a second live run refuses; a killed run leaves none)
+                     and no scratch run over another run's checkpoint
+  atomic_write       write a file through a temp file and a rename: all or nothing
+  save_checkpoint / load_checkpoint / check_resume   checkpoints of a known kind
+  rng_state / gather_rng_states / restore_rng        every RNG of every rank, for exact resume
 
-Conventions the three trainers share:
-  batch_size                   examples (sequences, images) per process per micro-step
-  gradient_accumulation_steps  micro-steps per optimizer step over ALL processes (as nanoGPT):
-                               each of the world_size processes runs g / world_size of them, so
-                               one step sees batch_size * g examples, whatever world_size is
-  device, dtype                "auto" by default, resolved by choose_device_dtype
-  checkpoint keys              model, optimizer, scaler, model_args, iter_num, best_val_loss,
-                               config, rng (+ best_val_acc for classifiers)
-  log record keys (jsonl)      iter, lr, train_loss, val_loss, time_s (+ val_acc for
-                               classifiers, tokens_per_s and mfu for language)
+Conventions of the three trainers:
+  batch_size                   examples per process per micro-step
+  gradient_accumulation_steps  micro-steps per optimizer step over ALL processes together
+  checkpoint keys              kind, model, optimizer, scaler, model_args, iter_num,
+                               best_val_loss, config, rng (+ best_val_acc for classifiers)
+  log.jsonl keys               iter, lr, train_loss, val_loss, time_s (+ val_acc, tokens_per_s)
+  policies                     init_from scratch | resume | auto; lr_decay_iters=0 means max_iters;
+                               layer_scale_init=0 means none; a non-finite loss stops before
+                               the update; a resume on another number of processes starts the
+                               RNGs afresh (and says so); TF32 matmuls on CUDA
 """
 
 import ast
 import difflib
+import errno
+import fcntl
 import gc
 import json
 import math
 import os
 import random
+import signal
 import sys
-import warnings
-from contextlib import contextmanager, nullcontext
+import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 # -----------------------------------------------------------------------------
-# configuration
+# one error path
 
 
 class UserError(Exception):
-    """A mistake the person running a script can fix (a setting, a file, the data): run_cli
-    prints its message as one line and exits with status 1, no traceback."""
+    """A mistake the person running a script can fix: run_cli prints it as one line."""
 
 
 class ConfigError(UserError, ValueError):
-    """A config file or --key=value override that does not fit the script's settings."""
+    """A config file or --key=value that does not fit the script's settings."""
 
 
-def _unknown_key(key, known):
-    hint = difflib.get_close_matches(key, known, n=3)
-    hint = f" Did you mean {', '.join(hint)}?" if hint else ""
-    return ConfigError(f"unknown config key {key!r}.{hint} Known keys: {', '.join(sorted(known))}")
+_on_interrupt = ["nothing was saved"]  # what an interrupt leaves behind: scripts update it
 
 
-def coerce(key, value, default):
-    """Turn `value` (a string from the command line, or any object from a config file) into
-    the type of `default`, or raise ConfigError saying what was expected."""
-    kind = type(default)
-    if default is None and isinstance(value, str):  # no type to go by: a literal, else text
-        try:
-            return ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            return value
-    if default is None or not isinstance(value, str):
-        if default is None or value is None or isinstance(value, kind):
-            return value
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if kind in (tuple, list) and isinstance(value, (tuple, list)):
-            return kind(value)
-        raise ConfigError(f"config key {key!r} expects {kind.__name__} (default {default!r}), got {value!r}")
-    text = value.strip()
+def on_interrupt(text):
+    """Say what an interrupt now leaves behind (e.g. which checkpoint, how to continue)."""
+    _on_interrupt[0] = text
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _os_error_line(e):
+    what = e.strerror or str(e)
+    where = f" {e.filename!r}" if e.filename else ""
+    advice = {"ENOSPC": "free some space or write elsewhere", "EACCES": "check its permissions or write elsewhere",
+              "EROFS": "write elsewhere", "EISDIR": "give a file, not a folder",
+              "ENOTDIR": "a file stands where a folder is expected: move it or choose another path",
+              "ENOENT": "check the path"}
+    return f"{what}:{where}: {advice.get(errno.errorcode.get(e.errno, ''), 'check the path')}"
+
+
+def run_cli(main, *args):
+    """Run a script's main(*args) for a person at a terminal (see the module docstring)."""
+    name = os.path.basename(sys.argv[0])
+    if os.environ.get("NANOTOST_DEBUG"):
+        return main(*args)
+    old = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM (a scheduler, kill) ends as Ctrl-C does
+    _on_interrupt[0] = "nothing was saved"
     try:
-        if kind is bool:
-            low = text.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            number = float(text) if any(c in text for c in ".eE") else int(text)
-            if number != int(number):
-                raise ValueError
-            return int(number)
-        if kind is float:
-            return float(text)
-        if kind is str:
-            return text
-        parsed = ast.literal_eval(text)  # tuples, lists, dicts
-        if not isinstance(parsed, kind):
-            raise ValueError
-        return parsed
-    except (ValueError, SyntaxError):
-        raise ConfigError(f"config key {key!r} expects {kind.__name__} (default {default!r}), "
-                          f"got {value!r}") from None
-
-
-def configure(defaults, argv):
-    """Settings from `defaults` (a dict of name -> value), overridden in order by each
-    config file named in argv (a python file whose top-level assignments are settings) and
-    each --key=value. Returns the new dict; raises ConfigError on anything unknown or mistyped."""
-    if "--help" in argv or "-h" in argv:
-        doc = sys.modules["__main__"].__doc__ or ""
-        print(doc.rstrip() + "\n\nSettings (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
-        raise SystemExit(0)
-    config = dict(defaults)
-    for arg in argv:
-        if not arg.startswith("--"):
-            if not os.path.isfile(arg):
-                raise ConfigError(f"config file {arg!r} not found (positional arguments are config files; "
-                                  "overrides are written --key=value)")
-            scope = {}
-            with open(arg) as f:
-                exec(compile(f.read(), arg, "exec"), scope)
-            for key, value in scope.items():
-                if key.startswith("_") or callable(value) or type(value).__name__ == "module":
-                    continue
-                if key not in defaults:
-                    raise _unknown_key(key, defaults)
-                config[key] = coerce(key, value, defaults[key])
-        else:
-            key, sep, value = arg[2:].partition("=")
-            if not sep:
-                raise ConfigError(f"override {arg!r} must be written --key=value")
-            if key not in defaults:
-                raise _unknown_key(key, defaults)
-            config[key] = coerce(key, value, defaults[key])
-    return config
+        return main(*args)
+    except UserError as e:
+        sys.exit(f"{name}: {e}")
+    except OSError as e:
+        sys.exit(f"{name}: {_os_error_line(e)}")
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; {_on_interrupt[0]}", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def require(condition, message):
@@ -148,13 +108,111 @@ def require(condition, message):
         raise ConfigError(message)
 
 
-def run_cli(main, *args):
-    """Run a script's main(*args) for a person at a terminal: a configuration mistake or a
-    missing file ends the program with its one-line message (exit status 1), not a traceback."""
+def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), choices=None):
+    """Check settings of C by kind: at_least_1 (counts, sizes, intervals), non_negative,
+    positive, fraction (in [0, 1)) and choices {key: allowed values}."""
+    for key in at_least_1:
+        require(getattr(C, key) >= 1, f"{key} must be at least 1, got {getattr(C, key)}")
+    for key in non_negative:
+        require(getattr(C, key) >= 0, f"{key} must not be negative, got {getattr(C, key)}")
+    for key in positive:
+        require(getattr(C, key) > 0, f"{key} must be positive, got {getattr(C, key)}")
+    for key in fraction:
+        require(0 <= getattr(C, key) < 1, f"{key} must be in [0, 1), got {getattr(C, key)}")
+    for key, allowed in (choices or {}).items():
+        require(getattr(C, key) in allowed,
+                f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(C, key)!r}")
+
+
+# -----------------------------------------------------------------------------
+# settings
+
+
+def _unknown_key(key, known):
+    hint = difflib.get_close_matches(key, known, n=3)
+    hint = f" Did you mean {', '.join(hint)}?" if hint else ""
+    return ConfigError(f"unknown setting {key!r}.{hint} Known settings: {', '.join(sorted(known))}")
+
+
+def coerce(key, value, default):
+    """`value` (text from the command line, or a config file's object) as the type of
+    `default`, or a ConfigError saying what was expected. Floats must be finite."""
+    kind = type(default)
+    if isinstance(value, str) and default is not None and kind is not str:
+        text = value.strip()
+        try:
+            if kind is bool:
+                value = {"1": True, "true": True, "yes": True, "on": True,
+                         "0": False, "false": False, "no": False, "off": False}[text.lower()]
+            elif kind is int:
+                number = float(text) if any(c in text for c in ".eE") else int(text)
+                value = int(number) if number == int(number) else text
+            elif kind is float:
+                value = float(text)
+            else:
+                value = ast.literal_eval(text)  # tuples, lists
+        except (ValueError, SyntaxError, KeyError, OverflowError):
+            pass
+    elif isinstance(value, str) and default is None:
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind in (tuple, list) and isinstance(value, (tuple, list)):
+        value = kind(value)
+    if default is not None and (type(value) is not kind):
+        raise ConfigError(f"{key} expects {kind.__name__} (default {default!r}), got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return value
+
+
+def _read_config_file(path):
+    """The top-level assignments of a config file; any error in it is one line path:line."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} not found (positional arguments are config files; "
+                          "settings are written --key=value)")
     try:
-        return main(*args)
-    except (UserError, FileNotFoundError) as e:
-        sys.exit(f"{os.path.basename(sys.argv[0])}: {e}")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        scope = {}
+        exec(compile(text, path, "exec"), scope)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): a config file is Python source") from None
+    except SyntaxError as e:
+        raise ConfigError(f"{path}:{e.lineno}: {e.msg}: a config file is Python source, one `key = value` a line") from None
+    except Exception as e:  # NameError, ImportError, ...: the line of the config file that raised
+        line = next((fr.lineno for fr in reversed(traceback.extract_tb(e.__traceback__)) if fr.filename == path), "?")
+        raise ConfigError(f"{path}:{line}: {type(e).__name__}: {e}") from None
+    return {k: v for k, v in scope.items()
+            if not (k.startswith("_") or callable(v) or type(v).__name__ == "module")}
+
+
+def configure(defaults, argv):
+    """Settings from `defaults` (name -> value), overridden in order by each config file in
+    argv and each --key=value. Returns (C, given): the settings as attributes, and the set of
+    keys a config file or the command line set. --help lists the settings."""
+    if "--help" in argv or "-h" in argv:
+        doc = sys.modules["__main__"].__doc__ or ""
+        print(doc.rstrip() + "\n\nSettings (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+        raise SystemExit(0)
+    config, given = dict(defaults), set()
+    for arg in argv:
+        if arg.startswith("--"):
+            key, sep, value = arg[2:].partition("=")
+            if not sep:
+                raise ConfigError(f"{arg!r} must be written --key=value")
+            pairs = {key: value}
+        else:
+            pairs = _read_config_file(arg)
+        for key, value in pairs.items():
+            if key not in defaults:
+                raise _unknown_key(key, defaults)
+            config[key] = coerce(key, value, defaults[key])
+            given.add(key)
+    return SimpleNamespace(**config), given
 
 
 def config_defaults(namespace):
@@ -164,7 +222,30 @@ def config_defaults(namespace):
 
 
 # -----------------------------------------------------------------------------
-# distributed
+# devices and processes
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def choose_device_dtype(device, dtype):
+    """device: "auto" (a GPU if there is one), "cpu", "cuda", "cuda:N"; dtype: "auto" (bfloat16
+    on GPUs that have it, float16 on older ones, float32 on CPU) or one of DTYPES. float16 on
+    CPU becomes bfloat16. Returns (device, dtype) as strings."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    require(device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
+            f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but this machine has no CUDA GPU (torch {torch.__version__}); "
+                        "use --device=cpu or --device=auto")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s)")
+    require(dtype == "auto" or dtype in DTYPES, f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device != "cpu" else "float32"
+    if device == "cpu" and dtype == "float16":
+        dtype = "bfloat16"  # CPU autocast has no float16 with a GradScaler
+    return device, dtype
 
 
 @dataclass
@@ -179,24 +260,18 @@ class Dist:
 
 @contextmanager
 def distributed(device):
-    """with distributed(device) as d: DDP from torchrun's RANK / LOCAL_RANK / WORLD_SIZE (nccl
-    on CUDA, this rank's GPU; gloo on CPU), or one process on `device` (choose_device_dtype's
-    choice) without torchrun; the process group is left at the end.
-    A normal end first waits for every rank, so none tears its connections down while another
-    still communicates (rank 0 saving a checkpoint); an error ends without waiting, since the
-    other ranks may never come. Unreachable DDP wrappers are freed before the group goes (gc),
-    while the interpreter is fully alive: gloo work they still own aborts the process if it is
-    freed at exit."""
+    """DDP from torchrun's RANK / LOCAL_RANK / WORLD_SIZE (nccl on CUDA, gloo on CPU), or one
+    process on `device` without torchrun. A normal end waits for every rank before leaving the
+    group (rank 0 may still be saving); an error leaves without waiting. DDP wrappers are freed
+    (gc) while the interpreter is alive: gloo work freed at exit aborts the process."""
     if "RANK" not in os.environ:
         yield Dist(False, 0, 0, 1, device, True)
         return
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    use_cuda = torch.cuda.is_available() and device.startswith("cuda")
+    use_cuda = device.startswith("cuda")
+    device = f"cuda:{local_rank}" if use_cuda else "cpu"
     if use_cuda:
-        device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    else:
-        device = "cpu"
     dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     normal_end = False
     try:
@@ -220,29 +295,60 @@ def all_reduce_mean(tensor, d):
 
 
 # -----------------------------------------------------------------------------
-# checkpoints
+# files and checkpoints
+
+_locks = {}  # out_dir -> open lock file, held while the process lives
 
 
-def unwrap_model(model):
-    """The plain nn.Module under DDP (.module) and torch.compile (._orig_mod) wrappers."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
+def claim_out_dir(out_dir, init_from):
+    """Lock out_dir for this run (flock: the OS frees it when the process ends, however it
+    ends) and refuse a scratch run over an existing checkpoint. Rank 0 only."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, ".lock")
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        raise UserError(f"{out_dir} is in use by another run (pid {f.read().strip() or '?'}): wait for it to end, "
+                        "or write this run elsewhere with --out_dir=<new folder>") from None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    _locks[os.path.abspath(out_dir)] = f
+    ckpt = os.path.join(out_dir, "ckpt.pt")
+    if init_from == "scratch" and os.path.exists(ckpt):
+        raise UserError(f"{ckpt} already exists and init_from='scratch' would overwrite it: continue that run "
+                        "with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
 
 
-def clean_state_dict(state_dict):
-    """Strip the wrapper prefixes older checkpoints carry ('_orig_mod.', 'module.')."""
-    out = {}
-    for key, value in state_dict.items():
-        for prefix in ("_orig_mod.", "module."):
-            while key.startswith(prefix):
-                key = key[len(prefix):]
-        out[key] = value
-    return out
+def release_out_dir(out_dir):
+    f = _locks.pop(os.path.abspath(out_dir), None)
+    if f is not None:
+        f.close()
+
+
+@contextmanager
+def atomic_write(path, mode="wb"):
+    """with atomic_write(path) as f: ... -- written to .<name>.tmp<pid> beside path, flushed to
+    disk and renamed over path only if the block ends normally; otherwise the temp file goes
+    and path is untouched. Temp files of dead processes (kill -9) are removed first."""
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    for entry in os.listdir(folder):
+        head, sep, pid = entry.rpartition(".tmp")
+        if sep and head == f".{name}" and pid.isdigit() and not _pid_alive(int(pid)):
+            _remove(os.path.join(folder, entry))
+    tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
 
 
 def _pid_alive(pid):
@@ -255,66 +361,70 @@ def _pid_alive(pid):
     return True
 
 
-def remove_stale_temps(folder, name):
-    """Delete the temp files `.<name>.tmp<pid>` that saves of processes no longer alive left
-    behind (a kill -9 mid-save): nothing else would ever remove them."""
-    for entry in os.listdir(folder):
-        head, sep, pid = entry.rpartition(".tmp")
-        if sep and head == f".{name}" and pid.isdigit() and not _pid_alive(int(pid)):
-            try:
-                os.remove(os.path.join(folder, entry))
-            except OSError:
-                pass
-
-
-def save_checkpoint(obj, path):
-    """torch.save to a temporary file in the same folder (.<name>.tmp<pid>), fsync, then
-    rename over `path`: a crash at any moment leaves either the old checkpoint or the new one,
-    never half. Temp files that killed saves left behind are removed first."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    remove_stale_temps(folder, os.path.basename(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}")
+def _remove(path):
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(folder, os.O_RDONLY)
-        os.fsync(dir_fd)
-        os.close(dir_fd)
+        os.remove(path)
     except OSError:
         pass
 
 
-def load_checkpoint(path):
-    """Load a checkpoint onto the CPU (move to the device after building the model). A file
-    that is not a whole checkpoint (truncated, another format) is a UserError naming it."""
+def save_checkpoint(obj, path):
+    """torch.save through atomic_write: a crash at any moment leaves the old checkpoint or the new."""
+    with atomic_write(path) as f:
+        torch.save(obj, f)
+
+
+def checkpoint_kind(ckpt):
+    """"language" (train.py), "vit" (vit_train.py) or "lra" (lra/train.py)."""
+    if "kind" in ckpt:
+        return ckpt["kind"]
+    args = ckpt.get("model_args", {})  # checkpoints written before the kind was recorded
+    return "lra" if "max_len" in args else "vit" if "img_size" in args else "language" if "vocab_size" in args else "?"
+
+
+KIND_MAKER = {"language": "train.py", "vit": "vit_train.py", "lra": "lra/train.py"}
+
+
+def load_checkpoint(path, kind):
+    """A checkpoint of `kind`, loaded onto the CPU. A missing, damaged or other-kind file is
+    a UserError naming it."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path!r}: train first, or point out_dir / --ckpt at "
-                                "the folder that holds ckpt.pt")
+        raise UserError(f"no checkpoint at {path}: train one first with {KIND_MAKER[kind]}, "
+                        "or point out_dir at the folder that holds ckpt.pt")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # zip errors, EOF, unpickling errors: all mean a damaged file
-        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): the file "
-                        "is truncated or corrupt. Delete it and resume from a copy, or start again with "
-                        "--init_from=scratch in a new out_dir") from None
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        found = checkpoint_kind(ckpt)
+    except Exception as e:  # zip errors, EOF, unpickling errors, not a dict: a damaged file
+        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): "
+                        "the file is truncated or corrupt; delete it, or start a new run in another out_dir") from None
+    if found != kind:
+        raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER.get(found, 'another program')}), "
+                        f"not a {kind} one: give the out_dir of a {KIND_MAKER[kind]} run")
+    return ckpt
 
 
-def refuse_overwrite(out_dir):
-    """A scratch run must not overwrite the checkpoint of another run (nor append to its log):
-    a UserError naming the ways on if out_dir already holds a ckpt.pt."""
-    path = os.path.join(out_dir, "ckpt.pt")
-    if os.path.exists(path):
-        raise UserError(f"{path} already exists and init_from='scratch' would overwrite it: continue that run "
-                        "with --init_from=resume, or write this one elsewhere with --out_dir=<new folder> "
-                        "(or delete the old one)")
+def check_resume(ckpt, C, given, keys, path):
+    """A resumed run keeps the checkpoint's architecture: refuse settings given on the command
+    line or in a config file that differ from it (the `keys` of ckpt["config"])."""
+    old = ckpt.get("config", {})
+    differ = [k for k in keys if k in given and k in old and getattr(C, k) != old[k]]
+    if differ:
+        pairs = ", ".join(f"{k}={getattr(C, k)!r} (checkpoint: {old[k]!r})" for k in differ)
+        raise UserError(f"{path} was trained with other settings: {pairs}; drop them to resume it, "
+                        "or start a new run with --out_dir=<new folder>")
+
+
+def clean_state_dict(state_dict):
+    """Strip the wrapper prefixes older checkpoints carry ('_orig_mod.', 'module.')."""
+    out = {}
+    for key, value in state_dict.items():
+        for prefix in ("_orig_mod.", "module."):
+            while key.startswith(prefix):
+                key = key[len(prefix):]
+        out[key] = value
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -329,7 +439,7 @@ def rng_state():
 
 
 def gather_rng_states(d):
-    """Every rank's RNG state, as a list indexed by rank (a collective: all ranks call it)."""
+    """Every rank's RNG state, a list indexed by rank (a collective: all ranks call it)."""
     state = rng_state()
     if not d.ddp:
         return [state]
@@ -338,7 +448,13 @@ def gather_rng_states(d):
     return states
 
 
-def set_rng_state(state):
+def restore_rng(states, d, say):
+    """Each rank takes back its RNG state; on another number of processes they start afresh."""
+    if len(states) != d.world_size:
+        say(f"resume: the checkpoint ran on {len(states)} process(es), this run on {d.world_size}: the RNGs "
+            "start afresh (dropout masks and augmentations differ from an uninterrupted run)")
+        return
+    state = states[d.rank]
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -347,106 +463,19 @@ def set_rng_state(state):
 
 
 # -----------------------------------------------------------------------------
-# learning-rate schedule and mixed precision
-
-
-def lr_at(it, *, lr, min_lr, warmup_iters, decay_iters, schedule="cosine"):
-    """Linear warmup over warmup_iters, then decay to min_lr at decay_iters:
-    "cosine" | "linear" | "invsqrt" (lr * sqrt(warmup / it)) | "constant"."""
-    if it < warmup_iters:
-        return lr * (it + 1) / (warmup_iters + 1)
-    if schedule == "constant":
-        return lr
-    if schedule == "invsqrt":
-        return max(min_lr, lr * math.sqrt(max(warmup_iters, 1) / max(it, 1)))
-    if it >= decay_iters:
-        return min_lr
-    ratio = (it - warmup_iters) / max(decay_iters - warmup_iters, 1)
-    if schedule == "linear":
-        return lr + ratio * (min_lr - lr)
-    if schedule == "cosine":
-        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
-    raise ConfigError(f"unknown lr schedule {schedule!r}; use cosine, linear, invsqrt or constant")
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def choose_device_dtype(device, dtype):
-    """The one device/precision chooser of the three trainers (and sample.py, bench.py).
-    device: "auto" (this rank's GPU if CUDA is available, else cpu), "cpu", "cuda", "cuda:N".
-    dtype: "auto" (bfloat16 on GPUs that have it, float16 on older GPUs, float32 on CPU), or
-    one of float32 / bfloat16 / float16. Returns (device, dtype) as strings; a device that is
-    not there is a UserError."""
-    device = device or "auto"
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device={device!r} but this machine has no CUDA GPU (torch {torch.__version__}); "
-                        "use --device=cpu or --device=auto")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise UserError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
-    dtype = dtype or "auto"
-    if dtype == "auto":
-        if device.startswith("cuda"):
-            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        else:
-            dtype = "float32"
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
-    return device, dtype
-
-
-def autocast_for(device, dtype):
-    """(ctx, scaler): ctx() is the autocast context for forward passes; scaler a GradScaler
-    for float16 (None otherwise). float16 on CPU falls back to bfloat16."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
-    if device_type == "cpu" and dtype == "float16":
-        warnings.warn("float16 autocast is not supported on CPU; using bfloat16")
-        dtype = "bfloat16"
-    if device_type == "cuda" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
-        warnings.warn("this GPU has no bfloat16; using float16 with a GradScaler")
-        dtype = "float16"
-    scaler = torch.amp.GradScaler("cuda") if dtype == "float16" else None
-    if dtype == "float32":
-        return nullcontext, scaler
-    return (lambda: torch.autocast(device_type=device_type, dtype=DTYPES[dtype])), scaler
-
-
-def optimizer_step(optimizer, parameters, grad_clip=0.0, scaler=None):
-    """One update from the accumulated gradients: unscale (fp16), clip the true gradient norm
-    to grad_clip (0: no clipping), step, and clear the gradients."""
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
-    if scaler is not None:
-        scaler.step(optimizer)  # skipped when the fp16 gradients overflowed
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-# -----------------------------------------------------------------------------
 # logging
 
 
 class JsonlLogger:
-    """Appends one JSON object per line to `path` (only where enabled, e.g. on rank 0)."""
+    """One JSON object per line appended to `path` (where enabled, e.g. on rank 0); fresh=True
+    starts a new file (a scratch run)."""
 
     def __init__(self, path, enabled=True, fresh=False):
-        """fresh=True starts a new file (a scratch run), else records are appended (resume)."""
         self.path, self.enabled = path, enabled
-        if enabled:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            if fresh and os.path.exists(path):
-                os.remove(path)
+        if enabled and fresh and os.path.exists(path):
+            os.remove(path)
 
     def log(self, record):
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-                f.flush()

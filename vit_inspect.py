@@ -1,5 +1,5 @@
 """
-Seeing inside a trained ToST-ViT (the paper's white-box pictures, notes §7), with matplotlib:
+Seeing inside a trained ToST-ViT (the paper's white-box pictures, MATH.md §7), with matplotlib:
 
     python vit_inspect.py --ckpt=out-vit-cpu/ckpt.pt                  # images from its val split
     python vit_inspect.py --ckpt=out-vit-cpu/ckpt.pt --images=my_pictures/ --layers=1,4
@@ -18,7 +18,7 @@ What R_var is measured on. For ToST block l, forward(images, return_maps=True) g
 c_proj(TSSA(w)). before_l = compression_objective(w, Pi); after_l = compression_objective(
 c_in(z + g * out), Pi) with g the layer scale: the tokens before and after this layer's step,
 seen through the same U and Pi. Images get the evaluation crop (no augmentation). A step lowers
-R_var for certain only with the tied output map of the theory (notes §2); the learned c_proj is
+R_var for certain only with the tied output map of the theory (MATH.md §2.5); the learned c_proj is
 free, and the tool reports what it finds.
 """
 

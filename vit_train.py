@@ -60,7 +60,7 @@ shapes_num_classes = 10  # 2..10
 shapes_source_size = 32
 shapes_seed = 0
 # recipe
-recipe = "builtin"  # "builtin" (no extra package) | "paper" (timm; notes §6)
+recipe = "builtin"  # "builtin" (no extra package) | "paper" (timm; MATH.md §6.3)
 crop_scale = (0.08, 1.0)  # random resized crop: range of the crop's area
 hflip = True
 mixup = 0.8  # alpha; 0 = off

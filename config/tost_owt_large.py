@@ -1,4 +1,4 @@
-# ToST-Large (655M parameters: 36 layers, 20 heads, width 1280; notes §5) on OpenWebText with
+# ToST-Large (655M parameters: 36 layers, 20 heads, width 1280; MATH.md §5.2) on OpenWebText with
 # the recipe of config/tost_owt.py, except weight decay 0.1 (the released Large config and the
 # paper's text agree). 480 sequences per iteration = batch_size 4 x 120 micro-steps (15 per GPU on 8).
 #   torchrun --standalone --nproc_per_node=8 train.py config/tost_owt_large.py

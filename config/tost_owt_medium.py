@@ -1,4 +1,4 @@
-# ToST-Medium (304M parameters: 24 layers, 16 heads, width 1024; notes §5) on OpenWebText with
+# ToST-Medium (304M parameters: 24 layers, 16 heads, width 1024; MATH.md §5.2) on OpenWebText with
 # the recipe of config/tost_owt.py, except weight decay 0.1 (the released Medium config and the
 # paper's text agree). 480 sequences per iteration = batch_size 6 x 80 micro-steps (10 per GPU on 8).
 #   torchrun --standalone --nproc_per_node=8 train.py config/tost_owt_medium.py

@@ -14,7 +14,7 @@ log_interval = 100
 
 batch_size = 256
 _iters_per_epoch = 50000 // 256  # CIFAR: 195 steps per epoch
-max_iters = 100 * _iters_per_epoch  # not given in the notes: our choice, 100 epochs
+max_iters = 100 * _iters_per_epoch  # ours (MATH.md §6.3): 100 epochs
 warmup_iters = _iters_per_epoch  # our choice: one epoch
 learning_rate = 1e-4
 min_lr = 1e-6

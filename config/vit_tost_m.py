@@ -1,5 +1,5 @@
 # ToST-M (71.5M as released parameters: 24 layers, 8 heads, width 512) on ImageNet-1k with the
-# paper's recipe (notes §5-6) through timm (recipe="paper": pip install timm, see the README):
+# paper's recipe (MATH.md §5.3, §6.3) through timm (recipe="paper": pip install timm, see the README):
 # AdamW, 400 epochs at batch 2048, weight decay 0.05, cosine decay, 5 warmup epochs,
 # RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25, repeated augmentation x3, mixup 0.8,
 # cutmix 1.0, label smoothing 0.1, bicubic; 224x224 images, 16x16 patches (196 tokens).
@@ -20,7 +20,7 @@ patch_size = 16
 n_layer = 24
 n_head = 8
 n_embd = 512
-layer_scale_init = 1e-05  # 24-layer models (notes §5)
+layer_scale_init = 1e-05  # 24-layer models (MATH.md §5.3)
 drop_path = 0.15  # the same rate in every block, as released
 
 batch_size = 64
@@ -28,7 +28,7 @@ gradient_accumulation_steps = 32
 _iters_per_epoch = 1281167 // 2048  # 625 steps per epoch
 max_iters = 400 * _iters_per_epoch
 warmup_iters = 5 * _iters_per_epoch
-learning_rate = 2e-3  # not given in the notes: 5e-4 per 512 images (XCiT's rule) at 2048
+learning_rate = 2e-3  # ours, not the paper's (MATH.md §6.3): 5e-4 per 512 images (XCiT's rule) at 2048
 grad_clip = 0.0  # no clipping (XCiT's default)
 
 dtype = "bfloat16"

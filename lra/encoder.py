@@ -47,18 +47,23 @@ class LRAConfig:
     bias: bool = True
     layer_scale_init: float | None = None  # None: no layer scale
     tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
+    drop_path: float = 0.0  # (model.Block reads these three as well)
+    ln_eps: float = 1e-5
+
+    @property
+    def mlp_ratio(self):
+        return self.mlp_hidden / self.n_embd
 
 
 class PostNormBlock(nn.Module):
     """x = LN(x + Attn(x)); x = LN(x + MLP(x)) (the original Transformer's order)."""
 
-    def __init__(self, *, n_embd, n_head, attn, bias=True, dropout=0.0, mlp_hidden, pi="softmax", tssa_impl="torch"):
+    def __init__(self, c: LRAConfig):
         super().__init__()
-        self.attn = make_attention(attn, n_embd=n_embd, n_head=n_head, causal=False, bias=bias, dropout=dropout, pi=pi,
-                                   tssa_impl=tssa_impl)
-        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
-        self.mlp = MLP(n_embd=n_embd, hidden=mlp_hidden, bias=bias, dropout=dropout)
-        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = make_attention(c, causal=False)
+        self.ln_1 = nn.LayerNorm(c.n_embd, bias=c.bias)
+        self.mlp = MLP(n_embd=c.n_embd, hidden=c.mlp_hidden, bias=c.bias, dropout=c.dropout)
+        self.ln_2 = nn.LayerNorm(c.n_embd, bias=c.bias)
 
     def forward(self, x, mask=None):
         x = self.ln_1(x + self.attn(x, mask=mask))
@@ -78,17 +83,10 @@ class LRAEncoder(nn.Module):
         self.pos_emb = nn.Embedding(c.max_len, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         if c.norm == "pre":
-            self.blocks = nn.ModuleList(
-                Block(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, causal=False, bias=c.bias, dropout=c.dropout,
-                      mlp_ratio=c.mlp_hidden / c.n_embd, layer_scale_init=c.layer_scale_init, pi=c.pi,
-                      tssa_impl=c.tssa_impl)
-                for _ in range(c.n_layer))
+            self.blocks = nn.ModuleList(Block(c, causal=False) for _ in range(c.n_layer))
             self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
         else:
-            self.blocks = nn.ModuleList(
-                PostNormBlock(n_embd=c.n_embd, n_head=c.n_head, attn=c.attn, bias=c.bias, dropout=c.dropout,
-                              mlp_hidden=c.mlp_hidden, pi=c.pi, tssa_impl=c.tssa_impl)
-                for _ in range(c.n_layer))
+            self.blocks = nn.ModuleList(PostNormBlock(c) for _ in range(c.n_layer))
             self.ln_f = nn.Identity()  # post-norm blocks end in a LayerNorm already
 
     def forward(self, tokens, mask=None):

@@ -325,7 +325,7 @@ def test_missing_data_says_where_to_get_it(tmp_path):
 
 
 def masked_tssa_numpy(w, temp, n):
-    """Notes §3 over the first n tokens only, in float64 numpy, written from the formulas:
+    """MATH.md §3 over the first n tokens only, in float64 numpy, written from the formulas:
     w (H, T, p) of one sequence -> (out (H, n, p), Pi (H, n), second moments s (H, p))."""
     w = w[:, :n].astype(np.float64)  # padded tokens are simply not there
     sq = w ** 2
@@ -405,7 +405,7 @@ def test_padding_never_changes_real_tokens(attn, norm, two_tower):
 
 
 def test_configs_carry_the_paper_settings_at_equal_budgets():
-    # notes §6: layers, width, heads, MLP, batch, lr, dropout, wd, iters, warmup
+    # MATH.md §6.4: layers, width, heads, MLP, batch, lr, dropout, wd, iters, warmup
     paper = {"listops": (6, 512, 8, 2048, 64, 1e-4, 0.1, 1e-2, 90000, 3000),
              "text": (4, 256, 4, 1024, 32, 1e-4, 0.1, 1e-2, 25000, 10000),
              "retrieval": (6, 128, 4, 512, 64, 1e-4, 0.1, 4e-2, 92000, 10000),

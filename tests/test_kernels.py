@@ -327,7 +327,7 @@ def test_setting_picks_the_implementation_and_the_reference_where_kernels_do_not
 
 @pytest.mark.parametrize("impl", ["torch", pytest.param("cpu", marks=needs_c)])
 def test_pi_comes_back_detached_from_every_implementation(impl):
-    """Pi is an estimate held fixed (notes §2): returned without a gradient path by every
+    """Pi is an estimate held fixed (MATH.md §2.4): returned without a gradient path by every
     implementation (the Triton kernels: see the interpreter cases); out keeps its gradients."""
     ops = model.tssa_ops(impl)
     w, temp, pos_bias, _ = make_inputs(1, 3, 20, 8)

@@ -37,7 +37,7 @@ from model import GPT, GPTConfig  # noqa: E402
 
 TIKTOKEN_CACHE = os.path.join(REPO, "..", "shared", "tiktoken_cache")
 needs_bpe = pytest.mark.skipif(not os.path.isdir(TIKTOKEN_CACHE),
-                               reason="GPT-2 BPE files not available offline (../shared/tiktoken_cache)")
+                               reason="GPT-2 BPE files not available offline (set TIKTOKEN_CACHE_DIR)")
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8",
         "--gradient_accumulation_steps=1", "--eval_iters=4", "--log_interval=1", "--num_threads=1",

@@ -51,7 +51,7 @@ def read_log(out_dir):
 
 
 def test_class_attention_block_follows_the_xcit_equations():
-    """XCiT class attention with tokens_norm=True, written out here from notes §5."""
+    """XCiT class attention with tokens_norm=True, written out here from MATH.md §5.4."""
     torch.manual_seed(0)
     C, H, N = 16, 2, 5
     blk = ClassAttentionBlock(n_embd=C, n_head=H, layer_scale_init=1.0).eval()
@@ -206,7 +206,7 @@ def test_config_files_match_the_release():
         for key, value in VIT_PRESETS[preset].items():
             assert cfg[key] == value, (name, key)
         assert cfg["patch_size"] == 16 and cfg["img_size"] == 224 and cfg["dataset"] == "imagenet-1k"
-        assert cfg["batch_size"] * cfg["gradient_accumulation_steps"] == 2048  # notes §6
+        assert cfg["batch_size"] * cfg["gradient_accumulation_steps"] == 2048  # MATH.md §6.3
         assert cfg["recipe"] == "paper" and cfg["randaugment"] == "rand-m9-mstd0.5-inc1"
         assert (cfg["random_erasing"], cfg["repeated_aug"], cfg["eval_crop_pct"]) == (0.25, 3, 0.875)
         assert (cfg["mixup"], cfg["cutmix"], cfg["label_smoothing"], cfg["weight_decay"]) == (0.8, 1.0, 0.1, 0.05)
@@ -410,7 +410,7 @@ def test_inspect_rvar_equals_compression_objective_on_the_same_tensors(trained, 
 
 
 def test_within_layer_check_sees_a_tied_gradient_step_lower_r_var():
-    """Tie each block's output map to the theory's (c_proj = (tau/N) U, notes §2, no bias,
+    """Tie each block's output map to the theory's (c_proj = (tau/N) U, MATH.md §2.5, no bias,
     layer scale 1): every step must lower R_var; the negated step must raise it."""
     torch.manual_seed(0)
     model = ToSTViT(ViTConfig(img_size=16, patch_size=4, n_layer=2, n_head=4, n_embd=32, num_classes=3)).eval()

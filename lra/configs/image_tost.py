@@ -1,4 +1,4 @@
-# Image (CIFAR-10 as 1024 grey pixels), ToST: the paper's setting (notes §6): 8 layers,
+# Image (CIFAR-10 as 1024 grey pixels), ToST: the paper's setting (MATH.md §6.4): 8 layers,
 # width 64, 8 heads, MLP 128, batch 64, lr 1e-4, 9k warmup then linear decay, no dropout,
 # wd 2e-2, 180k steps.
 task = "image"

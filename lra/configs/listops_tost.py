@@ -1,4 +1,4 @@
-# ListOps, ToST: the paper's setting (notes §6): 6 layers, width 512, 8 heads, MLP 2048,
+# ListOps, ToST: the paper's setting (MATH.md §6.4): 6 layers, width 512, 8 heads, MLP 2048,
 # batch 64, lr 1e-4 with 3k warmup then inverse-sqrt decay, dropout 0.1, wd 1e-2, 90k steps.
 task = "listops"
 attn = "tssa"

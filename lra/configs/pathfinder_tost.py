@@ -1,4 +1,4 @@
-# Pathfinder (32 x 32 = 1024 pixels), ToST: the paper's setting (notes §6): 2 layers,
+# Pathfinder (32 x 32 = 1024 pixels), ToST: the paper's setting (MATH.md §6.4): 2 layers,
 # width 64, 2 heads, MLP 128, post-norm, batch 256, lr 2e-4, 312 warmup steps then linear
 # decay, dropout 0.1, no weight decay, 200k steps.
 task = "pathfinder"

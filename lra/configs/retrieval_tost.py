@@ -1,5 +1,5 @@
 # Retrieval (AAN pairs, bytes, 4000 per document, two towers), ToST: the paper's setting
-# (notes §6): 6 layers, width 128, 4 heads, MLP 512, batch 64, lr 1e-4, 10k warmup then
+# (MATH.md §6.4): 6 layers, width 128, 4 heads, MLP 512, batch 64, lr 1e-4, 10k warmup then
 # linear decay, dropout 0.1, wd 4e-2, 92k steps.
 task = "retrieval"
 attn = "tssa"

@@ -1,4 +1,4 @@
-# Text (IMDB, bytes, 4096), ToST: the paper's setting (notes §6): 4 layers, width 256,
+# Text (IMDB, bytes, 4096), ToST: the paper's setting (MATH.md §6.4): 4 layers, width 256,
 # 4 heads, MLP 1024, batch 32, lr 1e-4, 10k warmup then linear decay, dropout 0.1,
 # wd 1e-2, 25k steps.
 task = "text"
