@@ -80,7 +80,7 @@ mlp_ratio = 4.0
 dropout = 0.0
 drop_path = 0.0  # stochastic depth, the same rate in every ToST block
 layer_scale_init = 1.0
-attn = "tssa"  # "tssa" | "softmax"
+attn = "tssa"  # "tssa" | "softmax" | "linear"
 pi = "softmax"  # "softmax" | "uniform" (ablation)
 n_cls_layers = 2
 tssa_impl = "torch"
@@ -538,6 +538,7 @@ def loaders(cfg, train_src, val_src, d, start):
 
 def train(cfg, d):
     trainkit.require(cfg["recipe"] in ("builtin", "paper"), f"recipe must be builtin or paper, got {cfg['recipe']!r}")
+    trainkit.require(cfg["attn"] in ("tssa", "softmax", "linear"), f"attn must be tssa, softmax or linear, got {cfg['attn']!r}")
     trainkit.require(cfg["tssa_impl"] in _TSSA_IMPLS,
                      f"tssa_impl must be one of {', '.join(_TSSA_IMPLS)}, got {cfg['tssa_impl']!r}")
     dev, dtype_name = trainkit.choose_device_dtype(d.device, cfg["dtype"])

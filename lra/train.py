@@ -55,7 +55,7 @@ n_eval = 0  # 0: whole val and test splits; n: their first n examples
 pad_multiple = 64  # batches are padded to the longest sequence, rounded up to this
 load_workers = 1  # processes decoding PNGs (image tasks)
 # model
-attn = "tssa"  # "tssa" (ToST) | "softmax" (Transformer baseline)
+attn = "tssa"  # "tssa" (ToST) | "softmax" (Transformer baseline) | "linear" (linear attention baseline)
 pi = "softmax"  # TSSA's Pi: "softmax" | "uniform" (ablation)
 n_layer = 2
 n_head = 2
@@ -122,7 +122,7 @@ def check_settings(cfg):
     trainkit.require(0 <= cfg["dropout"] < 1, f"dropout must be in [0, 1), got {cfg['dropout']}")
     trainkit.require(cfg["n_embd"] % cfg["n_head"] == 0,
                      f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
-    for key, allowed in (("init_from", ("scratch", "resume")), ("attn", ("tssa", "softmax")),
+    for key, allowed in (("init_from", ("scratch", "resume")), ("attn", ("tssa", "softmax", "linear")),
                          ("pi", ("softmax", "uniform")), ("norm", ("pre", "post")),
                          ("lr_schedule", ("linear", "cosine", "invsqrt", "constant"))):
         trainkit.require(cfg[key] in allowed, f"{key} must be one of {', '.join(allowed)}, got {cfg[key]!r}")
@@ -241,7 +241,7 @@ def main(argv=None):
             if len(ckpt["rng"]) == world:
                 trainkit.set_rng_state(ckpt["rng"][dist.rank])
         n_params = model.get_num_params()
-        say(f"model: {'ToST' if mconf.attn == 'tssa' else 'softmax Transformer'}, {n_params:,} parameters "
+        say(f"model: {dict(tssa='ToST', softmax='softmax Transformer', linear='linear-attention Transformer')[mconf.attn]}, {n_params:,} parameters "
             f"({mconf.n_layer} layers, width {mconf.n_embd}, {mconf.n_head} heads, MLP {mconf.mlp_hidden}, "
             f"{mconf.norm}-norm), {dtype} on {dev}, {B * cfg['gradient_accumulation_steps']} examples per step "
             f"({cfg['gradient_accumulation_steps']} x {B})")
