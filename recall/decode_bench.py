@@ -1,0 +1,103 @@
+"""
+Decoding cost of every variant: milliseconds per generated token and bytes of the decoding
+state, after a prompt of T tokens, for the pydocs character-level layout (config/pydocs_char_*.py:
+width 96, 4 heads; 6 layers for the ToST variants and the hybrid, 5 for softmax and linear
+attention, the equal-parameter pairing of the README). Untrained weights: the cost does not
+depend on their values. Prints a table and writes JSON.
+
+    python recall/decode_bench.py                               # T = 128, 1024, 4096; one thread
+    python recall/decode_bench.py --T=128,1024 --steps=100 --out=results/variants_cpu.json
+
+Each case: a prefill of T tokens through forward_with_state (parallel), then `steps` tokens
+one at a time; the median over `repeats` of the per-token time. The state bytes are what
+the model carries after the prefill (KV caches grow with T; TSSA and linear attention do not).
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import trainkit as tk
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+T = "128,1024,4096"  # prompt lengths (the decoding context)
+steps = 50  # tokens decoded per timing
+repeats = 3
+batch_size = 1
+num_threads = 1
+out = "results/variants_cpu.json"
+# -----------------------------------------------------------------------------
+SETTINGS = tk.config_defaults(globals())
+
+LAYOUT = dict(vocab_size=128, n_head=4, n_embd=96)  # pydocs_char: 107 characters, padded to 128
+VARIANTS = {  # name -> GPTConfig fields (config/pydocs_char_tost.py / _softmax.py, and the variants)
+    "tost": dict(n_layer=6, attn="tssa"),
+    "tost_uniform": dict(n_layer=6, attn="tssa", pi="uniform"),
+    "tost_conv": dict(n_layer=6, attn="tssa", short_conv=4),
+    "hybrid": dict(n_layer=6, attn="tssa", hybrid_every=2),
+    "softmax": dict(n_layer=5, attn="softmax", layer_scale_init=None),
+    "linear": dict(n_layer=5, attn="linear", layer_scale_init=None),
+}
+
+
+def state_bytes(states):
+    return sum(s.nbytes() for s in states)
+
+
+@torch.no_grad()
+def measure(name, T_, C):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=T_ + C.steps, **LAYOUT, **VARIANTS[name])).eval()
+    prompt = torch.randint(0, 107, (C.batch_size, T_))
+    times = []
+    for _ in range(C.repeats):
+        states = [b.attn.init_state(C.batch_size) for b in m.blocks]
+        logits = m.forward_with_state(prompt, states, 0)
+        size = state_bytes(states)
+        t0 = time.perf_counter()
+        for t in range(C.steps):
+            tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1) greedy
+            logits = m.forward_with_state(tok, states, T_ + t)
+        times.append((time.perf_counter() - t0) / C.steps)
+    return dict(variant=name, T=T_, ms_per_token=round(1000 * statistics.median(times), 3),
+                state_bytes_after_prompt=size, state_bytes_per_sequence=size // C.batch_size,
+                params=m.get_num_params(non_embedding=True))
+
+
+def main(argv):
+    C, _ = tk.configure(SETTINGS, argv)
+    tk.check(C, at_least_1=("steps", "repeats", "batch_size"), non_negative=("num_threads",))
+    try:
+        lengths = [int(t) for t in C.T.split(",") if t.strip()]
+    except ValueError:
+        raise tk.ConfigError(f"T must be integers separated by commas, got {C.T!r}") from None
+    tk.require(lengths and min(lengths) >= 1, f"T must be positive lengths, got {C.T!r}")
+    if C.num_threads:
+        torch.set_num_threads(C.num_threads)
+    rows = []
+    print(f"{'variant':<14}{'T':>6}{'ms/token':>10}{'state bytes':>14}{'params*':>10}")
+    for name in VARIANTS:
+        for T_ in lengths:
+            r = measure(name, T_, C)
+            rows.append(r)
+            print(f"{name:<14}{T_:>6}{r['ms_per_token']:>10.3f}{r['state_bytes_per_sequence']:>14,}{r['params']:>10,}",
+                  flush=True)
+    load = os.getloadavg()
+    if C.out:
+        os.makedirs(os.path.dirname(C.out) or ".", exist_ok=True)
+        with open(C.out, "w") as f:
+            json.dump(dict(settings=vars(C), rows=rows, loadavg=load, torch=torch.__version__), f, indent=1)
+    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return rows
+
+
+if __name__ == "__main__":
+    tk.run_cli(main, sys.argv[1:])
