@@ -12,7 +12,6 @@ process scores its share of the windows; the result (one line, and one record ap
 out_dir/eval.jsonl) does not depend on the number of processes.
 """
 
-import json
 import math
 import os
 import sys
@@ -24,6 +23,7 @@ import torch.distributed as torch_dist
 
 import trainkit as tk
 from model import GPT, GPTConfig
+from train import open_dataset
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
@@ -62,17 +62,10 @@ def main(argv):
         device = dist.device
         ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
         ckpt = tk.load_checkpoint(ckpt_path, "language")
-        folder = os.path.join(C.data_dir, C.dataset)
-        if not os.path.isfile(os.path.join(folder, "meta.json")):
-            raise tk.UserError(f"dataset {C.dataset!r} is not prepared ({folder}/meta.json is missing): "
-                               f"python prepare_openwebtext.py --dataset={C.dataset}")
-        with open(os.path.join(folder, "meta.json")) as f:
-            meta = json.load(f)
+        folder, meta = open_dataset(C.data_dir, C.dataset, (C.split,), 1)
         if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
             raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({ckpt['tokenizer']['tokenizer']}, "
                                f"{ckpt['tokenizer'].get('dataset')}) than {C.dataset!r} uses ({meta['tokenizer']})")
-        if C.split not in meta["splits"]:
-            raise tk.UserError(f"{C.dataset} has no split {C.split!r}; its splits: {', '.join(meta['splits'])}")
         tokens = np.memmap(os.path.join(folder, f"{C.split}.bin"), dtype=np.uint16, mode="r")
         if C.max_tokens:
             tokens = tokens[:C.max_tokens + 1]
@@ -95,6 +88,9 @@ def main(argv):
                 chunk = tokens[start:start + T + 1].astype(np.int64)
                 x[row, :len(chunk) - 1], y[row, :len(chunk) - 1] = chunk[:-1], chunk[1:]
                 y[row, :skip] = -1
+            if x.max(initial=0) >= meta["vocab_size"]:
+                raise tk.UserError(f"{folder}/{C.split}.bin holds token id {x.max()}, outside the vocabulary "
+                                   f"({meta['vocab_size']}): prepare it again: {meta['redo']}")
             x, y = torch.from_numpy(x).to(dist.device), torch.from_numpy(y).to(dist.device)
             with ctx:
                 _, loss = model(x, y)  # mean over the scored targets

@@ -122,31 +122,36 @@ def get_lr(it, C):
     return C.min_lr + coeff * (C.learning_rate - C.min_lr)
 
 
-def open_dataset(C):
-    """meta.json and the splits of <data_dir>/<dataset>, checked: the sizes meta.json records,
-    and enough tokens for one block. Any damage is one line with the command that re-prepares."""
-    folder = os.path.join(C.data_dir, C.dataset)
-    redo = ("python prepare_char.py" if C.dataset == "pydocs_char" else
-            "python prepare_openwebtext.py" if C.dataset == "openwebtext" else
-            f"prepare_char.py / prepare_openwebtext.py --input=<your files> --name={C.dataset}")
+def open_dataset(data_dir, dataset, splits, min_tokens):
+    """meta.json and the given splits of <data_dir>/<dataset>, checked: the sizes meta.json
+    records, more than min_tokens tokens each. Damage is one line with the command that re-prepares."""
+    from prepare_openwebtext import HUB  # the corpora that script fetches by name
+
+    folder = os.path.join(data_dir, dataset)
+    f = " --force"
+    redo = ("python prepare_char.py" + f if dataset == "pydocs_char" else
+            f"python prepare_openwebtext.py --dataset={dataset}" + f if dataset in HUB else
+            f"python prepare_char.py --input=<text file> --name={dataset}{f} (or prepare_openwebtext.py "
+            f"--input=<files> --name={dataset}{f})")
     path = os.path.join(folder, "meta.json")
     if not os.path.isfile(path):
-        raise tk.UserError(f"dataset {C.dataset!r} is not prepared ({path} is missing): run {redo}")
+        raise tk.UserError(f"dataset {dataset!r} is not prepared ({path} is missing): run {redo.replace(f, '')}")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-        meta["vocab_size"], meta["tokenizer"], meta["splits"]  # noqa: B018 (the keys it must have)
-    except (ValueError, KeyError, TypeError) as e:
-        raise tk.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again with {redo} --force") from None
-    for split in ("train", "val"):
+        meta["vocab_size"], meta["tokenizer"], meta["splits"].items()  # noqa: B018 (the keys it must have)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise tk.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again: {redo}") from None
+    for split in splits:
         path = os.path.join(folder, f"{split}.bin")
-        expected = meta["splits"].get(split)
-        size = os.path.getsize(path) if os.path.isfile(path) else None
-        if expected is None or size != 2 * expected:
-            what = "missing" if size is None else f"{size:,} bytes where meta.json says {expected} uint16 tokens"
-            raise tk.UserError(f"{path} is {what}: prepare it again with {redo} --force")
-        tk.require(expected > C.block_size, f"{path} has {expected:,} tokens, not more than block_size "
-                                            f"({C.block_size:,}): lower --block_size or prepare more text")
+        if split not in meta["splits"]:
+            raise tk.UserError(f"dataset {dataset!r} has no {split} split (it has: {', '.join(meta['splits'])})")
+        expected, size = meta["splits"][split], os.path.getsize(path) if os.path.isfile(path) else None
+        if size != 2 * expected:
+            what = "missing" if size is None else f"{size:,} bytes where meta.json says {expected:,} uint16 tokens"
+            raise tk.UserError(f"{path} is {what}: prepare it again: {redo}")
+        tk.require(expected > min_tokens, f"{path} has {expected:,} tokens, not more than block_size "
+                                          f"({min_tokens:,}): lower --block_size or prepare more text")
     meta["redo"] = redo
     return folder, meta
 
@@ -160,7 +165,7 @@ def get_batch(folder, split, B, T, device, vocab_size, redo, *key):
     xy = np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64)  # (B, T + 1)
     if xy.max() >= vocab_size:  # a damaged file; checked here, on the CPU, at no cost
         raise tk.UserError(f"{folder}/{split}.bin holds token id {xy.max()}, outside the vocabulary "
-                           f"({vocab_size}): prepare it again with {redo} --force")
+                           f"({vocab_size}): prepare it again: {redo}")
     xy = torch.from_numpy(xy)
     if device.startswith("cuda"):
         xy = xy.pin_memory().to(device, non_blocking=True)
@@ -198,7 +203,7 @@ def main(argv):
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
     if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
         C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
-    folder, meta = open_dataset(C)
+    folder, meta = open_dataset(C.data_dir, C.dataset, ("train", "val"), C.block_size)
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
@@ -306,9 +311,9 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, tokenizer=tokenizer), ckpt_path)
-                        say(f"saved {ckpt_path}")
                     tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
                                     f"and --init_from=resume")
+                    say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break
 

@@ -100,6 +100,8 @@ def run_cli(main, *args):
         sys.exit(130)
     finally:
         signal.signal(signal.SIGTERM, old)
+        for out_dir in list(_locks):  # the run is over, however it ended
+            release_out_dir(out_dir)
 
 
 def require(condition, message):
@@ -171,6 +173,8 @@ def coerce(key, value, default):
 
 def _read_config_file(path):
     """The top-level assignments of a config file; any error in it is one line path:line."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{path} is a folder, not a config file (a Python file of `key = value` lines)")
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} not found (positional arguments are config files; "
                           "settings are written --key=value)")
@@ -297,25 +301,22 @@ def all_reduce_mean(tensor, d):
 # -----------------------------------------------------------------------------
 # files and checkpoints
 
-_locks = {}  # out_dir -> open lock file, held while the process lives
+_locks = {}  # out_dir -> its open descriptor, locked while this process lives
 
 
 def claim_out_dir(out_dir, init_from):
-    """Lock out_dir for this run (flock: the OS frees it when the process ends, however it
-    ends) and refuse a scratch run over an existing checkpoint. Rank 0 only."""
+    """Lock out_dir for this run (flock on the folder itself: nothing is written, and the OS
+    frees it when the process ends, however it ends); refuse a scratch run over an existing
+    checkpoint. Rank 0 only."""
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, ".lock")
-    f = open(path, "a+")
+    fd = os.open(out_dir, os.O_RDONLY)
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        raise UserError(f"{out_dir} is in use by another run (pid {f.read().strip() or '?'}): wait for it to end, "
-                        "or write this run elsewhere with --out_dir=<new folder>") from None
-    f.truncate(0)
-    f.write(str(os.getpid()))
-    f.flush()
-    _locks[os.path.abspath(out_dir)] = f
+        os.close(fd)
+        raise UserError(f"{out_dir} is in use by another run: wait for it to end, or write this run elsewhere "
+                        "with --out_dir=<new folder>") from None
+    _locks[os.path.abspath(out_dir)] = fd
     ckpt = os.path.join(out_dir, "ckpt.pt")
     if init_from == "scratch" and os.path.exists(ckpt):
         raise UserError(f"{ckpt} already exists and init_from='scratch' would overwrite it: continue that run "
@@ -323,9 +324,9 @@ def claim_out_dir(out_dir, init_from):
 
 
 def release_out_dir(out_dir):
-    f = _locks.pop(os.path.abspath(out_dir), None)
-    if f is not None:
-        f.close()
+    fd = _locks.pop(os.path.abspath(out_dir), None)
+    if fd is not None:
+        os.close(fd)
 
 
 @contextmanager
