@@ -95,6 +95,9 @@ def run_cli(main, *args):
         sys.exit(f"{name}: {e}")
     except OSError as e:
         sys.exit(f"{name}: {_os_error_line(e)}")
+    except UnicodeDecodeError as e:  # a text file that is not UTF-8 (scripts name the file where they can)
+        sys.exit(f"{name}: a file is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
+                 "convert it first, e.g. iconv -f <encoding> -t utf-8")
     except KeyboardInterrupt:
         print(f"{name}: interrupted; {_on_interrupt[0]}", file=sys.stderr)
         sys.exit(130)

@@ -257,6 +257,21 @@ def test_a_checkpoint_of_another_kind_is_one_line(script, extra, kind, data):
 
 
 # -----------------------------------------------------------------------------
+# 8. input data: sample.py's prompt file
+
+
+@pytest.mark.parametrize("prompt,expected", [("FILE:missing.txt", "missing.txt"), ("FILE:afolder", "afolder"),
+                                             ("FILE:latin1.txt", "not UTF-8"), ("FILE:empty.txt", "prompt is empty"),
+                                             ("ABC", "not in this model's vocabulary")])
+def test_a_prompt_that_cannot_be_read_is_one_line(prompt, expected, trained):
+    (trained / "afolder").mkdir()
+    (trained / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (trained / "empty.txt").write_text("")
+    refused("sample.py", "--out_dir=out", f"--start={prompt}", "--max_new_tokens=2", root=trained,
+            contains=[expected])
+
+
+# -----------------------------------------------------------------------------
 # 7. damaged prepared data
 
 
