@@ -9,7 +9,8 @@ locked out_dir. Every --key a message names is a setting of the script it names.
     python -m pytest -q tests/test_vit_errors.py
 
 In-process through trainkit.run_cli (the command line's code path without an interpreter
-start), except the interrupt / lock test. About 20 s on 2 idle cores.
+start), except the interrupt / lock test. 35 s alone on a 2-core machine at load average 7 (8 s
+of it torch's one-time imports that a full run pays anyway; the subprocess test 17 s).
 """
 
 import os
@@ -180,6 +181,7 @@ def test_vit_train_refuses_bad_settings(setting, words, tmp_path, capsys):
     ("--device=gpu", "device must be auto, cpu, cuda or cuda:N"),
     ("--images=FILE", "is not a folder: give --images="),
     ("--images=EMPTY", "no image files"),
+    ("--images=BROKEN", "BROKEN/a.png as an image (UnidentifiedImageError: cannot identify image file"),
     ("--out_dir=FILE", "is a file, not a folder"),
     ("--ckpt=", "give the checkpoint to inspect: --ckpt="),
     ("--ckpt=MISSING", "no checkpoint at"),
@@ -189,14 +191,30 @@ def test_vit_train_refuses_bad_settings(setting, words, tmp_path, capsys):
 def test_vit_inspect_refuses_bad_settings(setting, words, vit_run, tmp_path, capsys):
     (tmp_path / "file").write_text("not a folder")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "a.png").write_text("a picture, they said")
     setting = (setting.replace("FILE", str(tmp_path / "file")).replace("EMPTY", str(tmp_path / "empty"))
-               .replace("MISSING", str(tmp_path / "nothing" / "ckpt.pt")))
+               .replace("MISSING", str(tmp_path / "nothing" / "ckpt.pt")).replace("BROKEN", str(tmp_path / "broken")))
+    words = words.replace("BROKEN", str(tmp_path / "broken"))
     if setting in BAD_CONFIGS:
         path = tmp_path / setting
         path.write_bytes(BAD_CONFIGS[setting][0].replace(b"n_layer", b"n_show").replace(b"n_head", b"n_rvar"))
         setting, words = str(path), str(path) + words
     argv = [f"--ckpt={vit_run}/ckpt.pt", f"--out_dir={tmp_path / 'pictures'}", "--n_rvar=4", setting]  # the last wins
     refused("vit_inspect.py", argv, words, capsys, [tmp_path, vit_run])
+
+
+def test_vit_inspect_interrupted_while_drawing_writes_no_picture(vit_run, tmp_path, monkeypatch, capsys):
+    """The pictures are drawn in memory and written at the end, each through a temp file: an
+    interrupt while drawing (here: in the last figure) leaves the folder empty."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vit_inspect, "rvar_figure", interrupted)
+    out = tmp_path / "pictures"
+    code, _, err = call("vit_inspect.py", [f"--ckpt={vit_run}", f"--out_dir={out}", "--n_show=1", "--n_rvar=4"], capsys)
+    assert code == 130 and err.strip() == "vit_inspect.py: interrupted; nothing was saved", err
+    assert not out.exists()
 
 
 # -----------------------------------------------------------------------------
