@@ -415,10 +415,13 @@ def check_settings(C):
         fits = lambda lo, hi: max(lo, C.min_len + 1) <= min(hi, C.max_len - 1)  # noqa: E731 (lengths in range)
         tk.require(fits(1, 1) or fits(4, longest), f"no ListOps tree has more than min_len ({C.min_len}) and fewer "
                    f"than max_len ({C.max_len}) tokens: with max_depth={C.max_depth} and max_args={C.max_args} a "
-                   f"tree is one digit or has 4 to {longest} tokens; change --min_len / --max_len or raise --max_depth")
+                   f"tree is one digit or has 4 to {longest} tokens; change --min_len / --max_len or raise "
+                   "--max_depth / --max_args")
         n = C.n_train + C.n_val + C.n_test
+        fix = " and ".join((["--max_depth above 1"] if longest == 1 else [])
+                           + (["--max_len above 4"] if C.max_len <= 4 else []))  # an operator needs 4 tokens
         tk.require(fits(4, longest) or n <= 10, f"only single digits fit these settings (max_depth={C.max_depth}, "
-                   f"max_len={C.max_len}): 10 distinct examples, not {n}; raise --max_depth and --max_len")
+                   f"max_len={C.max_len}): 10 distinct examples, not {n}; raise {fix}")
     else:
         tk.require(C.n_images >= 10, f"n_images must be at least 10 (lra/data.py cuts them 80/10/10 into "
                    f"train/val/test), got {C.n_images}")
@@ -428,7 +431,8 @@ def existing_set(C):
     """The task's folder in out_dir when it already holds a set (what the loaders read), else None."""
     if C.task == "listops":
         folder = os.path.join(C.out_dir, "listops-1000")
-        found = [n for n in ("basic_train.tsv", "basic_val.tsv", "basic_test.tsv") if os.path.exists(os.path.join(folder, n))]
+        found = [n for n in ("basic_train.tsv", "basic_val.tsv", "basic_test.tsv")
+                 if os.path.exists(os.path.join(folder, n))]
     else:
         folder = os.path.join(C.out_dir, f"pathfinder{C.size}", "curv_contour_length_14")
         meta = os.path.join(folder, "metadata")
