@@ -76,7 +76,7 @@ beta2 = 0.95
 grad_clip = 1.0  # 0: no clipping
 max_time = 0.0  # seconds after which the run evaluates, saves and stops (0: no limit)
 # learning-rate schedule: linear warmup, then decay to min_lr at lr_decay_iters (0: max_iters)
-lr_schedule = "cosine"  # "cosine", "linear" or "constant"
+lr_schedule = "cosine"  # "cosine", "linear", "constant" or "invsqrt" (lr * sqrt(warmup_iters / it))
 warmup_iters = 2000
 lr_decay_iters = 600000
 min_lr = 6e-5
@@ -101,7 +101,7 @@ def check_settings(C):
              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
              choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax"),
                       "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
-                      "lr_schedule": ("cosine", "linear", "constant")})
+                      "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     tk.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
@@ -109,12 +109,16 @@ def check_settings(C):
 
 def get_lr(it, C):
     """Linear warmup over warmup_iters, then decay to min_lr at lr_decay_iters (0: max_iters)
-    by a cosine, a straight line, or not at all ("constant"). The three trainers use it."""
+    by a cosine, a straight line, or not at all ("constant"). "invsqrt" (lra/configs/listops_*)
+    decays as 1 / sqrt(it) from the end of the warmup, never below min_lr, and ignores
+    lr_decay_iters. The three trainers use it."""
     if it < C.warmup_iters:
         return C.learning_rate * (it + 1) / (C.warmup_iters + 1)
     decay_iters = C.lr_decay_iters or C.max_iters
     if C.lr_schedule == "constant":
         return C.learning_rate
+    if C.lr_schedule == "invsqrt":
+        return max(C.min_lr, C.learning_rate * math.sqrt(max(C.warmup_iters, 1) / max(it, 1)))
     if it >= decay_iters:
         return C.min_lr
     ratio = (it - C.warmup_iters) / max(decay_iters - C.warmup_iters, 1)  # 0 -> 1
