@@ -84,7 +84,8 @@ def _os_error_line(e):
 
 def run_cli(main, *args):
     """Run a script's main(*args) for a person at a terminal (see the module docstring)."""
-    name = os.path.basename(sys.argv[0])
+    parts = os.path.normpath(sys.argv[0]).split(os.sep)
+    name = "/".join(parts[-2:]) if parts[-2:-1] == ["lra"] else parts[-1]  # train.py, lra/train.py
     if os.environ.get("NANOTOST_DEBUG"):
         return main(*args)
     old = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM (a scheduler, kill) ends as Ctrl-C does
@@ -321,8 +322,8 @@ def claim_out_dir(out_dir, init_from):
                         "with --out_dir=<new folder>") from None
     _locks[os.path.abspath(out_dir)] = fd
     ckpt = os.path.join(out_dir, "ckpt.pt")
-    if init_from == "scratch" and os.path.exists(ckpt):
-        raise UserError(f"{ckpt} already exists and init_from='scratch' would overwrite it: continue that run "
+    if init_from != "resume" and os.path.exists(ckpt):
+        raise UserError(f"{ckpt} already exists and init_from={init_from!r} would overwrite it: continue that run "
                         "with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
 
 
@@ -395,8 +396,8 @@ def load_checkpoint(path, kind):
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}: train one first with {KIND_MAKER[kind]}, "
-                        "or point out_dir at the folder that holds ckpt.pt")
+        raise UserError(f"no checkpoint at {path}: give the folder or file of a checkpoint that "
+                        f"{KIND_MAKER[kind]} wrote, or train one first")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         found = checkpoint_kind(ckpt)
@@ -405,7 +406,7 @@ def load_checkpoint(path, kind):
                         "the file is truncated or corrupt; delete it, or start a new run in another out_dir") from None
     if found != kind:
         raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER.get(found, 'another program')}), "
-                        f"not a {kind} one: give the out_dir of a {KIND_MAKER[kind]} run")
+                        f"not {'an' if kind == 'lra' else 'a'} {kind} one: give a checkpoint that {KIND_MAKER[kind]} wrote")
     return ckpt
 
 

@@ -182,8 +182,8 @@ def make_batch(split, idx, max_len, pad_multiple=1):
 
 def _missing(task, path, data_dir):
     if task in ("listops", "pathfinder"):
-        gen = (f" Or generate it without the download: python lra/generate.py --task={task} "
-               f"--out_dir=data/lra_gen{' --size=32' if task == 'pathfinder' else ''}, then --data_dir=data/lra_gen.")
+        gen = (f" Or generate it without the download, for --data_dir=data/lra_gen: python lra/generate.py "
+               f"--task={task} --out_dir=data/lra_gen{' --size=32' if task == 'pathfinder' else ''}")
     elif task == "pathx":
         gen = " Or generate it: python lra/generate.py --task=pathfinder --size=128 --out_dir=data/lra_gen."
     else:
@@ -199,8 +199,8 @@ def _how_to_replace(task):
     """What to do about a damaged file of `task`: get it again."""
     if task in ("listops", "pathfinder", "pathx"):
         what = "listops" if task == "listops" else f"pathfinder --size={32 if task == 'pathfinder' else 128}"
-        return (f"unpack lra_release.gz again, or generate the task anew: python lra/generate.py --task={what} "
-                f"--out_dir=<new folder>, then --data_dir=<new folder>")
+        return (f"unpack lra_release.gz again, or generate the task anew for --data_dir=<new folder>: "
+                f"python lra/generate.py --task={what} --out_dir=<new folder>")
     if task == "retrieval":
         return "unpack lra_release.gz again"
     return f"check the dataset --hf_{task} names (a Hub name, or a folder of parquet files)"

@@ -66,7 +66,7 @@ def refused(script, *argv, root, monkeypatch=None, contains=()):
     before = listing(root)
     code, message = call(script, *argv, monkeypatch=monkeypatch)
     assert code == 1, (code, message)
-    assert message.count("\n") == 0 and message.startswith(os.path.basename(script) + ": "), message
+    assert message.count("\n") == 0 and message.startswith(script + ": "), message
     assert "Traceback" not in message
     for text in contains:
         assert text in message, message

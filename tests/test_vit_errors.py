@@ -392,7 +392,7 @@ def test_interrupt_names_the_checkpoint_and_a_second_run_refuses_the_locked_out_
         # iters 0 and 3 are saved and the run goes on; the same out_dir again: refused (its files
         # change under the live run, so only the working directory is watched)
         refused("vit_train.py", argv + ["--init_from=resume", "--max_iters=100000"],
-                f"{out} is in use by another run (pid {proc.pid}): wait for it to end, or write this run elsewhere "
+                f"{out} is in use by another run: wait for it to end, or write this run elsewhere "
                 "with --out_dir=<new folder>", capsys, [])
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
