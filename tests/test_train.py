@@ -454,7 +454,7 @@ def test_every_script_answers_help_and_bad_keys_without_a_traceback(script):
     helped = run("--help")
     assert helped.returncode == 0 and "Settings (defaults):" in helped.stdout and "--device=" in helped.stdout
     bad = run("--no_such_setting=1")
-    assert bad.returncode == 1 and "unknown config key 'no_such_setting'" in bad.stderr
+    assert bad.returncode == 1 and "unknown setting 'no_such_setting'" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 
