@@ -396,7 +396,7 @@ def test_prepare_text_file_at_character_level(tmp_path):
     assert meta["splits"]["val"] == round(0.1 * len(text))  # one text: val is its last 10%
     # an edited file is refused instead of silently training on the old tokens
     src.write_text(text + "A new line with new letters: qxz!\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match="earlier version"):
+    with pytest.raises(tk.UserError, match="earlier version"):
         prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
     prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}", "--force"])
     assert "q" in read_meta(tmp_path / "zen_char")["chars"]
