@@ -164,16 +164,6 @@ def check_utf8(path, chunk=1 << 24):
             offset, lines = offset + len(block), lines + block.count(b"\n")
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by another user
-        return True
-    return True
-
-
 def _debris(out_dir):
     """The .<name>.tmp<pid> / .<name>.old<pid> folders beside out_dir: [(path, tag, pid)]."""
     parent, name = os.path.split(os.path.abspath(out_dir))
@@ -189,7 +179,7 @@ def remove_stale(out_dir):
     """Undo what a killed run left: its temp folder goes; the old data it had set aside for a
     swap comes back if the swap did not happen (a kill -9 between the two renames)."""
     for path, tag, pid in _debris(out_dir):
-        if pid == os.getpid() or _pid_alive(pid):
+        if pid == os.getpid() or tk.pid_alive(pid):
             continue
         if tag == "old" and not os.path.lexists(out_dir):
             os.rename(path, out_dir)

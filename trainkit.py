@@ -342,7 +342,7 @@ def atomic_write(path, mode="wb"):
     os.makedirs(folder, exist_ok=True)
     for entry in os.listdir(folder):
         head, sep, pid = entry.rpartition(".tmp")
-        if sep and head == f".{name}" and pid.isdigit() and not _pid_alive(int(pid)):
+        if sep and head == f".{name}" and pid.isdigit() and not pid_alive(int(pid)):
             _remove(os.path.join(folder, entry))
     tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
     try:
@@ -356,7 +356,7 @@ def atomic_write(path, mode="wb"):
         raise
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -512,7 +512,7 @@ def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
                             tokenizer=dict(tokenizer="gpt2", vocab_size=50257)), os.path.join(out, "ckpt.pt"))
     common = ["--dataset=wikitext2", f"--data_dir={data}", f"--out_dir={out}", "--device=cpu"]
     code, _, err = call_main(evaluate, *common, capsys=capsys)  # the default split is val: not in an evaluation set
-    assert code == 1 and "splits: test" in err
+    assert code == 1 and "has no val split (it has: test)" in err
     code, stdout, err = call_main(evaluate, *common, "--split=test", capsys=capsys)
     assert code == 0 and "perplexity" in stdout, err
     record = read_log(out, "all", "eval.jsonl")[-1]
@@ -553,7 +553,7 @@ def test_sample_at_high_temperature_and_bad_settings(tiny_run, capsys):
     code, out, err = call_main(sample, *common, "--temperature=50", capsys=capsys)  # 21 of 128 ids are padding
     assert code == 0 and "tokens/s" in out, err
     for bad, words in (("--temperature=-0.5", "temperature must not be negative"), ("--num_samples=0", "num_samples must be"),
-                       ("--top_k=-1", "top_k must be"), ("--temprature=1", "Did you mean temperature")):
+                       ("--top_k=-1", "top_k must not be negative"), ("--temprature=1", "Did you mean temperature")):
         code, out, err = call_main(sample, *common, bad, capsys=capsys)
         assert code == 1 and words in err and err.count("\n") <= 1, (bad, err)
 
