@@ -421,6 +421,15 @@ def check_resume(ckpt, C, given, keys, path):
                         "or start a new run with --out_dir=<new folder>")
 
 
+def non_finite(what, ckpt_path, C, dtype):
+    """The error of a non-finite loss (`what`: which loss, where, what was not done): what is
+    left, and only advice that would change something."""
+    where = f"{ckpt_path} is the last good checkpoint" if os.path.isfile(ckpt_path) else "nothing was saved"
+    return UserError(f"non-finite {what}; {where}. Try a lower --learning_rate"
+                     + (", --grad_clip=1.0" if C.grad_clip == 0 else "")
+                     + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
+
+
 def clean_state_dict(state_dict):
     """Strip the wrapper prefixes older checkpoints carry ('_orig_mod.', 'module.')."""
     out = {}

@@ -666,12 +666,6 @@ def main(argv):
             target = smooth_targets(labels, num_classes, C.label_smoothing)
             return mix_batch(x, target, np.random.default_rng([C.seed, step]), C.mixup, C.cutmix, C.mix_prob)[:2]
 
-        def diverged(what):  # a non-finite loss: the error that says what is left and what to try
-            where = f"{ckpt_path} is the last good checkpoint" if os.path.isfile(ckpt_path) else "nothing was saved"
-            return tk.UserError(f"non-finite {what}; {where}. Try a lower --learning_rate"
-                                + (", --grad_clip=1.0" if C.grad_clip == 0 else "")
-                                + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
-
         # ---------------------------------------------------------------------
         # the training loop
         train_iter, record = iter(train_loader), None
@@ -694,7 +688,7 @@ def main(argv):
                 train_text = "-" if record["train_loss"] is None else f"{record['train_loss']:.4f}"
                 say(f"eval iter {iter_num}: val acc {100 * acc:.2f}%, val loss {val_loss:.4f}, train loss {train_text}")
                 if not math.isfinite(val_loss):  # the last update broke the weights: do not save them
-                    raise diverged(f"validation loss ({val_loss}) at iter {iter_num}, not saved")
+                    raise tk.non_finite(f"validation loss ({val_loss}) at iter {iter_num}, not saved", ckpt_path, C, dtype)
                 if C.always_save_checkpoint or improved or iter_num == C.max_iters:
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
                     if d.is_master:
@@ -725,7 +719,8 @@ def main(argv):
                 step_loss += loss.detach()
             train_loss = tk.all_reduce_mean(step_loss, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
-                raise diverged(f"training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), stopped before the update")
+                raise tk.non_finite(f"training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), stopped before "
+                                    "the update", ckpt_path, C, dtype)
             if C.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradient, not the scaled one
                 torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)

@@ -354,11 +354,8 @@ def main(argv):
                 loss_sum += loss.detach()
             train_loss = tk.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
-                where = f"{ckpt_path} is the last good checkpoint" if os.path.isfile(ckpt_path) else "nothing was saved"
-                raise tk.UserError(f"non-finite training loss ({train_loss}) at iter {it} (lr {lr:.3g}), stopped "
-                                   f"before the update; {where}. Try a lower --learning_rate"
-                                   + (", --grad_clip=1.0" if C.grad_clip == 0 else "")
-                                   + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
+                raise tk.non_finite(f"training loss ({train_loss}) at iter {it} (lr {lr:.3g}), stopped before the "
+                                    "update", ckpt_path, C, dtype)
             if C.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradient, not the scaled one
                 torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)
