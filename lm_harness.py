@@ -5,24 +5,29 @@ extra: `pip install lm-eval==0.4.13`.
 
     python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
     python evaluate.py --out_dir=out-tost-owt --harness=my_task.yaml --harness_limit=100
-    python lm_harness.py --model nanotost --model_args out_dir=out-tost-owt --tasks lambada_openai
+    python lm_harness.py --model nanotost --model_args out_dir=out-tost-owt --tasks lambada_openai --batch_size 8
 
 The first two are the way in: evaluate.py prints lm-eval's table and appends the metrics to
-out_dir/eval.jsonl. The last is lm-eval's own command line (every option of `lm-eval run`): this
-file registers the model under the name "nanotost" with lm-eval's registry, then hands over, so
-`--model nanotost` works in any program that imports this module first.
+out_dir/eval.jsonl. The last is lm-eval's own command line (every option of `lm-eval run`; its
+device defaults to cuda:0, so add --device cpu on a machine without a GPU): this file registers
+the model under the name "nanotost" with lm-eval's registry, then hands over, so `--model
+nanotost` works in any program that imports this module first (the `lm_eval` command alone does
+not know it). lm-eval's tasks fetch their data sets from the Hugging Face Hub once (then cached);
+a task YAML file can point at local data instead (dataset_path: json, dataset_kwargs: data_files).
 
 What the three kinds of request do (NanoToSTLM):
   loglikelihood          log P(continuation | context), and whether greedy decoding would write
                          the continuation (the argmax over the tokenizer's real vocabulary at
-                         every continuation position); a context longer than the block keeps
-                         its last tokens (block_size + 1 tokens in all)
+                         every continuation position); context + continuation keep their last
+                         block_size + 1 tokens (a continuation longer than the block is scored
+                         in windows, as below)
   loglikelihood_rolling  the log-probability of a whole text, cut into windows of block_size
-                         with evaluate.windows (the same windows evaluate.py scores a split with,
-                         so the two agree); the first token is conditioned on <|endoftext|>
-                         (GPT-2 BPE) or, at character level, on "\\n", the separator
-                         prepare_char.py puts between documents (the lowest id if the
-                         vocabulary has no "\\n")
+                         (model_args stride=N: overlapping ones) with evaluate.windows, the
+                         windows evaluate.py scores a split with, so the two agree (softmax over
+                         the whole vocab_size, as its loss); the first token is conditioned on
+                         <|endoftext|> (GPT-2 BPE) or, at character level, on "\\n", the
+                         separator prepare_char.py puts between documents (the lowest id if
+                         the vocabulary has no "\\n")
   generate_until         greedy decoding (sampling if the task asks: do_sample, temperature,
                          top_k) from ToST's recurrent state (GPT.decode: constant work per
                          token), cut at the first stop string, at most max_gen_toks tokens; the
