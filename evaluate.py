@@ -10,6 +10,11 @@ The split is cut into windows of the model's block_size; with --stride < block_s
 overlap and each token is scored once, by the window that gives it the most context. Every
 process scores its share of the windows; the result (one line, and one record appended to
 out_dir/eval.jsonl) does not depend on the number of processes.
+
+With --harness=<tasks> the checkpoint is scored by EleutherAI's lm-evaluation-harness instead
+(lm_harness.py; an optional extra, pip install lm-eval==0.4.13), on its tasks or task YAML files:
+
+    python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
 """
 
 import math
@@ -36,6 +41,8 @@ batch_size = 8  # windows per forward pass
 device = "auto"
 dtype = "auto"
 num_threads = 0
+harness = ""  # lm-eval tasks instead of a split: names or task YAML files, comma-separated
+harness_limit = 0  # at most this many documents per harness task (0: all)
 # -----------------------------------------------------------------------------
 
 
@@ -51,13 +58,36 @@ def windows(n_tokens, T, stride):
     return out
 
 
+def run_harness(C):
+    """--harness: lm-eval's tasks on the checkpoint, in one process (lm_harness.py); prints
+    lm-eval's table and appends the metrics to out_dir/eval.jsonl."""
+    tk.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
+    import lm_harness  # without lm-eval: a one-line UserError that says how to install it
+
+    specs = [spec.strip() for spec in C.harness.split(",") if spec.strip()]
+    lm = lm_harness.NanoToSTLM(out_dir=C.out_dir, device=C.device, dtype=C.dtype,
+                               batch_size=C.batch_size, stride=C.stride)
+    t0 = time.time()
+    results, table = lm_harness.run_tasks(lm, specs, C.harness_limit)
+    print(table)
+    print(f"lm-eval {', '.join(specs)}: {time.time() - t0:.1f}s")
+    metrics = {task: {k: v for k, v in values.items() if isinstance(v, (int, float))}
+               for task, values in results["results"].items()}
+    record = dict(iter=lm.iter_num, harness=specs, limit=C.harness_limit, block_size=lm.T, stride=lm.stride,
+                  results=metrics)
+    tk.JsonlLogger(os.path.join(C.out_dir, "eval.jsonl")).log(record)
+    return record
+
+
 @torch.no_grad()
 def main(argv):
     C, _ = tk.configure(tk.config_defaults(globals()), argv)
-    tk.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads"))
+    tk.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads", "harness_limit"))
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
+    if C.harness:
+        return run_harness(C)
     with tk.distributed(device) as dist:  # under torchrun: this rank's GPU
         device = dist.device
         ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
