@@ -120,6 +120,13 @@ def test_a_config_file_that_does_not_run_is_one_line_with_file_and_line(script, 
 
 
 @pytest.mark.parametrize("script", CONFIGURED)
+def test_help_lists_the_settings(script, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert call(script, "--help", monkeypatch=monkeypatch)[0] == 0
+    assert "Settings (defaults):" in capsys.readouterr().out and listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("script", CONFIGURED)
 def test_a_folder_or_missing_file_as_config_is_one_line(script, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "folder.py").mkdir()
