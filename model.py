@@ -4,7 +4,8 @@ nanoToST model: Token Statistics Self-Attention (TSSA) and the Token Statistics 
 One file, read top to bottom:
   1. the TSSA operator as plain functions (non-causal, causal, recurrent step) and the
      variational compression objective R_var it is one gradient step on;
-  2. attention modules (TSSA, causal TSSA, softmax baseline through SDPA);
+  2. attention modules (TSSA, causal TSSA, softmax baseline through SDPA, causal linear
+     attention baseline) and the opt-in ToST variants (short convolution, hybrid);
   3. ToST-GPT, a GPT-2 skeleton with TSSA (language);
   4. ToST-ViT, an XCiT skeleton with TSSA (vision).
 
@@ -125,11 +126,16 @@ class TSSAState:
     sum_pi_sq: torch.Tensor  # (B, H, p) running sum of Pi * w^2
     sum_pi: torch.Tensor  # (B, H) running sum of Pi
     pos: int = 0  # tokens seen so far
+    conv: torch.Tensor | None = None  # (B, k - 1, C) last inputs of the short convolution (variant), or None
 
     @classmethod
     def zeros(cls, B, H, p, device=None, dtype=torch.float32):
         z = lambda *shape: torch.zeros(*shape, device=device, dtype=stat_dtype(dtype))
         return cls(z(B, H, p), z(B, H, p), z(B, H), 0)
+
+    def nbytes(self):
+        parts = (self.sum_sq, self.sum_pi_sq, self.sum_pi, self.conv)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
     @classmethod
     def from_sequence(cls, w, pi):
@@ -208,11 +214,36 @@ def _merge_heads(x):  # (B, H, T, p) -> (B, T, H * p)
     return x.transpose(1, 2).reshape(B, T, H * p)
 
 
+class ShortConv(nn.Module):
+    """Depthwise causal convolution over time (opt-in ToST variant, GPTConfig.short_conv):
+    y_t = sum_{j < k} a_j * x_{t - j}, one kernel of size k per channel, zeros before the
+    first token. Initialised to the identity (a_0 = 1, the rest 0), so the variant starts as
+    the paper's TSSA. Decoding carries the last k - 1 inputs."""
+
+    def __init__(self, n_embd, kernel_size):
+        super().__init__()
+        self.kernel_size = kernel_size
+        weight = torch.zeros(n_embd, kernel_size)  # (C, k); column k - 1 multiplies x_t
+        weight[:, -1] = 1.0
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x, past=None):
+        """x (B, T, C), past (B, k - 1, C) or None (zeros) -> y (B, T, C), the new past."""
+        B, T, C = x.shape
+        if past is None:
+            past = x.new_zeros(B, self.kernel_size - 1, C)
+        xp = torch.cat([past.to(x.dtype), x], dim=1)  # (B, k - 1 + T, C)
+        y = F.conv1d(xp.transpose(1, 2), self.weight.to(x.dtype)[:, None, :], groups=C)  # (B, C, T)
+        return y.transpose(1, 2), xp[:, xp.shape[1] - (self.kernel_size - 1):]
+
+
 class TSSA(nn.Module):
     """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
     heads stacked), the operator, a free output projection. causal=True adds the learned
     per-head position bias of the causal form (its length is config.block_size).
-    config.tssa_impl picks the operator's implementation once, here (see tssa_ops)."""
+    config.tssa_impl picks the operator's implementation once, here (see tssa_ops).
+    Opt-in variant (causal only, GPTConfig.short_conv = k > 0): a ShortConv of kernel k on
+    the input, before the projection, which gives each token a channel to the k - 1 before it."""
 
     def __init__(self, config, causal=False):
         super().__init__()
@@ -228,13 +259,18 @@ class TSSA(nn.Module):
         self.temp = nn.Parameter(torch.ones(H))  # per-head temperature of Pi
         if causal:
             self.pos_bias = nn.Parameter(torch.zeros(H, config.block_size))
+        k = getattr(config, "short_conv", 0) if causal else 0  # GPTConfig only
+        self.conv = ShortConv(C, k) if k else None
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, state=None, return_maps=False):
         """x: (B, T, C). state: a TSSAState to continue from (decoding) or None.
         Returns y (B, T, C); (y, state) when a state was given; (y, maps) with return_maps,
         maps = {"z": x, "w": U^T z (B, H, T, p), "pi": (B, H, T), "out": y} for analysis."""
-        w = _split_heads(self.c_in(x), self.n_head)  # (B, H, T, p)
+        z = x
+        if self.conv is not None:
+            z, conv_past = self.conv(x, None if state is None else state.conv)  # (B, T, C)
+        w = _split_heads(self.c_in(z), self.n_head)  # (B, H, T, p)
         ops, pi_mode = self.ops, self.pi_mode
         if not self.causal:
             out, pi = ops.tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=pi_mode)
@@ -248,13 +284,19 @@ class TSSA(nn.Module):
                      for t in range(w.shape[2])]
             out = torch.stack([o for o, _, _ in steps], dim=2)
             pi = torch.stack([q for _, _, q in steps], dim=2)
+        if state is not None and self.conv is not None:
+            state.conv = conv_past
         y = self.dropout(self.c_proj(_merge_heads(out)))  # (B, T, C)
         if return_maps:
-            return y, {"z": x, "w": w, "pi": pi, "out": y}
+            return y, {"z": z, "w": w, "pi": pi, "out": y}
         return y if state is None else (y, state)
 
     def init_state(self, B, device=None):
-        return TSSAState.zeros(B, self.n_head, self.c_in.out_features // self.n_head, device, self.c_in.weight.dtype)
+        C = self.c_in.in_features
+        state = TSSAState.zeros(B, self.n_head, C // self.n_head, device, self.c_in.weight.dtype)
+        if self.conv is not None:
+            state.conv = torch.zeros(B, self.conv.kernel_size - 1, C, device=device, dtype=self.c_in.weight.dtype)
+        return state
 
 
 class SoftmaxAttention(nn.Module):
@@ -321,6 +363,111 @@ class KVCache:
         return 0 if self.k is None else 2 * self.k[:, :, :self.length].numel() * self.k.element_size()
 
 
+# causal linear attention (Katharopoulos et al. 2020), the linear-time softmax-free baseline:
+# phi(x) = elu(x) + 1 > 0 on queries and keys, y_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps)
+# with S_t = sum_{s <= t} phi(k_s) v_s^T (p x p per head) and z_t = sum_{s <= t} phi(k_s).
+LINEAR_EPS = 1e-6  # added to the denominator phi(q) . z (positive: phi > 0)
+LINEAR_CHUNK = 64  # tokens per chunk of the parallel causal form
+
+
+def elu_feature_map(x):
+    return F.elu(x) + 1.0
+
+
+@dataclass
+class LinearState:
+    """Everything causal linear attention remembers of the past: H p x p, constant size."""
+
+    S: torch.Tensor  # (B, H, p, p) running sum of phi(k) v^T
+    z: torch.Tensor  # (B, H, p) running sum of phi(k)
+    pos: int = 0  # tokens seen so far
+
+    def nbytes(self):
+        return self.S.numel() * self.S.element_size() + self.z.numel() * self.z.element_size()
+
+
+def causal_linear_attention(q, k, v, S0=None, z0=None, chunk=LINEAR_CHUNK):
+    """Parallel causal form, chunked: q, k feature-mapped (>= 0), v, all (B, H, T, p); S0
+    (B, H, p, p) and z0 (B, H, p) the sums of earlier tokens, or None. Within a chunk the
+    masked product (phi(q) phi(k)^T) v; across chunks the sums of the earlier chunks. Time
+    linear in T, memory (T / chunk) p^2 per head. Sums in fp32 (at least, autocast off).
+    Returns y (B, H, T, p) in that dtype and the sums after the last token (S, z)."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _causal_linear_attention(q, k, v, S0, z0, chunk)
+
+
+def _causal_linear_attention(q, k, v, S0, z0, chunk):
+    B, H, T, p = q.shape
+    dt = stat_dtype(v.dtype)
+    c = min(chunk, T)
+    n = -(-T // c)  # chunks
+    pad = n * c - T  # zero keys and values add nothing; padded queries are dropped
+    q, k, v = (F.pad(t.to(dt), (0, 0, 0, pad)).view(B, H, n, c, p) for t in (q, k, v))
+    kv = k.transpose(-1, -2) @ v  # (B, H, n, p, p): each chunk's sum of phi(k) v^T
+    ks = k.sum(3)  # (B, H, n, p)
+    S0 = q.new_zeros(B, H, 1, p, p) if S0 is None else S0.to(dt)[:, :, None]
+    z0 = q.new_zeros(B, H, 1, p) if z0 is None else z0.to(dt)[:, :, None]
+    S_before = torch.cat([S0, S0 + kv.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p, p): earlier chunks
+    z_before = torch.cat([z0, z0 + ks.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p)
+    a = (q @ k.transpose(-1, -2)).tril()  # (B, H, n, c, c): within the chunk, s <= t
+    num = a @ v + q @ S_before  # (B, H, n, c, p)
+    den = a.sum(-1) + (q * z_before[:, :, :, None, :]).sum(-1)  # (B, H, n, c)
+    y = (num / (den.unsqueeze(-1) + LINEAR_EPS)).reshape(B, H, n * c, p)[:, :, :T]
+    return y, (S_before[:, :, -1] + kv[:, :, -1], z_before[:, :, -1] + ks[:, :, -1])
+
+
+def linear_attention(q, k, v, mask=None):
+    """Non-causal form: every token sees every real token. q, k feature-mapped, (B, H, T, p);
+    mask (B, T) bool, True for real tokens: padded keys add nothing, padded outputs are 0.
+    Sums in fp32 (at least, autocast off)."""
+    dt = stat_dtype(v.dtype)
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        if mask is not None:
+            k = k * mask[:, None, :, None]
+        S = k.transpose(-1, -2) @ v  # (B, H, p, p)
+        y = (q @ S) / ((q * k.sum(2, keepdim=True)).sum(-1, keepdim=True) + LINEAR_EPS)  # (B, H, T, p)
+    return y if mask is None else y * mask[:, None, :, None]
+
+
+class LinearAttention(nn.Module):
+    """Linear attention (Katharopoulos et al. 2020) at the softmax baseline's size: q, k, v
+    projections, feature map elu + 1 on q and k, no softmax; an output projection. Causal
+    decoding keeps a LinearState (H p x p + H p floats, whatever the length); non-causal
+    (vision, LRA) takes the padding mask."""
+
+    def __init__(self, config, causal=False):
+        super().__init__()
+        C, H = config.n_embd, config.n_head
+        if C % H:
+            raise ValueError(f"n_embd ({C}) must be divisible by n_head ({H})")
+        self.n_head, self.causal = H, causal
+        self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)
+        self.c_proj = nn.Linear(C, C, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, mask=None, state=None, return_maps=False):
+        """x: (B, T, C). state: a LinearState to continue from (decoding) or None."""
+        q, k, v = (_split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))  # (B, H, T, p)
+        q, k = elu_feature_map(q), elu_feature_map(k)
+        if not self.causal:
+            y = linear_attention(q, k, v, mask)
+        elif state is None:
+            y, _ = causal_linear_attention(q, k, v)
+        else:  # a prefill or one new token: the same maths, from the sums so far
+            y, (state.S, state.z) = causal_linear_attention(q, k, v, state.S, state.z)
+            state.pos += x.shape[1]
+        y = self.dropout(self.c_proj(_merge_heads(y.to(x.dtype))))
+        if return_maps:
+            return y, None
+        return y if state is None else (y, state)
+
+    def init_state(self, B, device=None):
+        p, dt = self.c_attn.in_features // self.n_head, stat_dtype(self.c_attn.weight.dtype)
+        return LinearState(torch.zeros(B, self.n_head, p, p, device=device, dtype=dt),
+                           torch.zeros(B, self.n_head, p, device=device, dtype=dt))
+
+
 def make_attention(config, causal, attn=None):
     """The attention of one block: `attn` if given, else config.attn."""
     attn = attn or config.attn
@@ -328,7 +475,9 @@ def make_attention(config, causal, attn=None):
         return TSSA(config, causal)
     if attn == "softmax":
         return SoftmaxAttention(config, causal)
-    raise ValueError(f"attn must be 'tssa' or 'softmax', got {attn!r}")
+    if attn == "linear":
+        return LinearAttention(config, causal)
+    raise ValueError(f"attn must be 'tssa', 'softmax' or 'linear', got {attn!r}")
 
 
 class MLP(nn.Module):
@@ -422,13 +571,16 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm
-    attn: str = "tssa"  # "tssa" | "softmax" (the GPT-2 baseline)
+    attn: str = "tssa"  # "tssa" | "softmax" (the GPT-2 baseline) | "linear" (linear attention baseline)
     pi: str = "softmax"  # "softmax" | "uniform" (ablation: Pi = 1/H)
     layer_scale_init: float | None = 1e-5  # None: no layer scale (GPT-2)
     tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
     mlp_ratio: float = 4.0  # MLP hidden width / n_embd
     drop_path: float = 0.0  # stochastic depth (not used by the language recipes)
     ln_eps: float = 1e-5  # LayerNorm epsilon
+    # opt-in variants, not the paper's ToST (0: off, the default)
+    short_conv: int = 0  # kernel size of a depthwise causal convolution on each TSSA input (4: as fla, Mamba)
+    hybrid_every: int = 0  # k: blocks i with (i + 1) % k == 0 (the k-th, 2k-th, ...) use softmax attention
 
 
 GPT_PRESETS = {  # parameter counts include the position embedding, not the padded vocab
@@ -448,10 +600,14 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = c = config
+        if c.short_conv < 0 or c.hybrid_every < 0:
+            raise ValueError(f"short_conv and hybrid_every must be >= 0 (0: off), got {c.short_conv}, {c.hybrid_every}")
+        if c.short_conv and c.attn != "tssa":
+            raise ValueError(f"short_conv is a ToST variant (it convolves the TSSA input): attn must be 'tssa', got {c.attn!r}")
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(Block(c, causal=True) for _ in range(c.n_layer))
+        self.blocks = nn.ModuleList(Block(c, causal=True, attn=self.block_attn(c, i)) for i in range(c.n_layer))
         self.ln_f = nn.LayerNorm(c.n_embd, eps=c.ln_eps, bias=c.bias)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
@@ -459,6 +615,13 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2L)
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    @staticmethod
+    def block_attn(c, i):
+        """The attention of block i: config.attn, or softmax for every hybrid_every-th block."""
+        if c.hybrid_every and (i + 1) % c.hybrid_every == 0:
+            return "softmax"
+        return c.attn
 
     @classmethod
     def from_preset(cls, name, **overrides):
@@ -503,7 +666,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def forward_with_state(self, idx, states, pos0):
-        """Continue decoding from per-layer states (TSSAState or KV-cache dict): idx (B, T)
+        """Continue decoding from per-layer states (TSSAState, LinearState or KVCache): idx (B, T)
         new tokens at positions pos0, pos0 + 1, ... Returns the last token's logits (B, 1, V)."""
         x = self._embed(idx, pos0)
         for i, block in enumerate(self.blocks):
@@ -515,11 +678,12 @@ class GPT(nn.Module):
         """Sample max_new_tokens after idx (B, T); temperature=0 is greedy. n_vocab: the
         tokenizer's real vocabulary size; the ids from n_vocab up (the padding of vocab_size to a
         multiple of 64) are never drawn, whatever the temperature.
-        TSSA decodes from its constant-size recurrent state: O(1) work per token, no
-        re-forward of the prefix. The softmax baseline uses a KV cache.
+        TSSA (and linear attention) decode from a constant-size recurrent state: O(1) work
+        per token, no re-forward of the prefix. Softmax attention uses a KV cache (a hybrid:
+        KV caches for its softmax blocks only, the recurrent state for the others).
         Past block_size: TSSA keeps accumulating its statistics and reuses the last learned
-        position (embedding and bias), an extrapolation it was not trained on; the softmax
-        baseline slides a window, re-encoding the last block_size tokens (as GPT-2 does)."""
+        position (embedding and bias), an extrapolation it was not trained on; a model with
+        any softmax block slides a window, re-encoding the last block_size tokens (as GPT-2 does)."""
         steps = self.decode(idx, temperature, top_k, n_vocab)
         return torch.cat([idx] + [next(steps) for _ in range(max_new_tokens)], dim=1)
 
@@ -533,14 +697,15 @@ class GPT(nn.Module):
     @torch.no_grad()
     def _decode_steps(self, idx, temperature, top_k, n_vocab):
         bs = self.config.block_size
-        if self.config.attn == "softmax":
+        windowed = any(isinstance(block.attn, SoftmaxAttention) for block in self.blocks)
+        if windowed:
             idx_cond = idx[:, -bs:]
         else:
             idx_cond = idx[:, :bs]  # parallel prefill, then any rest of the prompt step by step
         states = [block.attn.init_state(idx.shape[0], idx.device) for block in self.blocks]
         logits = self.forward_with_state(idx_cond, states, 0)
         pos = idx_cond.shape[1]
-        if self.config.attn == "tssa" and idx.shape[1] > bs:
+        if not windowed and idx.shape[1] > bs:
             logits = self.forward_with_state(idx[:, bs:], states, pos)
             pos = idx.shape[1]
         while True:
@@ -548,7 +713,7 @@ class GPT(nn.Module):
             next_tok = self._sample(last, temperature, top_k)  # (B, 1)
             yield next_tok
             idx = torch.cat([idx, next_tok], dim=1)
-            if self.config.attn == "softmax" and pos >= bs:  # window full: re-encode
+            if windowed and pos >= bs:  # window full: re-encode
                 logits, _ = self(idx[:, -bs:])
             else:
                 logits = self.forward_with_state(next_tok, states, pos)
@@ -570,11 +735,13 @@ class GPT(nn.Module):
     def flops_per_token(self, T=None):
         """Training FLOPs per token (forward + backward = 3x forward). Matmuls: 6N. The
         attention operator: TSSA is linear, ~12 FLOPs per feature forward (squares, two
-        cumulative sums, softmax, scaling); softmax attention adds 2 * 2 * T * C forward."""
+        cumulative sums, softmax, scaling); softmax attention adds 2 * 2 * T * C forward;
+        linear attention ~4 * C * p (the p x p state: its update and its read)."""
         c, T = self.config, T or self.config.block_size
         n = self.get_num_params(non_embedding=True)
-        per_layer_fwd = 12 * c.n_embd if c.attn == "tssa" else 4 * T * c.n_embd
-        return 6 * n + 3 * c.n_layer * per_layer_fwd
+        per_attn = {"tssa": 12 * c.n_embd, "softmax": 4 * T * c.n_embd, "linear": 4 * c.n_embd * (c.n_embd // c.n_head)}
+        fwd = sum(per_attn[self.block_attn(c, i)] for i in range(c.n_layer))
+        return 6 * n + 3 * fwd
 
     def estimate_mfu(self, tokens_per_second, device_name=None):
         """Model FLOPs utilisation against the device's bf16 peak; None if the peak is unknown."""
@@ -709,7 +876,7 @@ class ViTConfig:
     cls_drop_path: float = 0.0  # of the class-attention blocks (XCiT, and so the release: 0)
     ln_eps: float = 1e-6  # LayerNorm epsilon everywhere in the ViT (as released)
     layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (MATH.md §5.3)
-    attn: str = "tssa"  # "tssa" | "softmax" (ViT baseline at the same size otherwise)
+    attn: str = "tssa"  # "tssa" | "softmax" | "linear" (ViT baselines at the same size otherwise)
     pi: str = "softmax"
     bias: bool = True  # biases in the blocks' Linear and LayerNorm layers (as released)
     n_cls_layers: int = 2

@@ -63,9 +63,11 @@ n_head = 12
 n_embd = 768
 dropout = 0.0
 bias = False
-attn = "tssa"  # "tssa" or "softmax"
+attn = "tssa"  # "tssa", "softmax" or "linear" (linear attention, elu + 1)
 pi = "softmax"  # "softmax" or "uniform" (ablation: every token in every group equally)
 layer_scale_init = 1e-5  # 0: no layer scale (GPT-2)
+short_conv = 0  # opt-in ToST variant: causal depthwise convolution of this kernel size before TSSA (0: off)
+hybrid_every = 0  # opt-in variant: every k-th block uses softmax attention (0: off)
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 # AdamW
 learning_rate = 6e-4
@@ -88,7 +90,8 @@ seed = 1337
 num_threads = 0  # torch CPU threads (0: torch's default)
 # -----------------------------------------------------------------------------
 DEFAULTS = tk.config_defaults(globals())  # the settings above (nothing defined below is one)
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "attn", "pi", "layer_scale_init")
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "attn", "pi", "layer_scale_init",
+              "short_conv", "hybrid_every")
 TRAIN, EVAL = 0, 1  # seed tags: training batches and evaluation batches never coincide
 
 
@@ -97,12 +100,13 @@ def check_settings(C):
     tk.check(C, at_least_1=("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
                             "block_size", "n_layer", "n_head", "n_embd"),
              non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
-                           "max_time", "layer_scale_init", "num_threads"),
+                           "max_time", "layer_scale_init", "num_threads", "short_conv", "hybrid_every"),
              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
-             choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax"),
+             choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
                       "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
                       "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
+    tk.require(not C.short_conv or C.attn == "tssa", f"short_conv convolves the TSSA input: it needs attn=tssa, got {C.attn!r}")
     tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     tk.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
 
@@ -233,13 +237,14 @@ def main(argv):
                 raise tk.UserError(f"{ckpt_path} was trained with another tokenizer than dataset {C.dataset!r}'s: "
                                    "resume it on its own dataset, or start a new run with --out_dir=<new folder>")
             for key in MODEL_KEYS + ("seed",):  # what the checkpoint was, this run is
-                setattr(C, key, ckpt["config"][key])
+                setattr(C, key, ckpt["config"].get(key, DEFAULTS[key]))  # (checkpoints before a key: its default)
             if ckpt["iter_num"] >= C.max_iters:
                 say(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
                     f"raise --max_iters to train it further, or sample from it: python sample.py --out_dir={C.out_dir}")
                 return None
         model_args = dict(n_layer=C.n_layer, n_head=C.n_head, n_embd=C.n_embd, block_size=C.block_size,
                           dropout=C.dropout, bias=C.bias, attn=C.attn, pi=C.pi, tssa_impl=C.tssa_impl,
+                          short_conv=C.short_conv, hybrid_every=C.hybrid_every,
                           layer_scale_init=C.layer_scale_init or None,  # 0: none
                           vocab_size=(meta["vocab_size"] + 63) // 64 * 64)  # GPT-2: 50257 -> 50304, faster
         model = GPT(GPTConfig(**model_args)).to(device)

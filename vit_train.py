@@ -88,7 +88,7 @@ mlp_ratio = 4.0
 dropout = 0.0
 drop_path = 0.0  # stochastic depth, the same rate in every ToST block
 layer_scale_init = 1.0  # 0: no layer scale
-attn = "tssa"  # "tssa" | "softmax"
+attn = "tssa"  # "tssa" | "softmax" | "linear" (baselines at the same size)
 pi = "softmax"  # "softmax" | "uniform" (ablation)
 n_cls_layers = 2
 tssa_impl = "torch"
@@ -138,7 +138,7 @@ def check_settings(C):
              fraction=("val_fraction", "label_smoothing", "dropout", "drop_path", "beta1", "beta2"),
              choices={"init_from": ("scratch", "resume", "auto", "finetune"),
                       "dataset": ("shapes", "folder", *HF_DATASETS), "recipe": ("builtin", "paper"),
-                      "attn": ("tssa", "softmax"), "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
+                      "attn": ("tssa", "softmax", "linear"), "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
                       "lr_schedule": ("cosine", "linear", "constant")})
     for key in ("mix_prob", "random_erasing"):
         tk.require(0 <= getattr(C, key) <= 1, f"{key} must be in [0, 1], got {getattr(C, key)}")

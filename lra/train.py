@@ -60,7 +60,7 @@ n_eval = 0  # 0: whole val and test splits; n: their first n examples
 pad_multiple = 64  # batches are padded to the longest sequence, rounded up to this
 load_workers = 1  # processes decoding PNGs (image tasks)
 # model
-attn = "tssa"  # "tssa" (ToST) | "softmax" (Transformer baseline)
+attn = "tssa"  # "tssa" (ToST) | "softmax" (Transformer baseline) | "linear" (linear attention baseline)
 pi = "softmax"  # TSSA's Pi: "softmax" | "uniform" (ablation)
 n_layer = 2
 n_head = 2
@@ -111,7 +111,7 @@ def check_settings(C):
                            "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init", "num_threads",
                            "seed"),
              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
-             choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax"),
+             choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
                       "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": _TSSA_IMPLS,
                       "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
@@ -275,7 +275,7 @@ def main(argv):
                 say(f"resumed from {ckpt_path} at iter {start_iter}")
             ckpt = None  # free the memory
         n_params = model.get_num_params()
-        say(f"model: {'ToST' if mconf.attn == 'tssa' else 'softmax Transformer'}, {n_params:,} parameters "
+        say(f"model: {dict(tssa='ToST', softmax='softmax Transformer', linear='linear-attention Transformer')[mconf.attn]}, {n_params:,} parameters "
             f"({mconf.n_layer} layers, width {mconf.n_embd}, {mconf.n_head} heads, MLP {mconf.mlp_hidden}, "
             f"{mconf.norm}-norm), {dtype} on {device}, {C.batch_size * C.gradient_accumulation_steps} examples "
             f"per step ({C.gradient_accumulation_steps} x {C.batch_size})")

@@ -1,0 +1,265 @@
+"""
+Tests of the linear-attention baseline and the opt-in ToST variants (short_conv, hybrid_every),
+and of the recall suite's data (recall/). CPU only, offline, tiny models; about 20 s.
+
+    python -m pytest -q tests/test_variants.py
+
+Decoding: for every variant, the logits of a parallel forward equal those of a prefill then
+one token at a time from the decoding state (float64). The maths: the chunked causal linear
+attention against a direct double loop, the short convolution against its definition, the
+non-causal linear attention's padding mask. The settings: train.py trains with each new
+setting and refuses a bad one in one line. The recall suite: keys and values disjoint, the
+targets exactly the answers, chance computed from the format, and a --quick run.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import prepare_char  # noqa: E402
+import train  # noqa: E402
+import trainkit as tk  # noqa: E402
+from lra.encoder import LRAClassifier, LRAConfig  # noqa: E402
+from model import (GPT, LINEAR_CHUNK, GPTConfig, LinearAttention, SoftmaxAttention, TSSA,  # noqa: E402
+                   causal_linear_attention, elu_feature_map)
+from recall import suite, tasks  # noqa: E402
+
+VARIANTS = {  # name -> GPTConfig fields
+    "linear": dict(attn="linear"),
+    "tost_conv": dict(attn="tssa", short_conv=4),
+    "hybrid": dict(attn="tssa", hybrid_every=2),
+    "linear_hybrid": dict(attn="linear", hybrid_every=2),
+    "tost_conv_hybrid": dict(attn="tssa", short_conv=3, hybrid_every=3),
+}
+
+
+def tiny_gpt(block_size=96, n_layer=3, **kw):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=block_size, vocab_size=40, n_layer=n_layer, n_head=2, n_embd=16,
+                      layer_scale_init=1.0, **kw)).double().eval()
+    with torch.no_grad():  # the short convolution starts as the identity: make it a real mixing of 4 tokens
+        for block in m.blocks:
+            if getattr(block.attn, "conv", None) is not None:
+                block.attn.conv.weight.normal_()
+    return m
+
+
+# -----------------------------------------------------------------------------
+# decoding = parallel forward
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_decoding_state_gives_the_parallel_logits(name):
+    """Prefill 7 tokens, then 83 one at a time (T = 90 > LINEAR_CHUNK: several chunks)."""
+    m = tiny_gpt(**VARIANTS[name])
+    idx = torch.randint(0, 40, (2, 90))
+    assert idx.shape[1] > LINEAR_CHUNK
+    with torch.no_grad():
+        parallel, _ = m(idx, idx)  # (B, T, V): every position
+        states = [b.attn.init_state(2) for b in m.blocks]
+        steps = [m.forward_with_state(idx[:, :7], states, 0)]
+        steps += [m.forward_with_state(idx[:, t:t + 1], states, t) for t in range(7, 90)]
+    # float64 throughout; the two forms sum in different orders: agree to rounding (1e-10 on O(1) logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), parallel[:, 6:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_greedy_generate_equals_full_reforward(name):
+    m = tiny_gpt(block_size=32, n_layer=2, **VARIANTS[name]).float()
+    prompt = torch.randint(0, 40, (2, 5))
+    fast = m.generate(prompt, max_new_tokens=20, temperature=0)
+    slow = prompt
+    with torch.no_grad():
+        for _ in range(20):
+            logits, _ = m(slow)
+            slow = torch.cat([slow, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(fast, slow)
+
+
+def test_generate_past_block_size_keeps_going():
+    """Linear attention and the conv variant decode past block_size from their states; a hybrid
+    (it has softmax blocks) slides a window, as the softmax baseline."""
+    for kw in (dict(attn="linear"), dict(attn="tssa", short_conv=4), dict(attn="tssa", hybrid_every=2)):
+        m = tiny_gpt(block_size=8, n_layer=2, **kw).float()
+        out = m.generate(torch.randint(0, 40, (1, 3)), max_new_tokens=15, temperature=0)
+        assert out.shape == (1, 18)
+
+
+def test_hybrid_layout_and_state_kinds():
+    m = tiny_gpt(n_layer=6, attn="tssa", hybrid_every=3)
+    kinds = [type(b.attn) for b in m.blocks]
+    assert kinds == [TSSA, TSSA, SoftmaxAttention, TSSA, TSSA, SoftmaxAttention]  # (i + 1) % 3 == 0
+    states = [b.attn.init_state(1) for b in m.blocks]
+    m.forward_with_state(torch.zeros(1, 10, dtype=torch.long), states, 0)
+    # KV caches (growing with the context) for the softmax blocks only
+    assert [type(s).__name__ for s in states] == ["TSSAState", "TSSAState", "KVCache"] * 2
+    assert states[2].length == 10
+
+
+def test_linear_state_has_constant_size():
+    m = tiny_gpt(attn="linear")
+    states = [b.attn.init_state(3) for b in m.blocks]
+    before = [s.nbytes() for s in states]
+    m.forward_with_state(torch.zeros(3, 50, dtype=torch.long), states, 0)
+    H, p = 2, 8
+    assert [s.nbytes() for s in states] == before == [3 * (H * p * p + H * p) * 8] * 3  # float64 here
+    assert states[0].pos == 50
+
+
+# -----------------------------------------------------------------------------
+# the maths, against direct computations
+
+
+def test_chunked_causal_linear_attention_matches_the_definition():
+    """y_t = sum_{s<=t} (phi(q_t).phi(k_s)) v_s / (sum_{s<=t} phi(q_t).phi(k_s) + eps), by a double
+    loop, for T not a multiple of the chunk, and continued from earlier sums."""
+    torch.manual_seed(1)
+    B, H, T, p = 2, 3, 45, 4
+    q, k = (elu_feature_map(torch.randn(B, H, T, p, dtype=torch.float64)) for _ in range(2))
+    v = torch.randn(B, H, T, p, dtype=torch.float64)
+    y, (S, z) = causal_linear_attention(q, k, v, chunk=8)
+    ref = torch.zeros_like(v)
+    for t in range(T):
+        a = (q[:, :, t:t + 1] * k[:, :, :t + 1]).sum(-1)  # (B, H, t + 1)
+        ref[:, :, t] = (a[..., None] * v[:, :, :t + 1]).sum(2) / (a.sum(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)  # float64, sums of 45 terms
+    torch.testing.assert_close(S, k.transpose(-1, -2) @ v, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(z, k.sum(2), rtol=1e-12, atol=1e-12)
+    # the second half continued from the first half's sums = the second half of the whole
+    _, (S1, z1) = causal_linear_attention(q[:, :, :20], k[:, :, :20], v[:, :, :20], chunk=8)
+    y2, _ = causal_linear_attention(q[:, :, 20:], k[:, :, 20:], v[:, :, 20:], S1, z1, chunk=8)
+    torch.testing.assert_close(y2, ref[:, :, 20:], rtol=1e-12, atol=1e-12)
+
+
+def test_short_conv_is_a_causal_depthwise_convolution_and_starts_as_identity():
+    cfg = GPTConfig(block_size=16, n_embd=6, n_head=2, short_conv=3)
+    torch.manual_seed(2)
+    attn = TSSA(cfg, causal=True).double()
+    x = torch.randn(2, 10, 6, dtype=torch.float64)
+    y, _ = attn.conv(x)
+    assert torch.equal(y, x)  # identity at initialisation: the variant starts as the paper's TSSA
+    with torch.no_grad():
+        attn.conv.weight.normal_()
+    y, past = attn.conv(x)
+    a = attn.conv.weight  # (C, k): column k - 1 multiplies x_t, column k - 1 - j multiplies x_{t-j}
+    ref = torch.stack([sum(a[:, 2 - j] * x[:, t - j] for j in range(3) if t - j >= 0) for t in range(10)], dim=1)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    assert torch.equal(past, x[:, -2:])  # the decoding state: the last k - 1 inputs
+
+
+def test_linear_noncausal_ignores_padding():
+    """Through the whole LRA classifier (pre-norm blocks, masked pooling): the same sequences with
+    0 or 9 junk tokens after them give the same outputs at every real token and the same logits."""
+    torch.manual_seed(3)
+    model = LRAClassifier(LRAConfig(vocab_size=20, num_classes=3, max_len=40, attn="linear", dropout=0.0)).eval()
+    tokens = torch.randint(1, 20, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 8:] = False  # the second sequence is 8 tokens long
+    junk = torch.randint(1, 20, (2, 9))
+    padded, pmask = torch.cat([tokens, junk], 1), torch.cat([mask, torch.zeros(2, 9, dtype=torch.bool)], 1)
+    with torch.no_grad():
+        feats, _ = model.encoder(tokens, mask)
+        feats_p, _ = model.encoder(padded, pmask)
+        logits, logits_p = model([(tokens, mask)]), model([(padded, pmask)])
+    # float32, the same sums over real tokens with zeros added: equal to 1e-6
+    torch.testing.assert_close(feats_p[:, :12][mask], feats[mask], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits_p, logits, rtol=1e-5, atol=1e-6)
+    attn = LinearAttention(LRAConfig(vocab_size=2, num_classes=2, max_len=4, n_embd=8, n_head=2, bias=False), causal=False)
+    assert (attn(torch.randn(2, 21, 8), mask=pmask)[~pmask] == 0).all()  # padded tokens: no output
+
+
+def test_variant_settings_are_checked():
+    with pytest.raises(ValueError, match="short_conv"):
+        GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=2, n_embd=8, attn="softmax", short_conv=4))
+    with pytest.raises(ValueError, match=">= 0"):
+        GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=2, n_embd=8, hybrid_every=-1))
+
+
+# -----------------------------------------------------------------------------
+# train.py with each new setting
+
+
+@pytest.fixture(scope="module")
+def char_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+    text = root / "t.txt"
+    text.write_text("Return the sum of the values, or None when there are none. " * 400)
+    prepare_char.main([f"--input={text}", f"--data_dir={root / 'data'}", "--name=t_char"])
+    return root
+
+
+@pytest.mark.parametrize("extra", [["--attn=linear"], ["--short_conv=4"], ["--hybrid_every=2"],
+                                   ["--attn=linear", "--hybrid_every=2"]])
+def test_train_py_runs_each_variant(char_data, extra, capsys):
+    out = char_data / ("out" + "".join(extra).replace("-", "_").replace("=", ""))
+    args = ["--dataset=t_char", f"--data_dir={char_data / 'data'}", f"--out_dir={out}", "--n_layer=2", "--n_head=2",
+            "--n_embd=16", "--block_size=16", "--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=2",
+            "--max_iters=6", "--eval_interval=6", "--warmup_iters=1", "--learning_rate=1e-2", "--num_threads=1",
+            "--device=cpu", "--dtype=float32", *extra]
+    model = train.main(args)
+    for arg in extra:
+        key, value = arg[2:].split("=")
+        assert str(getattr(model.config, key)) == value
+    ckpt = tk.load_checkpoint(str(out / "ckpt.pt"), "language")
+    reloaded = GPT(GPTConfig(**ckpt["model_args"]))  # what sample.py does
+    reloaded.load_state_dict(ckpt["model"])
+    assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), model.state_dict().values()))
+
+
+@pytest.mark.parametrize("bad, says", [(["--short_conv=4", "--attn=softmax"], "short_conv"),
+                                        (["--attn=performer"], "attn must be one of"),
+                                        (["--hybrid_every=-2"], "hybrid_every must not be negative")])
+def test_train_py_refuses_bad_variant_settings(char_data, bad, says):
+    with pytest.raises(tk.UserError, match=says):
+        train.main(["--dataset=t_char", f"--data_dir={char_data / 'data'}", "--device=cpu", *bad])
+
+
+# -----------------------------------------------------------------------------
+# the recall suite's data and a quick run
+
+
+def test_mqar_keys_values_disjoint_and_targets_are_the_values():
+    x, y = tasks.mqar(batch=64, n_pairs=6, n_queries=10, n_keys=20, n_values=30, seed=5)
+    lay = tasks.mqar_layout(20, 30)
+    assert x.shape == y.shape == (64, 32) and lay.vocab_size == 51
+    keys, vals = x[:, 0:12:2], x[:, 1:12:2]
+    assert ((keys >= 1) & (keys < 21)).all() and ((vals >= 21) & (vals < 51)).all()  # disjoint ranges
+    for b in range(64):
+        assert len(set(keys[b].tolist())) == 6 and len(set(vals[b].tolist())) == 6  # distinct pairs
+        bound = dict(zip(keys[b].tolist(), vals[b].tolist()))
+        scored = (y[b] != -1).nonzero().flatten().tolist()
+        assert scored == list(range(12, 32, 2))  # the query keys, nothing else
+        for t in scored:  # the target is the value bound to the query key, which is the next input
+            assert y[b, t].item() == bound[x[b, t].item()] == x[b, t + 1].item()
+    assert tasks.chance("mqar", n_pairs=6) == pytest.approx(1 / 6)
+
+
+def test_copy_and_niah_targets():
+    x, y = tasks.copy(batch=8, length=5, n_tokens=9, seed=1)
+    assert (x[:, 5] == 0).all() and torch.equal(x[:, :5], x[:, 6:])
+    assert torch.equal(y[:, 5:10], x[:, :5]) and (y[:, :5] == -1).all() and (y[:, 10] == -1).all()
+    x, y = tasks.niah(batch=50, length=30, n_tokens=12, seed=2)
+    assert ((x == 0).sum(1) == 2).all() and (x[:, -1] == 0).all()  # the marker: the needle and the query
+    needle = (x[:, :-1] == 0).float().argmax(1)
+    assert torch.equal(y[:, -1], x[torch.arange(50), needle + 1]) and ((y[:, :-1] == -1).all())
+    assert tasks.chance("niah", n_tokens=12) == tasks.chance("copy", n_tokens=12) == pytest.approx(1 / 12)
+    x, _ = tasks.niah(batch=4, length=30, n_tokens=12, seed=2, depth=0.0)
+    assert (x[:, 0] == 0).all()  # depth 0: the needle opens the haystack
+
+
+def test_suite_quick_run(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    results = suite.main(["--quick=True", "--models=softmax,tost", "--tasks=mqar,niah", f"--out_json={out}",
+                          f"--figure={tmp_path / 'r.png'}"])
+    assert {(r["model"], r["task"]) for r in results} == {(m, t) for m in ("softmax", "tost") for t in ("mqar", "niah")}
+    saved = json.loads(out.read_text())
+    assert saved["results"][0]["chance"] == pytest.approx(1 / 4)  # quick MQAR: 4 pairs
+    assert set(saved["results"][-1]["acc"]) == {"16", "32"}  # quick NIAH lengths
+    assert (tmp_path / "r.png").stat().st_size > 1000
+    assert "chance 0.250" in capsys.readouterr().out
