@@ -26,6 +26,10 @@ For TSSA rows, GB/s is the memory floor (bytes a perfect kernel must move: forwa
 writes out = 2 C values per token, forward+backward also reads w and dL/dout and writes dL/dw
 = 5 C values per token; 10 C bytes in bf16) divided by the time, and "x floor" is the time over
 the floor's time at the machine's measured copy bandwidth.
+
+Every setting is checked before anything runs (a mistake is one line, nothing written). A case
+that raises is a row saying FAILED (and is counted in the summary); a run in which no case ran
+exits with status 1, its rows still written. The JSON is written whole or not at all.
 """
 
 import ctypes
@@ -39,11 +43,11 @@ import torch
 import torch.nn.functional as F
 
 import model
-from trainkit import config_defaults, configure, run_cli
+import trainkit as tk
 
 # -----------------------------------------------------------------------------
 # settings (override with a config file or --key=value)
-device = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
+device = "auto"  # "auto" (cuda if available) | "cpu" | "cuda" | "cuda:N"
 dtype = "auto"  # "auto" (bfloat16 on cuda, float32 on cpu) | "float32" | "bfloat16" | "float16"
 suites = "op,decode,model,model_decode"
 impls = "auto"  # "auto" = torch,cpu,sdpa on cpu and torch,triton,sdpa on cuda; add "compiled" for torch.compile
@@ -62,28 +66,73 @@ decode_steps = 50  # tokens per decode timing
 max_case_s = 60.0  # skip a case whose estimated run time (from the previous T) is longer
 quick = False  # a short run: T = 1K, 4K, 16K, suites op and decode, 3 repeats
 out = "bench_results.json"
+# -----------------------------------------------------------------------------
+DEFAULTS = tk.config_defaults(globals())  # the settings above
+SUITES = ("op", "decode", "model", "model_decode", "vit")
+IMPLS = model.TSSA_IMPLS + ("sdpa", "compiled")
+MODES = ("fwd", "fwdbwd")
+
+
+def lengths(key, text):
+    """A comma-separated list of positive integers ("4096", "1024,4096"), as a list."""
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        values = []
+    tk.require(values and min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
+    return values
+
+
+def names(key, text, allowed):
+    """A comma-separated list of names, each one of `allowed`, as a list."""
+    values = text.split(",")
+    unknown = [v for v in values if v not in allowed]
+    tk.require(not unknown, f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
+    return values
+
+
+def check_settings(C):
+    """Every setting, checked before any work (a refusal measures and writes nothing). Returns
+    the lists the comma-separated settings hold (None where "auto")."""
+    tk.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps"), non_negative=("warmup", "threads"),
+             positive=("max_case_s",))
+    plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
+                impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
+                model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
+                decode_T=None if C.decode_T == "auto" else lengths("decode_T", C.decode_T))
+    tk.require(C.out, "out must name the results file, e.g. --out=bench_results.json")
+    if os.path.isdir(C.out):
+        raise tk.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
+    folder = os.path.dirname(os.path.abspath(C.out))
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise tk.UserError(f"{folder} is a file, so out={C.out!r} cannot be written: choose another --out")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise tk.UserError(f"{folder} is not writable (permission denied): choose another --out")
+    return plan
 
 # -----------------------------------------------------------------------------
 # measuring
 
 
-def sync():
-    if DEVICE == "cuda":
+def sync(C):
+    if C.device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def timed(fn, n_repeats, n_warmup):
+def timed(fn, n_repeats, n_warmup, C):
     """Median wall time (ms) of fn() over n_repeats runs after n_warmup runs, all the wall
     times, and the median process CPU time (ms; on a shared CPU it shows the work done when
     the wall time is stretched by other processes)."""
     for _ in range(n_warmup):
         fn()
-    sync()
+    sync(C)
     times, cpu = [], []
     for _ in range(n_repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        sync()
+        sync(C)
         times.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
     return sorted(times)[len(times) // 2], times, sorted(cpu)[len(cpu) // 2]
@@ -116,10 +165,13 @@ class PeakMemory:
     """Peak memory growth (MB) inside the block: the CUDA allocator's peak, or on CPU the bytes
     malloc has handed out, sampled every ~0.2 ms by a thread (None without glibc)."""
 
+    def __init__(self, C):
+        self.C, self.cuda = C, C.device.startswith("cuda")
+
     def __enter__(self):
         self.mb = None
-        if DEVICE == "cuda":
-            sync()
+        if self.cuda:
+            sync(self.C)
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
         elif _cpu_bytes is not None:
@@ -135,8 +187,8 @@ class PeakMemory:
             time.sleep(0.0002)
 
     def __exit__(self, *exc):
-        if DEVICE == "cuda":
-            sync()
+        if self.cuda:
+            sync(self.C)
             self.mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
         elif hasattr(self, "thread"):
             self.stop.set()
@@ -144,12 +196,13 @@ class PeakMemory:
             self.mb = max(0, self.peak - self.base) / 2**20
 
 
-def copy_bandwidth():
+def copy_bandwidth(C):
     """Measured device copy bandwidth in GB/s (read + write) on 1 GiB (256 MiB on small CPUs)."""
-    n = 2**28 if DEVICE == "cuda" or (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) > 16 * 2**30 else 2**26
-    src = torch.ones(n, device=DEVICE)
-    dst = torch.zeros(n, device=DEVICE)
-    ms, _, _ = timed(lambda: dst.copy_(src), 5, 2)
+    big = C.device.startswith("cuda") or (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) > 16 * 2**30
+    n = 2**28 if big else 2**26
+    src = torch.ones(n, device=C.device)
+    dst = torch.zeros(n, device=C.device)
+    ms, _, _ = timed(lambda: dst.copy_(src), 5, 2, C)
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
 
@@ -175,32 +228,32 @@ def sdpa_backend(q, k, v, is_causal):
 # the cases
 
 
-def split_heads(x):  # (B, T, C) -> (B, H, T, p), the layout model.py hands to the operator
-    return x.view(x.shape[0], x.shape[1], H, p).transpose(1, 2)
+def split_heads(x, C):  # (B, T, H p) -> (B, H, T, p), the layout model.py hands to the operator
+    return x.view(x.shape[0], x.shape[1], C.H, C.p).transpose(1, 2)
 
 
-def op_case(impl, mode, T_):
+def op_case(C, impl, mode, T_):
     """A closure running one operator call (and backward) at length T_, plus a note."""
-    C = H * p
-    kw = dict(device=DEVICE, dtype=DTYPE)
+    B, H, width = C.B, C.H, C.H * C.p
+    kw = dict(device=C.device, dtype=tk.DTYPES[C.dtype])
     note = ""
     if impl == "sdpa":
-        qkv = torch.randn(B, T_, 3 * C, **kw, requires_grad=mode == "fwdbwd")
-        q, k, v = (split_heads(t) for t in qkv.chunk(3, dim=-1))
-        name, force = sdpa_backend(q, k, v, causal)
+        qkv = torch.randn(B, T_, 3 * width, **kw, requires_grad=mode == "fwdbwd")
+        q, k, v = (split_heads(t, C) for t in qkv.chunk(3, dim=-1))
+        name, force = sdpa_backend(q, k, v, C.causal)
         note = f"backend={name}"
 
         def op():
             with force():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=C.causal)
         leaf = qkv
     else:
-        x = torch.randn(B, T_, C, **kw, requires_grad=mode == "fwdbwd")
-        w = split_heads(x)
-        temp = torch.ones(H, device=DEVICE, requires_grad=mode == "fwdbwd")
-        bias = torch.zeros(H, T_, device=DEVICE, requires_grad=mode == "fwdbwd")
+        x = torch.randn(B, T_, width, **kw, requires_grad=mode == "fwdbwd")
+        w = split_heads(x, C)
+        temp = torch.ones(H, device=C.device, requires_grad=mode == "fwdbwd")
+        bias = torch.zeros(H, T_, device=C.device, requires_grad=mode == "fwdbwd")
         ops = model.tssa_ops("torch" if impl == "compiled" else impl)
-        if causal:
+        if C.causal:
             fn = lambda w_, t_, b_: ops.causal_tssa(w_, t_, b_)
         else:
             fn = lambda w_, t_, b_: ops.tssa(w_, t_)
@@ -208,7 +261,7 @@ def op_case(impl, mode, T_):
             fn = torch.compile(fn)
         op = lambda: fn(w, temp, bias)
         leaf = x
-    g = split_heads(torch.randn(B, T_, H * p, **kw))  # dL/dout as it comes back through the output projection
+    g = split_heads(torch.randn(B, T_, width, **kw), C)  # dL/dout as it comes back through the output projection
     if mode == "fwd":
         def run():
             with torch.no_grad():
@@ -220,10 +273,10 @@ def op_case(impl, mode, T_):
     return run, note
 
 
-def tssa_floor(mode, T_):
+def tssa_floor(C, mode, T_):
     """Bytes a perfect causal TSSA must move: 2 (forward) or 5 (forward+backward) tensors of C
     values per token, in the input dtype."""
-    return (2 if mode == "fwd" else 5) * B * T_ * H * p * torch.finfo(DTYPE).bits // 8
+    return (2 if mode == "fwd" else 5) * C.B * T_ * C.H * C.p * torch.finfo(tk.DTYPES[C.dtype]).bits // 8
 
 
 def fallback_note(impl):
@@ -235,9 +288,10 @@ def fallback_note(impl):
     return f"FELL BACK to the reference: {cause}" if cause else ""
 
 
-def decode_case(impl, T_):
+def decode_case(C, impl, T_):
     """One generated token at context T_: the TSSA recurrent step or SDPA over a KV cache."""
-    kw = dict(device=DEVICE, dtype=DTYPE)
+    B, H, p, decode_steps = C.B, C.H, C.p, C.decode_steps
+    kw = dict(device=C.device, dtype=tk.DTYPES[C.dtype])
     if impl == "sdpa":
         k, v = torch.randn(B, H, T_, p, **kw), torch.randn(B, H, T_, p, **kw)
         q = torch.randn(B, H, 1, p, **kw)
@@ -248,12 +302,12 @@ def decode_case(impl, T_):
                 for _ in range(decode_steps):
                     F.scaled_dot_product_attention(q, k, v)
         return run, f"backend={name}; KV cache {2 * k.numel() * k.element_size() / 2**20:.1f} MB"
-    state = model.TSSAState.zeros(B, H, p, device=DEVICE)
+    state = model.TSSAState.zeros(B, H, p, device=C.device)
     state.sum_sq.uniform_(1, 2).mul_(T_)
     state.sum_pi_sq.uniform_(1, 2).mul_(T_ / H)
     state.sum_pi.fill_(T_ / H)
     state.pos = T_
-    temp, bias = torch.ones(H, device=DEVICE), torch.zeros(H, 1024, device=DEVICE)
+    temp, bias = torch.ones(H, device=C.device), torch.zeros(H, 1024, device=C.device)
     w_t = torch.randn(B, H, p, **kw)
     step = model.tssa_ops(impl).causal_tssa_step
 
@@ -265,18 +319,23 @@ def decode_case(impl, T_):
     return run, f"state {size / 2**10:.1f} KB"
 
 
-def model_for(impl, block_size):
+def model_for(C, impl, block_size):
     if impl == "sdpa":
-        return model.GPT.from_preset("gpt2", block_size=block_size).to(DEVICE)
-    return model.GPT.from_preset("tost-base", block_size=block_size, tssa_impl=impl).to(DEVICE)
+        return model.GPT.from_preset("gpt2", block_size=block_size).to(C.device)
+    return model.GPT.from_preset("tost-base", block_size=block_size, tssa_impl=impl).to(C.device)
 
 
-def model_case(impl, T_):
+def autocast(C):
+    device_type = "cuda" if C.device.startswith("cuda") else "cpu"
+    return device_type, torch.autocast(device_type, dtype=tk.DTYPES[C.dtype], enabled=C.dtype != "float32")
+
+
+def model_case(C, impl, T_):
     """One training step of the whole model at context T_ (batch B)."""
-    m = model_for(impl, T_)
-    opt = m.configure_optimizers(0.1, 6e-4, (0.9, 0.95), DEVICE)
-    idx = torch.randint(0, 50257, (B, T_), device=DEVICE)
-    amp = torch.autocast(DEVICE, dtype=DTYPE, enabled=DTYPE != torch.float32)
+    m = model_for(C, impl, T_)
+    device_type, amp = autocast(C)
+    opt = m.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+    idx = torch.randint(0, 50257, (C.B, T_), device=C.device)
     note = f"{sum(q.numel() for q in m.parameters()) / 1e6:.0f}M params"
 
     def run():
@@ -288,36 +347,36 @@ def model_case(impl, T_):
     return run, note
 
 
-def model_decode_case(impl, T_):
+def model_decode_case(C, impl, T_):
     """Per-token decoding of the whole model with a context of T_ tokens already in its state
     (synthetic state: the cost does not depend on its values)."""
-    m = model_for(impl, 1024).eval()
-    L, C = m.config.n_layer, m.config.n_embd
-    kw = dict(device=DEVICE, dtype=DTYPE)
+    m = model_for(C, impl, 1024).eval()
+    L, width, H, B = m.config.n_layer, m.config.n_embd, m.config.n_head, C.B
+    kw = dict(device=C.device, dtype=tk.DTYPES[C.dtype])
     if impl == "sdpa":
         states = [model.KVCache() for _ in range(L)]
         for s in states:  # prefilled with T_ tokens
-            s.append(torch.randn(B, H, T_, C // H, **kw), torch.randn(B, H, T_, C // H, **kw))
+            s.append(torch.randn(B, H, T_, width // H, **kw), torch.randn(B, H, T_, width // H, **kw))
         size = sum(s.nbytes() for s in states)
     else:
         states = []
         for _ in range(L):
-            s = model.TSSAState.zeros(B, H, C // H, device=DEVICE)
+            s = model.TSSAState.zeros(B, H, width // H, device=C.device)
             s.sum_sq.fill_(T_), s.sum_pi_sq.fill_(T_ / H), s.sum_pi.fill_(T_ / H)
             s.pos = T_
             states.append(s)
         size = sum(t.numel() * t.element_size() for s in states for t in (s.sum_sq, s.sum_pi_sq, s.sum_pi))
-    tok = torch.randint(0, 50257, (B, 1), device=DEVICE)
-    amp = torch.autocast(DEVICE, dtype=DTYPE, enabled=DTYPE != torch.float32)
+    tok = torch.randint(0, 50257, (B, 1), device=C.device)
+    _, amp = autocast(C)
 
     def run():
         with torch.no_grad(), amp:
-            for _ in range(decode_steps):
+            for _ in range(C.decode_steps):
                 m.forward_with_state(tok, states, T_)
     return run, f"state {size / 2**20:.3f} MB"
 
 
-def vit_case(impl, T_):
+def vit_case(C, impl, T_):
     """Vision at T_ tokens (a sqrt(T_) * 16 pixel square image, patch 16): the forward pass of
     12 attention layers of ToST-S width (384, 8 heads), batch B, no gradients (MATH.md §6.3: the
     paper's 10k-token comparison). sdpa: softmax attention; torch / cpu / triton / compiled: TSSA."""
@@ -325,9 +384,10 @@ def vit_case(impl, T_):
     kind = "softmax" if impl == "sdpa" else "tssa"
     tssa_impl = impl if impl in ("cpu", "triton") else "torch"
     config = model.ViTConfig(n_embd=384, n_head=8, attn=kind, tssa_impl=tssa_impl)  # ToST-S width, biases
-    layers = torch.nn.Sequential(*[model.make_attention(config, causal=False) for _ in range(12)]).to(DEVICE, DTYPE).eval()
-    fn = torch.compile(layers) if impl == "compiled" else layers
-    x = torch.randn(B, T_, 384, device=DEVICE, dtype=DTYPE)
+    dtype = tk.DTYPES[C.dtype]
+    layers = torch.nn.Sequential(*[model.make_attention(config, causal=False) for _ in range(12)]).to(C.device, dtype)
+    fn = torch.compile(layers.eval()) if impl == "compiled" else layers.eval()
+    x = torch.randn(C.B, T_, 384, device=C.device, dtype=dtype)
 
     def run():
         with torch.no_grad():
@@ -340,36 +400,40 @@ def vit_case(impl, T_):
 # driver
 
 
-def run_suite(suite, impl_list, mode_list, T_list, results, bw):
+def run_suite(C, suite, impl_list, mode_list, T_list, results, bw):
+    """Measure one suite over implementations, modes and lengths, a row (printed and kept in
+    `results`) per case. A case that raises is a row saying so (a measured failure, not a
+    mistake in the settings); after one out of memory, longer lengths of that case are not tried."""
     per_call = suite in ("decode", "model_decode")
+    cuda = C.device.startswith("cuda")
     last = {}  # (impl, mode) -> (T, ms): to skip cases that would run too long
     for impl in impl_list:
         if suite != "op" and impl == "compiled":  # torch.compile of the operator only
             continue
         for mode in (mode_list if suite == "op" else ["step"]):
             for T_ in T_list:
-                rec = dict(suite=suite, impl=impl, mode=mode, T=T_, B=B, H=H, p=p, device=DEVICE,
-                           dtype=str(DTYPE).replace("torch.", ""), causal=causal)
+                rec = dict(suite=suite, impl=impl, mode=mode, T=T_, B=C.B, H=C.H, p=C.p, device=C.device,
+                           dtype=C.dtype, causal=C.causal)
                 if (impl, mode) in last:
                     T0, ms0 = last[(impl, mode)]
                     # how the cost grows with T: attention T^2 per sequence / T per decoded token;
                     # TSSA T per sequence and constant per decoded token (its state does not grow)
                     power = (1 if per_call else 2) if impl == "sdpa" else (0 if per_call else 1)
-                    est_s = ms0 * (T_ / T0) ** power * (repeats + warmup) / 1e3
-                    if est_s > max_case_s:
+                    est_s = ms0 * (T_ / T0) ** power * (C.repeats + C.warmup) / 1e3
+                    if est_s > C.max_case_s:
                         rec.update(note=f"skipped: estimated {est_s:.0f} s > max_case_s")
                         results.append(rec)
                         print_row(rec)
                         continue
                 try:
-                    make = {"op": lambda: op_case(impl, mode, T_), "decode": lambda: decode_case(impl, T_),
-                            "model": lambda: model_case(impl, T_), "model_decode": lambda: model_decode_case(impl, T_),
-                            "vit": lambda: vit_case(impl, T_)}[suite]
+                    make = {"op": lambda: op_case(C, impl, mode, T_), "decode": lambda: decode_case(C, impl, T_),
+                            "model": lambda: model_case(C, impl, T_), "model_decode": lambda: model_decode_case(C, impl, T_),
+                            "vit": lambda: vit_case(C, impl, T_)}[suite]
                     fn, note = make()
                     fn()  # first call outside the timing (compilation, C build, allocator warm-up)
                     note = "; ".join(n for n in (note, fallback_note(impl)) if n)
-                    ms, all_ms, cpu_ms = timed(fn, repeats, warmup)
-                    with PeakMemory() as mem:  # a separate run: the sampling thread costs CPU time
+                    ms, all_ms, cpu_ms = timed(fn, C.repeats, C.warmup, C)
+                    with PeakMemory(C) as mem:  # a separate run: the sampling thread costs CPU time
                         fn()
                 except (torch.cuda.OutOfMemoryError, MemoryError) as e:
                     rec.update(note=f"out of memory ({type(e).__name__})")
@@ -377,21 +441,21 @@ def run_suite(suite, impl_list, mode_list, T_list, results, bw):
                     print_row(rec)
                     break
                 except Exception as e:  # e.g. a compiler error: say so in the table and go on
-                    rec.update(note=f"FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0][:100]}")
+                    rec.update(note=f"FAILED: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:100]}")
                     results.append(rec)
                     print_row(rec)
                     continue
                 if per_call:
-                    ms, all_ms, cpu_ms = ms / decode_steps, [t / decode_steps for t in all_ms], cpu_ms / decode_steps
-                rec.update(ms=ms, ms_all=all_ms, cpu_ms=cpu_ms if DEVICE == "cpu" else None, peak_mb=mem.mb, note=note)
+                    ms, all_ms, cpu_ms = ms / C.decode_steps, [t / C.decode_steps for t in all_ms], cpu_ms / C.decode_steps
+                rec.update(ms=ms, ms_all=all_ms, cpu_ms=None if cuda else cpu_ms, peak_mb=mem.mb, note=note)
                 if suite == "op" and impl != "sdpa":
-                    floor = tssa_floor(mode, T_)
+                    floor = tssa_floor(C, mode, T_)
                     rec.update(gbps=floor / (ms * 1e-3) / 1e9, x_floor=ms * 1e-3 / (floor / (bw * 1e9)))
-                last[(impl, mode)] = (T_, ms * (decode_steps if per_call else 1))
+                last[(impl, mode)] = (T_, ms * (C.decode_steps if per_call else 1))
                 results.append(rec)
                 print_row(rec)
                 del fn
-                if DEVICE == "cuda":
+                if cuda:
                     torch.cuda.empty_cache()
 
 
@@ -404,8 +468,14 @@ def print_row(r):
           f"{f('gbps', '{:.1f}'):>8}{f('x_floor', '{:.1f}'):>9}  {r.get('note', '')}", flush=True)
 
 
+def did_not_run(results):
+    """The rows of cases that raised or ran out of memory."""
+    return [r for r in results if r.get("note", "").startswith(("FAILED", "out of memory"))]
+
+
 def summary(results):
-    """Ratios the issue's targets are stated in, where both sides were measured."""
+    """Ratios the issue's targets are stated in, where both sides were measured; first, how
+    many cases did not run."""
     def ms(suite, impl, mode, T_):
         for r in results:
             if (r["suite"], r["impl"], r["mode"], r["T"]) == (suite, impl, mode, T_) and r.get("ms") \
@@ -413,6 +483,10 @@ def summary(results):
                 return r["ms"], r.get("peak_mb")
         return None, None
     lines = []
+    failed = did_not_run(results)
+    if failed:
+        lines.append(f"{len(failed)} of {len(results)} cases did not run (the FAILED / out of memory rows above); "
+                     f"the first: {failed[0]['suite']} {failed[0]['impl']} T={failed[0]['T']}: {failed[0]['note']}")
     tost = [i for i in ("cpu", "triton", "compiled", "torch") if any(r["impl"] == i for r in results)]
     for T_ in sorted({r["T"] for r in results}):
         for mode in ("fwd", "fwdbwd"):
@@ -434,48 +508,54 @@ def summary(results):
     return lines
 
 
-def main():
-    global DEVICE, DTYPE
-    argv = [a if a != "--quick" else "--quick=1" for a in sys.argv[1:]]
-    cfg = configure(config_defaults(globals()), argv)
-    globals().update(cfg)
-    DEVICE = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench.py: --device=cuda but CUDA is not available (use --device=cpu)")
-    DTYPE = getattr(torch, ("bfloat16" if DEVICE == "cuda" else "float32") if dtype == "auto" else dtype)
-    if threads:
-        torch.set_num_threads(threads)
-    given = {a[2:].partition("=")[0] for a in argv if a.startswith("--")}
-    if quick:  # a short run; settings given explicitly still win
+def write_results(path, obj):
+    """The results as JSON, atomically (a failure leaves no file and no temp file), an error
+    naming `path` rather than the temp file."""
+    try:
+        with tk.atomic_write(path, "w") as f:
+            json.dump(obj, f, indent=1)
+    except OSError as e:
+        if e.filename and ".tmp" not in os.path.basename(str(e.filename)):
+            raise
+        raise OSError(e.errno, e.strerror or "could not write", path) from e
+
+
+def main(argv):
+    argv = [a if a != "--quick" else "--quick=1" for a in argv]
+    C, given = tk.configure(DEFAULTS, argv)
+    if C.quick:  # a short run; settings given explicitly still win
         for key, value in dict(T="1024,4096,16384", suites="op,decode", repeats=3).items():
             if key not in given:
-                globals()[key] = cfg[key] = value
-    T_list = [int(t) for t in T.split(",")]
-    suite_list = suites.split(",")
-    mT = [int(t) for t in (("1024,2048,4096,8192" if DEVICE == "cuda" else "1024") if model_T == "auto" else model_T).split(",")]
-    dT = ([t for t in T_list if DEVICE == "cuda" or t <= 16384] if decode_T == "auto" else [int(t) for t in decode_T.split(",")])
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    bw = copy_bandwidth()
-    impl_list = (f"torch,{'triton' if DEVICE == 'cuda' else 'cpu'},sdpa" if impls == "auto" else impls).split(",")
-    unknown = set(impl_list) - set(model.TSSA_IMPLS) - {"sdpa", "compiled"}
-    if unknown:
-        sys.exit(f"bench.py: unknown --impls {sorted(unknown)}; choose from {list(model.TSSA_IMPLS)} + sdpa, compiled")
-    print(f"device: {name}; dtype {str(DTYPE)[6:]}; B={B} H={H} p={p} causal={causal}; "
+                setattr(C, key, value)
+    plan = check_settings(C)
+    C.device, C.dtype = tk.choose_device_dtype(C.device, C.dtype)
+    if C.threads:
+        torch.set_num_threads(C.threads)
+    cuda = C.device.startswith("cuda")
+    impl_list = plan["impls"] or ["torch", "triton" if cuda else "cpu", "sdpa"]
+    model_T = plan["model_T"] or ([1024, 2048, 4096, 8192] if cuda else [1024])
+    decode_T = plan["decode_T"] or [t for t in plan["T"] if cuda or t <= 16384]
+    name = torch.cuda.get_device_name(C.device) if cuda else f"CPU, {torch.get_num_threads()} threads"
+    bw = copy_bandwidth(C)
+    print(f"device: {name}; dtype {C.dtype}; B={C.B} H={C.H} p={C.p} causal={C.causal}; "
           f"copy bandwidth {bw:.1f} GB/s; torch {torch.__version__}; impls {','.join(impl_list)}")
     results = []
     print(_HEADER)
-    for suite in suite_list:
-        Ts = {"model": mT, "model_decode": dT}.get(suite, T_list)
-        run_suite(suite, impl_list, modes.split(","), Ts, results, bw)
+    for suite in plan["suites"]:
+        Ts = {"model": model_T, "model_decode": decode_T}.get(suite, plan["T"])
+        run_suite(C, suite, impl_list, plan["modes"], Ts, results, bw)
     lines = summary(results)
     if lines:
         print("\n" + "\n".join(lines))
-    meta = dict(device=name, dtype=str(DTYPE), copy_gbps=bw, torch=torch.__version__, config=cfg,
+    meta = dict(device=name, dtype=C.dtype, copy_gbps=bw, torch=torch.__version__, config=vars(C),
                 load_average=os.getloadavg() if hasattr(os, "getloadavg") else None)
-    with open(out, "w") as f:
-        json.dump(dict(meta=meta, results=results, summary=lines), f, indent=1)
-    print(f"\nwrote {out}")
+    write_results(C.out, dict(meta=meta, results=results, summary=lines))
+    print(f"\nwrote {C.out}")
+    if not any(r.get("ms") is not None for r in results):  # nothing was measured: not a success
+        why = lines[0] if did_not_run(results) else \
+            "the settings select none: on the CPU, decode_T=auto keeps the T up to 16384; give --decode_T"
+        raise tk.UserError(f"no case ran: {why}; the rows are in {C.out}")
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    tk.run_cli(main, sys.argv[1:])

@@ -10,9 +10,13 @@ The split is cut into windows of the model's block_size; with --stride < block_s
 overlap and each token is scored once, by the window that gives it the most context. Every
 process scores its share of the windows; the result (one line, and one record appended to
 out_dir/eval.jsonl) does not depend on the number of processes.
+
+With --harness=<tasks> the checkpoint is scored by EleutherAI's lm-evaluation-harness instead
+(lm_harness.py; an optional extra, pip install lm-eval==0.4.13), on its tasks or task YAML files:
+
+    python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
 """
 
-import json
 import math
 import os
 import sys
@@ -24,6 +28,7 @@ import torch.distributed as torch_dist
 
 import trainkit as tk
 from model import GPT, GPTConfig
+from train import open_dataset
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
@@ -36,6 +41,8 @@ batch_size = 8  # windows per forward pass
 device = "auto"
 dtype = "auto"
 num_threads = 0
+harness = ""  # lm-eval tasks instead of a split: names or task YAML files, comma-separated
+harness_limit = 0  # at most this many documents per harness task (0: all)
 # -----------------------------------------------------------------------------
 
 
@@ -51,28 +58,44 @@ def windows(n_tokens, T, stride):
     return out
 
 
+def run_harness(C):
+    """--harness: lm-eval's tasks on the checkpoint, in one process (lm_harness.py); prints
+    lm-eval's table and appends the metrics to out_dir/eval.jsonl."""
+    tk.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
+    import lm_harness  # without lm-eval: a one-line UserError that says how to install it
+
+    specs = [spec.strip() for spec in C.harness.split(",") if spec.strip()]
+    lm = lm_harness.NanoToSTLM(out_dir=C.out_dir, device=C.device, dtype=C.dtype,
+                               batch_size=C.batch_size, stride=C.stride)
+    t0 = time.time()
+    results, table = lm_harness.run_tasks(lm, specs, C.harness_limit)
+    print(table)
+    print(f"lm-eval {', '.join(specs)}: {time.time() - t0:.1f}s")
+    metrics = {task: {k: v for k, v in values.items() if isinstance(v, (int, float))}
+               for task, values in results["results"].items()}
+    record = dict(iter=lm.iter_num, harness=specs, limit=C.harness_limit, block_size=lm.T, stride=lm.stride,
+                  results=metrics)
+    tk.JsonlLogger(os.path.join(C.out_dir, "eval.jsonl")).log(record)
+    return record
+
+
 @torch.no_grad()
 def main(argv):
     C, _ = tk.configure(tk.config_defaults(globals()), argv)
-    tk.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads"))
+    tk.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads", "harness_limit"))
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
+    if C.harness:
+        return run_harness(C)
     with tk.distributed(device) as dist:  # under torchrun: this rank's GPU
         device = dist.device
         ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
         ckpt = tk.load_checkpoint(ckpt_path, "language")
-        folder = os.path.join(C.data_dir, C.dataset)
-        if not os.path.isfile(os.path.join(folder, "meta.json")):
-            raise tk.UserError(f"dataset {C.dataset!r} is not prepared ({folder}/meta.json is missing): "
-                               f"python prepare_openwebtext.py --dataset={C.dataset}")
-        with open(os.path.join(folder, "meta.json")) as f:
-            meta = json.load(f)
+        folder, meta = open_dataset(C.data_dir, C.dataset, (C.split,), 1)
         if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
             raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({ckpt['tokenizer']['tokenizer']}, "
                                f"{ckpt['tokenizer'].get('dataset')}) than {C.dataset!r} uses ({meta['tokenizer']})")
-        if C.split not in meta["splits"]:
-            raise tk.UserError(f"{C.dataset} has no split {C.split!r}; its splits: {', '.join(meta['splits'])}")
         tokens = np.memmap(os.path.join(folder, f"{C.split}.bin"), dtype=np.uint16, mode="r")
         if C.max_tokens:
             tokens = tokens[:C.max_tokens + 1]
@@ -95,6 +118,9 @@ def main(argv):
                 chunk = tokens[start:start + T + 1].astype(np.int64)
                 x[row, :len(chunk) - 1], y[row, :len(chunk) - 1] = chunk[:-1], chunk[1:]
                 y[row, :skip] = -1
+            if x.max(initial=0) >= meta["vocab_size"]:
+                raise tk.UserError(f"{folder}/{C.split}.bin holds token id {x.max()}, outside the vocabulary "
+                                   f"({meta['vocab_size']}): prepare it again: {meta['redo']}")
             x, y = torch.from_numpy(x).to(dist.device), torch.from_numpy(y).to(dist.device)
             with ctx:
                 _, loss = model(x, y)  # mean over the scored targets

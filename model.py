@@ -684,8 +684,18 @@ class GPT(nn.Module):
         Past block_size: TSSA keeps accumulating its statistics and reuses the last learned
         position (embedding and bias), an extrapolation it was not trained on; a model with
         any softmax block slides a window, re-encoding the last block_size tokens (as GPT-2 does)."""
+        steps = self.decode(idx, temperature, top_k, n_vocab)
+        return torch.cat([idx] + [next(steps) for _ in range(max_new_tokens)], dim=1)
+
+    def decode(self, idx, temperature=1.0, top_k=None, n_vocab=None):
+        """generate() one token at a time, for callers that decide when to stop (a stop
+        string): an iterator of the next tokens (B, 1) after idx (B, T), without end."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+        return self._decode_steps(idx, temperature, top_k, n_vocab)
+
+    @torch.no_grad()
+    def _decode_steps(self, idx, temperature, top_k, n_vocab):
         bs = self.config.block_size
         windowed = any(isinstance(block.attn, SoftmaxAttention) for block in self.blocks)
         if windowed:
@@ -698,16 +708,16 @@ class GPT(nn.Module):
         if not windowed and idx.shape[1] > bs:
             logits = self.forward_with_state(idx[:, bs:], states, pos)
             pos = idx.shape[1]
-        for _ in range(max_new_tokens):
+        while True:
             last = logits[:, -1, :n_vocab]  # (B, n_vocab): padded ids cut off, so never sampled
             next_tok = self._sample(last, temperature, top_k)  # (B, 1)
+            yield next_tok
             idx = torch.cat([idx, next_tok], dim=1)
             if windowed and pos >= bs:  # window full: re-encode
                 logits, _ = self(idx[:, -bs:])
             else:
                 logits = self.forward_with_state(next_tok, states, pos)
                 pos += 1
-        return idx
 
     @staticmethod
     def _sample(logits, temperature, top_k):

@@ -10,19 +10,22 @@ The embedded corpus is the docstrings of the Python standard library this interp
 every machine with Python has it, so the small CPU configs train with no download (another
 Python version gives a somewhat different corpus). The vocabulary is the sorted characters the
 text uses (token i is character i, kept in meta.json). The last 10% of the text is val.
-Output and meta.json as prepare_openwebtext.py writes them.
+Output and meta.json as prepare_openwebtext.py writes them: all or nothing (a failed or killed
+run, --force included, leaves the old folder as it was); the same command again says "already
+prepared", and an edited --input file is refused (--force prepares it again).
 """
 
 import argparse
 import ast
-import json
 import os
 import sys
 import sysconfig
 
 import numpy as np
 
-from prepare_openwebtext import PrepareError, check_text_file, write_splits
+import trainkit as tk
+from prepare_openwebtext import (ArgumentParser, already_prepared, check_destination, check_text_file,
+                                 check_utf8, file_source, write_splits)
 
 
 def pydocs_docs(max_chars=4_000_000):
@@ -50,66 +53,75 @@ def pydocs_docs(max_chars=4_000_000):
                     docs.append(doc)
                     total += len(doc) + 2
     if not docs:
-        raise PrepareError(f"found no docstrings under {root}: use --input=<text file>")
+        raise tk.UserError(f"found no docstrings under {root}: use --input=<text file>")
     return docs
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser():
+    """The command line (one ArgumentParser: its mistakes are one line)."""
+    p = ArgumentParser(prog="prepare_char.py", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", help="a UTF-8 text file (default: the embedded corpus)")
     p.add_argument("--name", help="output folder under data_dir (default: pydocs_char, or <file stem>_char)")
     p.add_argument("--data_dir", default="data")
     p.add_argument("--val_fraction", type=float, default=0.1, help="share of the text (its end) kept for val")
     p.add_argument("--force", action="store_true", help="prepare again over an already prepared folder")
-    args = p.parse_args(argv)
-    name = args.name or (os.path.splitext(os.path.basename(args.input))[0] + "_char" if args.input else "pydocs_char")
-    out_dir = os.path.join(args.data_dir, name)
-    try:
-        if not 0 < args.val_fraction < 1:
-            raise PrepareError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
-        source = (dict(path=os.path.abspath(args.input), bytes=os.path.getsize(args.input),
-                       mtime=int(os.path.getmtime(args.input))) if args.input and os.path.isfile(args.input)
-                  else dict(stdlib=sysconfig.get_paths()["stdlib"], python=sys.version.split()[0]))
-        if os.path.isfile(os.path.join(out_dir, "meta.json")) and not args.force:
-            with open(os.path.join(out_dir, "meta.json")) as f:
-                if json.load(f).get("source") != source:  # an edited file must not train on its old tokens
-                    raise PrepareError(f"{out_dir} was prepared from other text (another file, or an earlier version "
-                                       "of this one): --force prepares it again, --name=<other> writes elsewhere")
-            print(f"{out_dir} is already prepared (--force prepares it again, --name=<other> writes elsewhere)")
-            return
-        if args.input:  # one text: its last val_fraction is val
-            check_text_file(args.input)
-            try:
-                with open(args.input, encoding="utf-8") as f:
-                    text = f.read()
-            except UnicodeDecodeError as e:
-                raise PrepareError(f"{args.input} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
-                                   "convert it from its encoding first, e.g. iconv -f <encoding> -t utf-8") from None
-            n_val = round(len(text) * args.val_fraction)
-            if not 0 < n_val < len(text):
-                raise PrepareError(f"{args.input} has {len(text)} characters: too few for a train and a val split")
-            texts = {"train": text[:-n_val], "val": text[-n_val:]}
-        else:  # many documents: a seeded random val_fraction of them is val
-            docs = pydocs_docs()
-            is_val = np.zeros(len(docs), bool)
-            is_val[np.random.default_rng(2357).permutation(len(docs))[:round(len(docs) * args.val_fraction)]] = True
-            texts = {split: "\n\n".join(d for d, v in zip(docs, is_val) if v == want)
-                     for split, want in (("train", False), ("val", True))}
-        codes = {k: np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for k, t in texts.items()}  # code points
-        vocab = np.unique(np.concatenate(list(codes.values())))  # sorted
-        if len(vocab) > 65535:
-            raise PrepareError(f"{args.input} uses {len(vocab):,} distinct characters, more than uint16 token ids hold")
+    return p
 
-        def fill(files):
-            for split, c in codes.items():
-                files[split][:] = np.searchsorted(vocab, c)
 
-        counts = {k: len(c) for k, c in codes.items()}
-        meta = dict(dataset=name, tokenizer="char", vocab_size=len(vocab), chars="".join(map(chr, vocab)), source=source)
-        write_splits(out_dir, counts, fill, meta)
-    except PrepareError as e:
-        sys.exit(f"prepare_char.py: {e}")
+def check_settings(args):
+    """Every option, checked before any work (a refusal writes nothing). Returns (out_dir, source)."""
+    tk.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+    tk.require(args.input != "", "--input must name a text file (leave it out for the embedded corpus)")
+    if args.input:
+        check_text_file(args.input)
+    if args.name is None:
+        args.name = os.path.splitext(os.path.basename(args.input))[0] + "_char" if args.input else "pydocs_char"
+    out_dir = check_destination(args.data_dir, args.name)
+    source = (file_source(args.input) if args.input
+              else dict(stdlib=sysconfig.get_paths()["stdlib"], python=sys.version.split()[0]))
+    return out_dir, source
+
+
+def read_text(path, val_fraction):
+    """One text file: its last val_fraction is val. Returns {split: text}."""
+    check_utf8(path)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    n_val = round(len(text) * val_fraction)
+    if not 0 < n_val < len(text):
+        raise tk.UserError(f"{path} has {len(text)} characters: too few for a train and a val split "
+                           f"with --val_fraction={val_fraction}")
+    return {"train": text[:-n_val], "val": text[-n_val:]}
+
+
+def main(argv):
+    args = parser().parse_args(argv)
+    out_dir, source = check_settings(args)
+    if already_prepared(out_dir, source, args.force):
+        return
+    if args.input:
+        texts = read_text(args.input, args.val_fraction)
+    else:  # many documents: a seeded random val_fraction of them is val
+        docs = pydocs_docs()
+        is_val = np.zeros(len(docs), bool)
+        is_val[np.random.default_rng(2357).permutation(len(docs))[:round(len(docs) * args.val_fraction)]] = True
+        texts = {split: "\n\n".join(d for d, v in zip(docs, is_val) if v == want)
+                 for split, want in (("train", False), ("val", True))}
+    codes = {k: np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for k, t in texts.items()}  # code points
+    vocab = np.unique(np.concatenate(list(codes.values())))  # sorted
+    if len(vocab) > 65535:
+        raise tk.UserError(f"{args.input} uses {len(vocab):,} distinct characters, more than uint16 token ids hold")
+
+    def fill(write):
+        for split, c in codes.items():
+            write(split, np.searchsorted(vocab, c))
+
+    counts = {k: len(c) for k, c in codes.items()}
+    meta = dict(dataset=args.name, tokenizer="char", vocab_size=len(vocab), chars="".join(map(chr, vocab)),
+                source=source)
+    write_splits(out_dir, counts, fill, meta)
 
 
 if __name__ == "__main__":
-    main()
+    tk.run_cli(main, sys.argv[1:])

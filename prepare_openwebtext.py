@@ -10,20 +10,33 @@ local text / jsonl / parquet files. (Character level, and the embedded corpus: p
 
 Output in <data_dir>/<name>/: train.bin and val.bin (test.bin for an evaluation set), every
 token id of the split one after another as uint16, and meta.json (tokenizer, vocabulary size,
-token counts), written last: a folder with meta.json is complete. Documents end with
-<|endoftext|>; a random val_fraction of them is val (when there are too few documents, the
-last val_fraction of the tokens). Tokenisation runs in --num_proc processes (Hugging Face
-`datasets`), with progress bars; the Hub's files are cached in ~/.cache/huggingface.
+token counts, where the text came from). Documents end with <|endoftext|>; a random
+val_fraction of them is val (when there are too few documents, the last val_fraction of the
+tokens). Tokenisation runs in --num_proc processes (Hugging Face `datasets`), with progress
+bars; the Hub's files are cached in ~/.cache/huggingface.
+
+All or nothing: the folder is written whole beside its place (<data_dir>/.<name>.tmp<pid>) and
+renamed into it when complete, so a failed or killed run, --force included, leaves the old
+folder as it was (--force needs room for the old and the new data until the swap). The same
+command again says "already prepared"; input that changed since (an edited file, another
+glob match) is refused: --force prepares it again, --name=<other> writes elsewhere.
+Every mistake is one line (trainkit.run_cli); the helpers here serve prepare_char.py too.
 """
 
 import argparse
+import codecs
+import errno
 import glob
 import json
 import os
+import re
+import shutil
 import sys
 
 import numpy as np
 from tqdm import tqdm
+
+import trainkit as tk
 
 # where each corpus lives on the Hub; join "eot": rows are documents; a string: rows are
 # pieces of one text (lines of articles), joined with it
@@ -34,166 +47,454 @@ HUB = {
     "ptb": dict(path="ptb-text-only/ptb_text_only", config="penn_treebank", split="test", field="sentence",
                 join="\n", revision="refs/convert/parquet"),  # the original repository is a loading script
 }
+SPLIT_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # what a prepared folder holds
+
+# -----------------------------------------------------------------------------
+# shared with prepare_char.py: the command line, the checks before any work, the writing
 
 
-class PrepareError(Exception):
-    """Something the user has to fix: printed as one line."""
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are UserErrors (one line through run_cli, exit 1) rather than
+    a usage block and exit 2; --help still prints the options and exits 0."""
+
+    def error(self, message):
+        known = re.findall(r"--\w+", self.format_usage())
+        if message.startswith("unrecognized arguments: "):
+            given = message.split(": ", 1)[1].split()
+            raise tk.UserError(f"unknown option{'s' * (len(given) > 1)} {', '.join(map(repr, given))}; "
+                               f"the options: {', '.join(known)} (--help explains them)")
+        raise tk.UserError(f"{message} (--help explains the options)")
+
+
+def check_destination(data_dir, name):
+    """Refuse, before any work, a name that is not one folder name, a data_dir that is (or lies
+    under) a file, a target that is a file or holds files a preparation does not write, and a
+    place that cannot be written. Returns <data_dir>/<name>."""
+    tk.require(name and name not in (".", "..") and os.sep not in name and "/" not in name
+               and not name.startswith("."), f"--name must be a plain folder name (no '/', not starting "
+                                             f"with '.'), got {name!r}")
+    tk.require(data_dir, "--data_dir must not be empty")
+    out_dir = os.path.join(data_dir, name)
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise tk.UserError(f"{out_dir} is a file, not a dataset folder: move it, or write elsewhere with "
+                           "--name=<other> or --data_dir=<folder>")
+    if os.path.isdir(out_dir):
+        foreign = sorted(f for f in os.listdir(out_dir) if f not in SPLIT_FILES and not f.endswith(".tmp"))
+        if foreign:  # replacing the folder would delete them
+            raise tk.UserError(f"{out_dir} holds files a preparation does not write ({', '.join(foreign[:3])}"
+                               f"{', ...' if len(foreign) > 3 else ''}): write elsewhere with --name=<other> "
+                               "or --data_dir=<folder>")
+    existing = os.path.abspath(data_dir)
+    while not os.path.lexists(existing):  # the first part of the path that exists
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise tk.UserError(f"{existing} is a file, so --data_dir={data_dir} cannot be a folder: "
+                           "choose another --data_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise tk.UserError(f"{existing} is not writable (permission denied): choose another --data_dir "
+                           "or change its permissions")
+    return out_dir
+
+
+def file_source(path):
+    """What identifies an input file's content cheaply: its path, size and modification time."""
+    st = os.stat(path)
+    return dict(path=os.path.abspath(path), bytes=st.st_size, mtime=int(st.st_mtime))
+
+
+def already_prepared(out_dir, source, force):
+    """True when out_dir holds a complete preparation of `source` (said in one line). Removes
+    what killed runs left beside it first. A preparation of other input, or a damaged one, is
+    refused (without --force: that prepares again)."""
+    remove_stale(out_dir)
+    path = os.path.join(out_dir, "meta.json")
+    if force or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        splits = dict(meta["splits"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise tk.UserError(f"{path} is damaged ({type(e).__name__}): add --force to prepare it again") from None
+    if "source" in meta and meta["source"] != source:  # an edited file must not train on its old tokens
+        raise tk.UserError(f"{out_dir} was prepared from other input (another file, or an earlier version of "
+                           "this one): --force prepares it again, --name=<other> writes elsewhere")
+    for split, n in splits.items():
+        bin_path = os.path.join(out_dir, f"{split}.bin")
+        size = os.path.getsize(bin_path) if os.path.isfile(bin_path) else None
+        if size != 2 * n:
+            what = "missing" if size is None else f"{size:,} bytes where meta.json says {n:,} uint16 tokens"
+            raise tk.UserError(f"{bin_path} is {what}: add --force to prepare it again")
+    print(f"{out_dir} is already prepared (--force prepares it again, --name=<other> writes elsewhere)")
+    return True
 
 
 def check_text_file(path):
     """Refuse what is not a non-empty text file, saying what it is instead."""
+    if os.path.isdir(path):
+        raise tk.UserError(f"{path} is a folder, not a text file: give --input a file")
     if not os.path.isfile(path):
-        raise PrepareError(f"{path} is not a file")
+        raise tk.UserError(f"{path} not found: check the path given to --input")
     with open(path, "rb") as f:
         head = f.read(1 << 16)
     if not head:
-        raise PrepareError(f"{path} is empty: there is nothing to prepare")
+        raise tk.UserError(f"{path} is empty: there is nothing to prepare")
     if head[:2] == b"\x1f\x8b" or head[:4] in (b"PK\x03\x04", b"BZh9") or head[:6] == b"\xfd7zXZ\x00":
-        raise PrepareError(f"{path} is a compressed archive, not text: unpack it first (gunzip, unzip, ...)")
+        raise tk.UserError(f"{path} is a compressed archive, not text: unpack it first (gunzip, unzip, ...)")
     if b"\x00" in head:
-        raise PrepareError(f"{path} holds NUL bytes: a binary file (or UTF-16 text), not UTF-8 text; give a "
+        raise tk.UserError(f"{path} holds NUL bytes: a binary file (or UTF-16 text), not UTF-8 text; give a "
                            "text file (UTF-16 converts with iconv -f utf-16 -t utf-8)")
 
 
+def check_utf8(path, chunk=1 << 24):
+    """Refuse a file that is not UTF-8 throughout, naming the line and byte of the first fault."""
+    decoder, offset, lines = codecs.getincrementaldecoder("utf-8")(), 0, 1
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                at = offset + max(e.start, 0)
+                line = lines + block[:max(e.start, 0)].count(b"\n")
+                raise tk.UserError(f"{path}:{line}: not UTF-8 text (byte {at}: {block[e.start:e.start + 4]!r}); "
+                                   "convert it from its encoding first, e.g. iconv -f <encoding> -t utf-8") from None
+            if not block:
+                return
+            offset, lines = offset + len(block), lines + block.count(b"\n")
+
+
+def _debris(out_dir):
+    """The .<name>.tmp<pid> / .<name>.old<pid> folders beside out_dir: [(path, tag, pid)]."""
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    found = []
+    for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+        rest = entry[len(name) + 2:] if entry.startswith(f".{name}.") else ""
+        if rest[:3] in ("tmp", "old") and rest[3:].isdigit():
+            found.append((os.path.join(parent, entry), rest[:3], int(rest[3:])))
+    return found
+
+
+def remove_stale(out_dir):
+    """Undo what a killed run left: its temp folder goes; the old data it had set aside for a
+    swap comes back if the swap did not happen (a kill -9 between the two renames)."""
+    for path, tag, pid in _debris(out_dir):
+        if pid == os.getpid() or tk.pid_alive(pid):
+            continue
+        if tag == "old" and not os.path.lexists(out_dir):
+            os.rename(path, out_dir)
+        else:
+            shutil.rmtree(path)
+
+
+def write_tokens(f, ids):
+    """Append token ids to a split file as uint16."""
+    f.write(np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
+
+
 def write_splits(out_dir, counts, fill, meta):
-    """Create one uint16 file per split ({split: token count}), let fill({split: memmap}) write
-    them, then meta.json. Each file goes through <file>.tmp, renamed into place when complete;
-    temp files of an earlier killed run are removed first."""
-    os.makedirs(out_dir, exist_ok=True)
-    for name in os.listdir(out_dir):
-        if name.endswith(".tmp"):
-            os.remove(os.path.join(out_dir, name))
-    paths = {split: os.path.join(out_dir, f"{split}.bin") for split in counts}
-    files = {split: np.memmap(paths[split] + ".tmp", dtype=np.uint16, mode="w+", shape=(n,)) for split, n in counts.items()}
-    fill(files)
-    for split, f in files.items():
-        f.flush()
-        os.replace(paths[split] + ".tmp", paths[split])
-    meta["splits"] = dict(counts)
-    with open(os.path.join(out_dir, "meta.json.tmp"), "w") as f:
-        json.dump(meta, f, indent=1, ensure_ascii=False)
-    os.replace(os.path.join(out_dir, "meta.json.tmp"), os.path.join(out_dir, "meta.json"))
+    """Write <out_dir>/{split}.bin ({split: token count}) and meta.json, all or nothing: into a
+    temp folder beside out_dir, which then takes out_dir's place (an old out_dir is set aside
+    and deleted after). fill(write) writes the tokens, each split in order: write(split, ids)."""
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    made, folder = [], parent  # the folders this call creates, removed again on failure
+    while not os.path.isdir(folder):
+        made.insert(0, folder)
+        folder = os.path.dirname(folder)
+    tmp, old = (os.path.join(parent, f".{name}.{tag}{os.getpid()}") for tag in ("tmp", "old"))
+    tk.on_interrupt(f"{out_dir} was left as it was" if os.path.lexists(out_dir) else "nothing was written")
+    where = os.path.dirname(out_dir) or "."  # what an error names: the folder written into, then out_dir
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(tmp)
+        where = out_dir
+        files = {split: open(os.path.join(tmp, f"{split}.bin"), "wb") for split in counts}
+        try:
+            fill(lambda split, ids: write_tokens(files[split], ids))
+            for split, f in files.items():
+                f.flush()
+                os.fsync(f.fileno())
+                if f.tell() != 2 * counts[split]:  # a bug in fill, not the user's doing: a traceback
+                    raise RuntimeError(f"{split}.bin: {f.tell() // 2} tokens written, {counts[split]} counted")
+        finally:
+            for f in files.values():
+                f.close()
+        meta["splits"] = dict(counts)
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=1, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.lexists(out_dir):
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.lexists(old) and not os.path.lexists(out_dir):
+            os.rename(old, out_dir)
+        for folder in reversed(made):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+        if isinstance(e, OSError) and (not e.filename or str(e.filename).startswith(tmp)):  # not the temp path
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno or errno.EIO), where) from e
+        raise
+    shutil.rmtree(old, ignore_errors=True)
     print(f"prepared {out_dir}: " + ", ".join(f"{s}.bin {n:,} tokens" for s, n in counts.items())
           + f" ({meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']:,})")
 
 
-def load_rows(args):
-    """The text as a datasets.Dataset, its text column and how its rows join (see HUB)."""
-    import datasets
-
-    if args.input:
-        files = sorted(f for pattern in args.input for f in (glob.glob(pattern) or [pattern]))
-        kinds = {"json" if f.endswith((".json", ".jsonl")) else "parquet" if f.endswith(".parquet") else "text"
-                 for f in files}
-        if len(kinds) > 1:
-            raise PrepareError(f"--input mixes file kinds ({', '.join(sorted(kinds))}): one kind per call")
-        kind = kinds.pop()
-        for f in files:
-            if kind == "text" or not os.path.isfile(f):
-                check_text_file(f)
-        if kind == "text":  # one document per file, every character kept
-            return datasets.load_dataset("text", data_files=files, split="train", sample_by="document"), "text", "eot"
-        ds = datasets.load_dataset(kind, data_files=files, split="train")
-        spec = dict(field=args.text_field, join="eot", path=", ".join(files))
-    else:
-        spec = HUB[args.dataset]
-        try:
-            ds = datasets.load_dataset(spec["path"], spec["config"], split=spec["split"],
-                                       revision=spec.get("revision"), num_proc=args.num_proc if args.num_proc > 1 else None)
-        except Exception as e:  # no network and not cached, a moved repository, ...
-            raise PrepareError(f"could not load {spec['path']} from the Hugging Face Hub ({type(e).__name__}: "
-                               f"{str(e)[:200]}). It downloads once (needs network) into ~/.cache/huggingface; "
-                               "or pass the files yourself with --input=<files> (text, jsonl or parquet)") from None
-    field = args.text_field if args.input else spec["field"]
-    if field not in ds.column_names:
-        raise PrepareError(f"{spec['path']} has no column {field!r} (columns: {ds.column_names}): "
-                           "name the text column with --text_field")
-    return ds, field, spec["join"]
+# -----------------------------------------------------------------------------
+# this script
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="openwebtext", choices=sorted(HUB), help="named corpus on the Hub")
+def parser():
+    """The command line (one ArgumentParser: its mistakes are one line)."""
+    p = ArgumentParser(prog="prepare_openwebtext.py", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", help=f"named corpus on the Hub: {', '.join(HUB)} (default openwebtext)")
     p.add_argument("--input", action="append", help="local file or glob (repeatable): .txt, .jsonl/.json, .parquet")
     p.add_argument("--name", help="output folder under data_dir (default: the dataset, or the first file's stem)")
     p.add_argument("--data_dir", default="data")
-    p.add_argument("--text_field", default="text", help="column holding the text (jsonl / parquet)")
-    p.add_argument("--val_fraction", type=float, default=None, help="share kept for val (default 0.0005 for "
-                   "OpenWebText, else 0.01)")
+    p.add_argument("--text_field", help="column holding the text of --input jsonl / parquet files (default text)")
+    p.add_argument("--val_fraction", type=float, help="share kept for val (default 0.0005 for OpenWebText, else 0.01)")
     p.add_argument("--seed", type=int, default=2357, help="seed of the document split")
     p.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="tokenizer processes")
     p.add_argument("--force", action="store_true", help="prepare again over an already prepared folder")
-    args = p.parse_args(argv)
-    name = args.name or (os.path.splitext(os.path.basename(args.input[0]))[0] if args.input else args.dataset)
-    out_dir = os.path.join(args.data_dir, name)
-    val_fraction = args.val_fraction if args.val_fraction is not None else (
-        0.0005 if args.dataset == "openwebtext" and not args.input else 0.01)
-    try:
-        if not 0 < val_fraction < 1:
-            raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
-        if os.path.isfile(os.path.join(out_dir, "meta.json")) and not args.force:
-            print(f"{out_dir} is already prepared (--force prepares it again, --name=<other> writes elsewhere)")
-            return
-        ds, field, join = load_rows(args)  # the data first: its errors say how to use local files
-        import tiktoken
+    return p
 
-        try:
-            enc = tiktoken.get_encoding("gpt2")
-        except Exception as e:  # no network and nothing in tiktoken's cache
-            raise PrepareError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it "
-                               "once (needs network); set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
 
-        def tokenize(batch):  # rows -> token ids (uint16), a document's last row ends with <|endoftext|>
-            texts = batch[field] if join == "eot" else [t + join for t in batch[field]]
-            ids = enc.encode_ordinary_batch(texts)
-            if join == "eot":
-                ids = [row + [enc.eot_token] for row in ids]
-            return {"ids": [np.array(row, dtype=np.uint16) for row in ids], "len": [len(row) for row in ids]}
+def input_files(patterns):
+    """The files --input names (globs expanded, sorted, each once) and their kind: "text",
+    "json" or "parquet". Missing files, folders and mixed kinds are refused."""
+    files = []
+    for pattern in patterns:
+        matched = sorted(glob.glob(pattern))
+        if not matched and glob.has_magic(pattern):
+            raise tk.UserError(f"--input={pattern} matches no file: check the pattern")
+        files += matched or [pattern]
+    files = sorted(set(files))
+    for f in files:
+        if os.path.isdir(f):
+            raise tk.UserError(f"{f} is a folder: give the files in it, e.g. --input='{f}/*.jsonl'")
+        if not os.path.isfile(f):
+            raise tk.UserError(f"{f} not found: check the path given to --input")
+    kinds = {"json" if f.endswith((".json", ".jsonl")) else "parquet" if f.endswith(".parquet") else "text"
+             for f in files}
+    if len(kinds) > 1:
+        raise tk.UserError(f"--input mixes file kinds ({', '.join(sorted(kinds))}): prepare one kind per call")
+    return files, kinds.pop()
 
-        ds = ds.map(tokenize, batched=True, remove_columns=ds.column_names, desc="tokenizing (GPT-2 BPE)",
-                    num_proc=args.num_proc if args.num_proc > 1 and len(ds) >= 1000 else None)
-        if join != "eot":  # pieces of one text: the stream ends with one <|endoftext|>
-            ds = ds.add_item({"ids": [enc.eot_token], "len": 1})
-        lens = np.array(ds["len"], dtype=np.int64)  # tokens per row
-        total = int(lens.sum())
-        if total <= len(lens) * (join == "eot"):
-            raise PrepareError(f"{', '.join(args.input or [args.dataset])}: no text in it (only empty documents)")
-        # where each row's tokens go: documents to val at random when there are enough of them,
-        # else the last val_fraction of the token stream; an evaluation set is written whole
-        is_val, cut = None, total
-        if args.dataset != "openwebtext" and not args.input:
-            counts = {"test": total}
+
+def check_settings(args):
+    """Every option, checked before any work (a refusal writes nothing). Resolves the defaults
+    that depend on others; returns (out_dir, files, kind, source)."""
+    if args.dataset is not None and args.dataset not in HUB:
+        raise tk.UserError(f"unknown --dataset {args.dataset!r}: this script prepares {', '.join(HUB)}; "
+                           f"your own files go with --input=<files> --name={args.dataset} "
+                           "(characters: prepare_char.py --input=<file>)")
+    tk.require(not (args.input and args.dataset), "give --dataset or --input, not both")
+    args.dataset = args.dataset or "openwebtext"
+    evaluation_set = not args.input and args.dataset != "openwebtext"
+    tk.require(not (evaluation_set and args.val_fraction is not None),
+               f"{args.dataset} is an evaluation set, written whole as test.bin: drop --val_fraction")
+    tk.require(args.input or args.text_field is None,
+               f"--text_field names the column of --input files; {args.dataset}'s is known: drop it")
+    args.text_field = args.text_field or "text"
+    if args.val_fraction is None:
+        args.val_fraction = 0.0005 if args.dataset == "openwebtext" and not args.input else 0.01
+    tk.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+    tk.require(args.num_proc >= 1, f"--num_proc must be at least 1, got {args.num_proc}")
+    tk.require(args.seed >= 0, f"--seed must not be negative, got {args.seed}")
+    files, kind = input_files(args.input) if args.input else ([], None)
+    if args.name is None:
+        args.name = os.path.splitext(os.path.basename(files[0]))[0] if files else args.dataset
+    out_dir = check_destination(args.data_dir, args.name)
+    if files:
+        source = [file_source(f) for f in files]
+    else:
+        spec = HUB[args.dataset]
+        source = dict(hub=spec["path"], config=spec["config"], split=spec["split"], revision=spec.get("revision"))
+    return out_dir, files, kind, source
+
+
+def check_input_files(files, kind):
+    """The content of local files, before `datasets` reads them: not empty, not an archive or a
+    binary, UTF-8 (text, jsonl), a parquet file's signature."""
+    for f in files:
+        if kind == "parquet":
+            with open(f, "rb") as fh:
+                head = fh.read(4)
+            if not head:
+                raise tk.UserError(f"{f} is empty: there is nothing to prepare")
+            if head != b"PAR1":
+                raise tk.UserError(f"{f} is not a parquet file (no PAR1 signature): check the file, or rename it "
+                                   "if it holds text or jsonl")
         else:
-            n_val = round(len(lens) * val_fraction)
-            if join == "eot" and 0 < n_val < len(lens):
-                is_val = np.zeros(len(lens), bool)
-                is_val[np.random.default_rng(args.seed).permutation(len(lens))[:n_val]] = True
-                counts = {"train": total - int(lens[is_val].sum()), "val": int(lens[is_val].sum())}
-            else:
-                cut = total - max(1, round(total * val_fraction))
-                counts = {"train": cut, "val": total - cut}
+            check_text_file(f)
+            check_utf8(f)
 
-        def fill(files):
-            pos, row, done = 0, 0, dict.fromkeys(files, 0)  # tokens and rows read, tokens written per split
-            with tqdm(total=total, desc="writing", unit="tok", unit_scale=True) as bar:
-                for table in ds.with_format("arrow").iter(batch_size=4096):
-                    flat = table["ids"].combine_chunks().flatten().to_numpy(zero_copy_only=False)  # (tokens,)
-                    if is_val is not None:
-                        to_val = np.repeat(is_val[row:row + table.num_rows], lens[row:row + table.num_rows])
-                    else:
-                        to_val = np.arange(pos, pos + len(flat)) >= cut
-                    parts = {"train": flat[~to_val], "val": flat[to_val]} if "train" in files else {"test": flat}
-                    for split, part in parts.items():
-                        files[split][done[split]:done[split] + len(part)] = part
-                        done[split] += len(part)
-                    pos, row = pos + len(flat), row + table.num_rows
-                    bar.update(len(flat))
 
-        meta = dict(dataset=name, tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token=enc.eot_token)
-        write_splits(out_dir, counts, fill, meta)
-    except PrepareError as e:
-        sys.exit(f"prepare_openwebtext.py: {e}")
+def _bad_json_record(path, field):
+    """Where the first record of a json / jsonl file that has no string `field` is, and why
+    (file:line, or file: element N of a JSON array); None if every record is good."""
+    with open(path, encoding="utf-8") as f:
+        first = f.read(1 << 10).lstrip()[:1]
+        f.seek(0)
+        if first == "[":
+            try:
+                records = json.load(f)
+            except ValueError as e:
+                return f"{path}:{getattr(e, 'lineno', '?')}: not valid JSON ({e}): fix the file"
+            numbered = ((f"{path}: element {i}", r) for i, r in enumerate(records if isinstance(records, list) else []))
+        else:
+            numbered = []
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        numbered.append((f"{path}:{number}", json.loads(line)))
+                    except ValueError as e:
+                        return f"{path}:{number}: not valid JSON ({str(e).split(':')[0]}): fix or remove that line"
+    for where, record in numbered:
+        if not isinstance(record, dict):
+            return f"{where}: {json.dumps(record)[:40]} is not a JSON object: fix or remove that record"
+        if field not in record:
+            return (f"{where}: no {field!r} field (its fields: {', '.join(record) or 'none'}): name the text's "
+                    "with --text_field, or fix that record")
+        if not isinstance(record[field], str):
+            return f"{where}: {field!r} is {json.dumps(record[field])[:40]}, not a string: fix or remove that record"
+    return None
+
+
+def _bad_parquet_row(path, field):
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(path, columns=[field]).column(0) if field in pq.read_schema(path).names else None
+    if column is None:
+        return f"{path}: no column {field!r} (its columns: {', '.join(pq.read_schema(path).names)}): name the " \
+               "text's with --text_field"
+    if str(column.type) not in ("string", "large_string"):
+        return f"{path}: column {field!r} holds {column.type}, not text: name the text's with --text_field"
+    if column.null_count:
+        return f"{path}: row {column.is_null().to_pylist().index(True)} of column {field!r} is null, not text: " \
+               "fix or remove that row"
+    return None
+
+
+def bad_record(files, kind, field):
+    """The first record of local files that is not JSON, or whose text field is missing, null or
+    not a string, as "file:line: what: what to do" (None if there is none)."""
+    for f in files:
+        found = _bad_parquet_row(f, field) if kind == "parquet" else _bad_json_record(f, field)
+        if found:
+            return found
+    return None
+
+
+def load_rows(args, files, kind):
+    """The text as a datasets.Dataset, its text column and how its rows join (see HUB)."""
+    import datasets
+
+    if files:
+        if kind == "text":  # one document per file, every character kept
+            return datasets.load_dataset("text", data_files=files, split="train", sample_by="document"), "text", "eot"
+        field = args.text_field
+        try:
+            ds = datasets.load_dataset(kind, data_files=files, split="train")
+        except Exception:  # a malformed record: say which; anything else keeps its traceback
+            found = bad_record(files, kind, field)
+            if found:
+                raise tk.UserError(found) from None
+            raise
+        if field not in ds.column_names:
+            raise tk.UserError(f"{', '.join(files)}: no field {field!r} (fields: {', '.join(ds.column_names)}): "
+                               "name the text's with --text_field")
+        if getattr(ds.features[field], "dtype", None) not in ("string", "large_string") \
+                or ds.data.column(field).null_count:
+            raise tk.UserError(bad_record(files, kind, field) or f"the {field!r} field of {', '.join(files)} is "
+                               "not text throughout: name the text's with --text_field")
+        return ds, field, "eot"
+    spec = HUB[args.dataset]
+    try:
+        ds = datasets.load_dataset(spec["path"], spec["config"], split=spec["split"],
+                                   revision=spec.get("revision"), num_proc=args.num_proc if args.num_proc > 1 else None)
+    except Exception as e:  # no network and not cached, a moved repository, ...
+        raise tk.UserError(f"could not load {spec['path']} from the Hugging Face Hub ({type(e).__name__}: "
+                           f"{str(e)[:200]}). It downloads once (needs network) into ~/.cache/huggingface; "
+                           "or pass the files yourself with --input=<files> (text, jsonl or parquet)") from None
+    if spec["field"] not in ds.column_names:
+        raise tk.UserError(f"{spec['path']} has no column {spec['field']!r} (columns: {ds.column_names}): "
+                           "the Hub copy changed; pass the files yourself with --input=<files> --text_field=<column>")
+    return ds, spec["field"], spec["join"]
+
+
+def gpt2_encoding():
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # no network and nothing in tiktoken's cache
+        raise tk.UserError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it "
+                           "once (needs network); set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
+
+
+def main(argv):
+    args = parser().parse_args(argv)
+    out_dir, files, kind, source = check_settings(args)
+    if already_prepared(out_dir, source, args.force):
+        return
+    check_input_files(files, kind)
+    ds, field, join = load_rows(args, files, kind)  # the data first: its errors say how to use local files
+    enc = gpt2_encoding()
+
+    def tokenize(batch):  # rows -> token ids (uint16), a document's last row ends with <|endoftext|>
+        texts = batch[field] if join == "eot" else [t + join for t in batch[field]]
+        ids = enc.encode_ordinary_batch(texts)
+        if join == "eot":
+            ids = [row + [enc.eot_token] for row in ids]
+        return {"ids": [np.array(row, dtype=np.uint16) for row in ids], "len": [len(row) for row in ids]}
+
+    ds = ds.map(tokenize, batched=True, remove_columns=ds.column_names, desc="tokenizing (GPT-2 BPE)",
+                num_proc=args.num_proc if args.num_proc > 1 and len(ds) >= 1000 else None)
+    if join != "eot":  # pieces of one text: the stream ends with one <|endoftext|>
+        ds = ds.add_item({"ids": [enc.eot_token], "len": 1})
+    lens = np.array(ds["len"], dtype=np.int64)  # tokens per row
+    total = int(lens.sum())
+    if total <= len(lens) * (join == "eot"):
+        raise tk.UserError(f"{', '.join(files or [args.dataset])}: no text in it (only empty documents)")
+    # where each row's tokens go: documents to val at random when there are enough of them,
+    # else the last val_fraction of the token stream; an evaluation set is written whole
+    is_val, cut = None, total
+    if args.dataset != "openwebtext" and not files:
+        counts = {"test": total}
+    else:
+        n_val = round(len(lens) * args.val_fraction)
+        if join == "eot" and 0 < n_val < len(lens):
+            is_val = np.zeros(len(lens), bool)
+            is_val[np.random.default_rng(args.seed).permutation(len(lens))[:n_val]] = True
+            counts = {"train": total - int(lens[is_val].sum()), "val": int(lens[is_val].sum())}
+        else:
+            cut = total - max(1, round(total * args.val_fraction))
+            counts = {"train": cut, "val": total - cut}
+
+    def fill(write):
+        pos, row = 0, 0  # tokens and rows read
+        with tqdm(total=total, desc="writing", unit="tok", unit_scale=True) as bar:
+            for table in ds.with_format("arrow").iter(batch_size=4096):
+                flat = table["ids"].combine_chunks().flatten().to_numpy(zero_copy_only=False)  # (tokens,)
+                if is_val is not None:
+                    to_val = np.repeat(is_val[row:row + table.num_rows], lens[row:row + table.num_rows])
+                else:
+                    to_val = np.arange(pos, pos + len(flat)) >= cut
+                parts = {"train": flat[~to_val], "val": flat[to_val]} if "train" in counts else {"test": flat}
+                for split, part in parts.items():
+                    write(split, part)
+                pos, row = pos + len(flat), row + table.num_rows
+                bar.update(len(flat))
+
+    meta = dict(dataset=args.name, tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token=enc.eot_token, source=source)
+    write_splits(out_dir, counts, fill, meta)
 
 
 if __name__ == "__main__":
-    main()
+    tk.run_cli(main, sys.argv[1:])

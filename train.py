@@ -78,7 +78,7 @@ beta2 = 0.95
 grad_clip = 1.0  # 0: no clipping
 max_time = 0.0  # seconds after which the run evaluates, saves and stops (0: no limit)
 # learning-rate schedule: linear warmup, then decay to min_lr at lr_decay_iters (0: max_iters)
-lr_schedule = "cosine"  # "cosine", "linear" or "constant"
+lr_schedule = "cosine"  # "cosine", "linear", "constant" or "invsqrt" (lr * sqrt(warmup_iters / it))
 warmup_iters = 2000
 lr_decay_iters = 600000
 min_lr = 6e-5
@@ -104,7 +104,7 @@ def check_settings(C):
              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
              choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
                       "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
-                      "lr_schedule": ("cosine", "linear", "constant")})
+                      "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     tk.require(not C.short_conv or C.attn == "tssa", f"short_conv convolves the TSSA input: it needs attn=tssa, got {C.attn!r}")
     tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
@@ -113,12 +113,16 @@ def check_settings(C):
 
 def get_lr(it, C):
     """Linear warmup over warmup_iters, then decay to min_lr at lr_decay_iters (0: max_iters)
-    by a cosine, a straight line, or not at all ("constant"). The three trainers use it."""
+    by a cosine, a straight line, or not at all ("constant"). "invsqrt" (lra/configs/listops_*)
+    decays as 1 / sqrt(it) from the end of the warmup, never below min_lr, and ignores
+    lr_decay_iters. The three trainers use it."""
     if it < C.warmup_iters:
         return C.learning_rate * (it + 1) / (C.warmup_iters + 1)
     decay_iters = C.lr_decay_iters or C.max_iters
     if C.lr_schedule == "constant":
         return C.learning_rate
+    if C.lr_schedule == "invsqrt":
+        return max(C.min_lr, C.learning_rate * math.sqrt(max(C.warmup_iters, 1) / max(it, 1)))
     if it >= decay_iters:
         return C.min_lr
     ratio = (it - C.warmup_iters) / max(decay_iters - C.warmup_iters, 1)  # 0 -> 1
@@ -126,31 +130,36 @@ def get_lr(it, C):
     return C.min_lr + coeff * (C.learning_rate - C.min_lr)
 
 
-def open_dataset(C):
-    """meta.json and the splits of <data_dir>/<dataset>, checked: the sizes meta.json records,
-    and enough tokens for one block. Any damage is one line with the command that re-prepares."""
-    folder = os.path.join(C.data_dir, C.dataset)
-    redo = ("python prepare_char.py" if C.dataset == "pydocs_char" else
-            "python prepare_openwebtext.py" if C.dataset == "openwebtext" else
-            f"prepare_char.py / prepare_openwebtext.py --input=<your files> --name={C.dataset}")
+def open_dataset(data_dir, dataset, splits, min_tokens):
+    """meta.json and the given splits of <data_dir>/<dataset>, checked: the sizes meta.json
+    records, more than min_tokens tokens each. Damage is one line with the command that re-prepares."""
+    from prepare_openwebtext import HUB  # the corpora that script fetches by name
+
+    folder = os.path.join(data_dir, dataset)
+    f = " --force"
+    redo = ("python prepare_char.py" + f if dataset == "pydocs_char" else
+            f"python prepare_openwebtext.py --dataset={dataset}" + f if dataset in HUB else
+            f"python prepare_char.py --input=<text file> --name={dataset}{f} (or prepare_openwebtext.py "
+            f"--input=<files> --name={dataset}{f})")
     path = os.path.join(folder, "meta.json")
     if not os.path.isfile(path):
-        raise tk.UserError(f"dataset {C.dataset!r} is not prepared ({path} is missing): run {redo}")
+        raise tk.UserError(f"dataset {dataset!r} is not prepared ({path} is missing): run {redo.replace(f, '')}")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-        meta["vocab_size"], meta["tokenizer"], meta["splits"]  # noqa: B018 (the keys it must have)
-    except (ValueError, KeyError, TypeError) as e:
-        raise tk.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again with {redo} --force") from None
-    for split in ("train", "val"):
+        meta["vocab_size"], meta["tokenizer"], meta["splits"].items()  # noqa: B018 (the keys it must have)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise tk.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again: {redo}") from None
+    for split in splits:
         path = os.path.join(folder, f"{split}.bin")
-        expected = meta["splits"].get(split)
-        size = os.path.getsize(path) if os.path.isfile(path) else None
-        if expected is None or size != 2 * expected:
-            what = "missing" if size is None else f"{size:,} bytes where meta.json says {expected} uint16 tokens"
-            raise tk.UserError(f"{path} is {what}: prepare it again with {redo} --force")
-        tk.require(expected > C.block_size, f"{path} has {expected:,} tokens, not more than block_size "
-                                            f"({C.block_size:,}): lower --block_size or prepare more text")
+        if split not in meta["splits"]:
+            raise tk.UserError(f"dataset {dataset!r} has no {split} split (it has: {', '.join(meta['splits'])})")
+        expected, size = meta["splits"][split], os.path.getsize(path) if os.path.isfile(path) else None
+        if size != 2 * expected:
+            what = "missing" if size is None else f"{size:,} bytes where meta.json says {expected:,} uint16 tokens"
+            raise tk.UserError(f"{path} is {what}: prepare it again: {redo}")
+        tk.require(expected > min_tokens, f"{path} has {expected:,} tokens, not more than block_size "
+                                          f"({min_tokens:,}): lower --block_size or prepare more text")
     meta["redo"] = redo
     return folder, meta
 
@@ -164,7 +173,7 @@ def get_batch(folder, split, B, T, device, vocab_size, redo, *key):
     xy = np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64)  # (B, T + 1)
     if xy.max() >= vocab_size:  # a damaged file; checked here, on the CPU, at no cost
         raise tk.UserError(f"{folder}/{split}.bin holds token id {xy.max()}, outside the vocabulary "
-                           f"({vocab_size}): prepare it again with {redo} --force")
+                           f"({vocab_size}): prepare it again: {redo}")
     xy = torch.from_numpy(xy)
     if device.startswith("cuda"):
         xy = xy.pin_memory().to(device, non_blocking=True)
@@ -202,7 +211,7 @@ def main(argv):
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
     if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
         C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
-    folder, meta = open_dataset(C)
+    folder, meta = open_dataset(C.data_dir, C.dataset, ("train", "val"), C.block_size)
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
@@ -311,9 +320,9 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, tokenizer=tokenizer), ckpt_path)
-                        say(f"saved {ckpt_path}")
                     tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
                                     f"and --init_from=resume")
+                    say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break
 
@@ -331,11 +340,8 @@ def main(argv):
                 loss_sum += loss.detach()
             train_loss = tk.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
-                where = f"{ckpt_path} is the last good checkpoint" if os.path.isfile(ckpt_path) else "nothing was saved"
-                raise tk.UserError(f"non-finite training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), "
-                                   f"stopped before the update; {where}. Try a lower --learning_rate"
-                                   + (", --grad_clip=1.0" if C.grad_clip == 0 else "")
-                                   + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
+                raise tk.non_finite(f"training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), stopped before "
+                                    "the update", ckpt_path, C, dtype)
             if C.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradient, not the scaled one
                 torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)

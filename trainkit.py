@@ -84,7 +84,8 @@ def _os_error_line(e):
 
 def run_cli(main, *args):
     """Run a script's main(*args) for a person at a terminal (see the module docstring)."""
-    name = os.path.basename(sys.argv[0])
+    parts = os.path.normpath(sys.argv[0]).split(os.sep)
+    name = "/".join(parts[-2:]) if parts[-2:-1] == ["lra"] else parts[-1]  # train.py, lra/train.py
     if os.environ.get("NANOTOST_DEBUG"):
         return main(*args)
     old = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM (a scheduler, kill) ends as Ctrl-C does
@@ -95,11 +96,16 @@ def run_cli(main, *args):
         sys.exit(f"{name}: {e}")
     except OSError as e:
         sys.exit(f"{name}: {_os_error_line(e)}")
+    except UnicodeDecodeError as e:  # a text file that is not UTF-8 (scripts name the file where they can)
+        sys.exit(f"{name}: a file is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
+                 "convert it first, e.g. iconv -f <encoding> -t utf-8")
     except KeyboardInterrupt:
         print(f"{name}: interrupted; {_on_interrupt[0]}", file=sys.stderr)
         sys.exit(130)
     finally:
         signal.signal(signal.SIGTERM, old)
+        for out_dir in list(_locks):  # the run is over, however it ended
+            release_out_dir(out_dir)
 
 
 def require(condition, message):
@@ -171,6 +177,8 @@ def coerce(key, value, default):
 
 def _read_config_file(path):
     """The top-level assignments of a config file; any error in it is one line path:line."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{path} is a folder, not a config file (a Python file of `key = value` lines)")
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} not found (positional arguments are config files; "
                           "settings are written --key=value)")
@@ -297,35 +305,32 @@ def all_reduce_mean(tensor, d):
 # -----------------------------------------------------------------------------
 # files and checkpoints
 
-_locks = {}  # out_dir -> open lock file, held while the process lives
+_locks = {}  # out_dir -> its open descriptor, locked while this process lives
 
 
 def claim_out_dir(out_dir, init_from):
-    """Lock out_dir for this run (flock: the OS frees it when the process ends, however it
-    ends) and refuse a scratch run over an existing checkpoint. Rank 0 only."""
+    """Lock out_dir for this run (flock on the folder itself: nothing is written, and the OS
+    frees it when the process ends, however it ends); refuse a scratch run over an existing
+    checkpoint. Rank 0 only."""
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, ".lock")
-    f = open(path, "a+")
+    fd = os.open(out_dir, os.O_RDONLY)
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        raise UserError(f"{out_dir} is in use by another run (pid {f.read().strip() or '?'}): wait for it to end, "
-                        "or write this run elsewhere with --out_dir=<new folder>") from None
-    f.truncate(0)
-    f.write(str(os.getpid()))
-    f.flush()
-    _locks[os.path.abspath(out_dir)] = f
+        os.close(fd)
+        raise UserError(f"{out_dir} is in use by another run: wait for it to end, or write this run elsewhere "
+                        "with --out_dir=<new folder>") from None
+    _locks[os.path.abspath(out_dir)] = fd
     ckpt = os.path.join(out_dir, "ckpt.pt")
-    if init_from == "scratch" and os.path.exists(ckpt):
-        raise UserError(f"{ckpt} already exists and init_from='scratch' would overwrite it: continue that run "
+    if init_from != "resume" and os.path.exists(ckpt):
+        raise UserError(f"{ckpt} already exists and init_from={init_from!r} would overwrite it: continue that run "
                         "with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
 
 
 def release_out_dir(out_dir):
-    f = _locks.pop(os.path.abspath(out_dir), None)
-    if f is not None:
-        f.close()
+    fd = _locks.pop(os.path.abspath(out_dir), None)
+    if fd is not None:
+        os.close(fd)
 
 
 @contextmanager
@@ -337,7 +342,7 @@ def atomic_write(path, mode="wb"):
     os.makedirs(folder, exist_ok=True)
     for entry in os.listdir(folder):
         head, sep, pid = entry.rpartition(".tmp")
-        if sep and head == f".{name}" and pid.isdigit() and not _pid_alive(int(pid)):
+        if sep and head == f".{name}" and pid.isdigit() and not pid_alive(int(pid)):
             _remove(os.path.join(folder, entry))
     tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
     try:
@@ -351,7 +356,7 @@ def atomic_write(path, mode="wb"):
         raise
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -391,8 +396,8 @@ def load_checkpoint(path, kind):
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}: train one first with {KIND_MAKER[kind]}, "
-                        "or point out_dir at the folder that holds ckpt.pt")
+        raise UserError(f"no checkpoint at {path}: give the folder or file of a checkpoint that "
+                        f"{KIND_MAKER[kind]} wrote, or train one first")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         found = checkpoint_kind(ckpt)
@@ -401,7 +406,7 @@ def load_checkpoint(path, kind):
                         "the file is truncated or corrupt; delete it, or start a new run in another out_dir") from None
     if found != kind:
         raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER.get(found, 'another program')}), "
-                        f"not a {kind} one: give the out_dir of a {KIND_MAKER[kind]} run")
+                        f"not {'an' if kind == 'lra' else 'a'} {kind} one: give a checkpoint that {KIND_MAKER[kind]} wrote")
     return ckpt
 
 
@@ -414,6 +419,15 @@ def check_resume(ckpt, C, given, keys, path):
         pairs = ", ".join(f"{k}={getattr(C, k)!r} (checkpoint: {old[k]!r})" for k in differ)
         raise UserError(f"{path} was trained with other settings: {pairs}; drop them to resume it, "
                         "or start a new run with --out_dir=<new folder>")
+
+
+def non_finite(what, ckpt_path, C, dtype):
+    """The error of a non-finite loss (`what`: which loss, where, what was not done): what is
+    left, and only advice that would change something."""
+    where = f"{ckpt_path} is the last good checkpoint" if os.path.isfile(ckpt_path) else "nothing was saved"
+    return UserError(f"non-finite {what}; {where}. Try a lower --learning_rate"
+                     + (", --grad_clip=1.0" if C.grad_clip == 0 else "")
+                     + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
 
 
 def clean_state_dict(state_dict):

@@ -4,7 +4,7 @@ Seeing inside a trained ToST-ViT (the paper's white-box pictures, MATH.md §7), 
     python vit_inspect.py --ckpt=out-vit-cpu/ckpt.pt                  # images from its val split
     python vit_inspect.py --ckpt=out-vit-cpu/ckpt.pt --images=my_pictures/ --layers=1,4
 
-Writes into out_dir (default <checkpoint folder>/inspect):
+Writes into out_dir (default <checkpoint folder>/inspect), each file whole or not at all:
   pi_XX.png        image XX, then Pi of each head on the patch grid, one row per chosen layer
                    (colour scale 0..1; 1/H everywhere would mean no grouping)
   cls_attn_XX.png  image XX, then the class token's attention over the patches, per head, in
@@ -22,9 +22,11 @@ R_var for certain only with the tied output map of the theory (MATH.md §2.5); t
 free, and the tool reports what it finds.
 """
 
+import io
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import matplotlib
 
@@ -33,23 +35,39 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
-import trainkit
+import trainkit as tk
 import vit_train
 from model import _split_heads, compression_objective
 
 # -----------------------------------------------------------------------------
 # settings
-ckpt = ""  # the checkpoint to inspect (a ckpt.pt written by vit_train.py)
+ckpt = ""  # the checkpoint to inspect: a ckpt.pt written by vit_train.py, or the folder holding it
 images = ""  # a folder of image files to show; "" = the first n_show images of the val split
 n_show = 4
 layers = ""  # 1-based ToST layers to draw Pi for, e.g. "1,6,12"; "" = first, middle and last
 n_rvar = 500  # train and val images each for the R_var figure (the paper: 500 + 500)
 batch_size = 50
 out_dir = ""  # "" = <checkpoint folder>/inspect
-device = "cpu"
-num_threads = 0
-DEFAULTS = trainkit.config_defaults(globals())
+device = "cpu"  # "auto", "cpu", "cuda", "cuda:1"
+num_threads = 0  # torch CPU threads (0: torch's default)
 # -----------------------------------------------------------------------------
+DEFAULTS = tk.config_defaults(globals())
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
+
+
+def layer_numbers(text):
+    """"1,6,12" -> [1, 6, 12] ("" -> [])."""
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise tk.ConfigError(f"layers must be layer numbers like '1,6,12', got {text!r}") from None
+
+
+def check_settings(C):
+    """Every setting that can be wrong on its own, checked before anything is read or built."""
+    tk.check(C, at_least_1=("n_show", "n_rvar", "batch_size"), non_negative=("num_threads",))
+    tk.require(C.ckpt, "give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt (a vit_train.py run's)")
+    layer_numbers(C.layers)
 
 
 @torch.no_grad()
@@ -78,23 +96,18 @@ def rvar_over(model, view, indices, dataset_name, bs, dev):
             "lowered": (after < before).double().mean(0).tolist()}  # share of images the step lowered
 
 
-def parse_layers(text, n_layer):
-    if not text:
-        return sorted({1, (n_layer + 1) // 2, n_layer})
-    try:
-        chosen = [int(t) for t in str(text).replace(" ", "").split(",") if t]
-    except ValueError:
-        raise trainkit.ConfigError(f"layers must be layer numbers like '1,6,12', got {text!r}") from None
-    if any(not 1 <= l <= n_layer for l in chosen):
-        raise trainkit.ConfigError(f"layers {chosen} out of range: this model has layers 1..{n_layer}")
-    return chosen
-
-
 # -----------------------------------------------------------------------------
-# figures
+# figures (rendered to PNG bytes, written at the end)
 
 
-def map_figure(path, picture, rows, row_labels, title, scale_label, vmax):
+def png_bytes(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def map_figure(picture, rows, row_labels, title, scale_label, vmax):
     """The input image, then one heat map per head, one row per entry of rows ((H, h, w) each),
     one shared colour scale 0..vmax with its bar."""
     H = rows[0].shape[0]
@@ -113,11 +126,10 @@ def map_figure(path, picture, rows, row_labels, title, scale_label, vmax):
     bar.set_label(scale_label)
     bar.ax.yaxis.set_major_formatter(FormatStrFormatter("%.2g"))
     fig.suptitle(title)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return png_bytes(fig)
 
 
-def rvar_figure(path, rvar, title):
+def rvar_figure(rvar, title):
     """Figure 4a: R_var after (solid) and before (dotted) each layer's step; after - before."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     L = len(rvar["val"]["after"])
@@ -138,47 +150,50 @@ def rvar_figure(path, rvar, title):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return png_bytes(fig)
 
 
 # -----------------------------------------------------------------------------
 
 
-def shown_images(cfg, tcfg, S):
-    """(uint8 images (B, 3, S, S), names, true labels or None) to draw."""
-    if cfg["images"]:
-        folder = cfg["images"]
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(f"images={folder!r} is not a folder")
-        paths = [os.path.join(folder, f) for f in sorted(os.listdir(folder))
-                 if f.lower().endswith(vit_train.IMAGE_EXTENSIONS)][:cfg["n_show"]]
+def shown_images(C, T, S):
+    """(uint8 images (B, 3, S, S), names, true labels or None) to draw; T: the training settings."""
+    if C.images:
+        if not os.path.isdir(C.images):
+            raise tk.UserError(f"images={C.images!r} is not a folder: give --images=<a folder of image files>")
+        paths = [os.path.join(C.images, f) for f in sorted(os.listdir(C.images))
+                 if f.lower().endswith(IMAGE_EXTENSIONS)][:C.n_show]
         if not paths:
-            raise FileNotFoundError(f"no image files in {folder!r}")
-        pics = [vit_train.center_crop(vit_train.load_image(p), S, tcfg["eval_crop_pct"]) for p in paths]
+            raise tk.UserError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in {C.images}: give --images=<a folder "
+                               "of pictures>, or leave it out to show the val split")
+        pics = [vit_train.center_crop(vit_train.load_image(p), S, T.eval_crop_pct) for p in paths]
         return torch.stack(pics), paths, [None] * len(paths)
-    val = vit_train.build_sources(tcfg)[1]
-    view = vit_train.View(val, tcfg, train=False)
-    idx = range(min(cfg["n_show"], len(val)))
+    val = vit_train.build_sources(T)[1]
+    view = vit_train.View(val, T, train=False)
+    idx = range(min(C.n_show, len(val)))
     return torch.stack([view[i][0] for i in idx]), [f"val[{i}]" for i in idx], [val.labels[i] for i in idx]
 
 
-def main(argv=None):
-    cfg = trainkit.configure(DEFAULTS, sys.argv[1:] if argv is None else argv)
-    if cfg["num_threads"] > 0:
-        torch.set_num_threads(cfg["num_threads"])
-    if not cfg["ckpt"]:
-        raise trainkit.ConfigError("give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt")
-    dev = cfg["device"]
-    ck = trainkit.load_checkpoint(cfg["ckpt"])
+def main(argv):
+    C, _ = tk.configure(DEFAULTS, argv)
+    check_settings(C)
+    dev, _ = tk.choose_device_dtype(C.device, "float32")
+    if C.num_threads > 0:
+        torch.set_num_threads(C.num_threads)
+    path = os.path.join(C.ckpt, "ckpt.pt") if os.path.isdir(C.ckpt) else C.ckpt
+    out = C.out_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "inspect")
+    tk.require(not os.path.exists(out) or os.path.isdir(out),
+               f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
+    if not os.path.isfile(path):
+        raise tk.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
+    ck = tk.load_checkpoint(path, "vit")
     model = vit_train.model_from_checkpoint(ck).to(dev).eval()
-    tcfg = {**vit_train.DEFAULTS, **ck["config"], "img_size": model.config.img_size}
+    T = SimpleNamespace(**{**vit_train.DEFAULTS, **ck["config"], "img_size": model.config.img_size})
     S, H, L, is_tost = model.config.img_size, model.config.n_head, model.config.n_layer, model.config.attn == "tssa"
-    chosen = parse_layers(cfg["layers"], L)
-    out = cfg["out_dir"] or os.path.join(os.path.dirname(os.path.abspath(cfg["ckpt"])), "inspect")
-    os.makedirs(out, exist_ok=True)
-    shown, sources, truth = shown_images(cfg, tcfg, S)
-    x = vit_train.to_input(shown, tcfg["dataset"], dev)
+    chosen = layer_numbers(C.layers) or sorted({1, (L + 1) // 2, L})
+    tk.require(all(1 <= l <= L for l in chosen), f"layers {chosen} out of range: this model has layers 1..{L}")
+    shown, sources, truth = shown_images(C, T, S)
+    x = vit_train.to_input(shown, T.dataset, dev)
     if is_tost:
         before, after, maps = rvar_before_after(model, x)
     else:  # a softmax baseline has no Pi and no R_var: class attention only
@@ -188,8 +203,9 @@ def main(argv=None):
     Hp, Wp = maps["grid"]
     classes = ck.get("classes") or [str(k) for k in range(model.config.num_classes)]
     probs = maps["logits"].float().softmax(-1).cpu()
-    report = {"checkpoint": os.path.abspath(cfg["ckpt"]), "iter": ck.get("iter_num"), "attn": model.config.attn,
+    report = {"checkpoint": os.path.abspath(path), "iter": ck.get("iter_num"), "attn": model.config.attn,
               "grid": [Hp, Wp], "layers_shown": chosen, "images": [], "files": []}
+    pictures = {}  # file name -> PNG bytes
     for i in range(len(shown)):
         entry = {"source": sources[i], "predicted": classes[int(probs[i].argmax())], "p": float(probs[i].max()),
                  "true": None if truth[i] is None else classes[truth[i]]}
@@ -197,32 +213,33 @@ def main(argv=None):
         picture = shown[i].permute(1, 2, 0).numpy()
         if is_tost:
             rows = [maps["layers"][l - 1]["pi"][i].view(H, Hp, Wp).cpu().numpy() for l in chosen]
-            map_figure(os.path.join(out, f"pi_{i:02d}.png"), picture, rows, [f"layer {l}" for l in chosen],
-                       f"Pi (membership of each patch in each head's group); {title}", "Pi", 1.0)
+            pictures[f"pi_{i:02d}.png"] = map_figure(picture, rows, [f"layer {l}" for l in chosen],
+                                                     f"Pi (membership of each patch in each head's group); {title}", "Pi", 1.0)
             entry["rvar_before"], entry["rvar_after"] = before[i].tolist(), after[i].tolist()
-            report["files"].append(f"pi_{i:02d}.png")
         attn = maps["cls_attn"][0][i].view(H, Hp, Wp).cpu().numpy()
-        map_figure(os.path.join(out, f"cls_attn_{i:02d}.png"), picture, [attn], ["class attention, layer 1"],
-                   f"class-token attention over the patches; {title}", "attention weight", float(attn.max()))
-        report["files"].append(f"cls_attn_{i:02d}.png")
+        pictures[f"cls_attn_{i:02d}.png"] = map_figure(picture, [attn], ["class attention, layer 1"],
+                                                       f"class-token attention over the patches; {title}",
+                                                       "attention weight", float(attn.max()))
         report["images"].append(entry)
     if is_tost:  # Figure 4a on train and val images, a fixed subset of each
         report["rvar"] = {}
-        for split, src in zip(("train", "val"), vit_train.build_sources(tcfg)):
-            indices = torch.randperm(len(src), generator=torch.Generator().manual_seed(0))[:cfg["n_rvar"]].tolist()
-            view = vit_train.View(src, tcfg, train=False)
-            report["rvar"][split] = rvar_over(model, view, indices, tcfg["dataset"], cfg["batch_size"], dev)
-        rvar_figure(os.path.join(out, "rvar.png"), report["rvar"], f"{cfg['ckpt']}: {L} ToST layers, "
-                    f"iteration {ck.get('iter_num')}")
-        report["files"].append("rvar.png")
+        for split, src in zip(("train", "val"), vit_train.build_sources(T)):
+            indices = torch.randperm(len(src), generator=torch.Generator().manual_seed(0))[:C.n_rvar].tolist()
+            view = vit_train.View(src, T, train=False)
+            report["rvar"][split] = rvar_over(model, view, indices, T.dataset, C.batch_size, dev)
+        pictures["rvar.png"] = rvar_figure(report["rvar"], f"{path}: {L} ToST layers, iteration {ck.get('iter_num')}")
         print("R_var after each layer's step (val):", " ".join(f"{v:.4g}" for v in report["rvar"]["val"]["after"]))
         print("share of val images the step lowered, by layer:",
               " ".join(f"{100 * v:.0f}%" for v in report["rvar"]["val"]["lowered"]))
-    with open(os.path.join(out, "inspect.json"), "w") as f:
+    report["files"] = sorted(pictures)
+    for name, data in pictures.items():
+        with tk.atomic_write(os.path.join(out, name)) as f:
+            f.write(data)
+    with tk.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
         json.dump(report, f, indent=1)
-    print(f"wrote {len(report['files'])} pictures and inspect.json to {out}")
+    print(f"wrote {len(pictures)} pictures and inspect.json to {out}")
     return report
 
 
 if __name__ == "__main__":
-    trainkit.run_cli(main)
+    tk.run_cli(main, sys.argv[1:])

@@ -1,25 +1,31 @@
 """
 Train or fine-tune ToST-ViT (the Token Statistics Transformer for images), or the softmax
-baseline of the same size (--attn=softmax), for image classification.
+baseline of the same size (--attn=softmax), for image classification. Read top to bottom: the
+settings, the data, the recipes, the model, then main() (DDP, the checkpoint, the loop).
 
     python vit_train.py config/vit_cpu.py                  # CPU, built-in "shapes" data, minutes
     torchrun --standalone --nproc_per_node=8 vit_train.py config/vit_tost_s.py   # ImageNet-1k
     python vit_train.py config/vit_finetune.py --finetune_from=out-vit-tost-s/ckpt.pt --dataset=cifar10
 
 Settings are the module globals below, overridden by config files (positional arguments) and
-then --key=value (trainkit.configure). Conventions shared with train.py: see trainkit.py.
+then --key=value; conventions and policies shared with train.py: see trainkit.py.
 
 Data (`dataset`): "shapes" (built in: ten shapes drawn with torch at random size, rotation,
 position and colours on textured backgrounds, chance 1/10, learnable on a CPU);
 "cifar10", "cifar100", "imagenet-1k" through Hugging Face `datasets`; "folder": data_dir/train/
-<class>/* and data_dir/val/<class>/* (or one tree of class folders, val_fraction held out),
-decoded with Pillow.
+<class>/* and data_dir/val/<class>/* (or one tree of class folders, the last val_fraction of each
+class held out). Every file of a class folder (hidden files aside) must be an image Pillow
+reads: each is opened once at the start, and anything else is named, before any work.
 
 Recipes (`recipe`): "builtin" needs nothing more (random resized crop, horizontal flip, mixup /
 cutmix, label smoothing; every draw is a function of (seed, epoch, position), whatever the number
 of processes); "paper" is the paper's ImageNet recipe through timm (RandAugment, random erasing,
 repeated augmentation, bicubic resizing: the settings marked recipe="paper"; pip install timm, README).
-Checkpoints (out_dir/ckpt.pt, atomic) resume exactly; one JSON line per evaluation in log.jsonl.
+
+init_from: "scratch", "resume" (out_dir/ckpt.pt, exactly), "auto" (either) or "finetune" (the
+body of finetune_from's model, a new head when the classes differ; its architecture, this run's
+img_size, dropout and drop_path). out_dir/ckpt.pt is written atomically at every evaluation
+(always_save_checkpoint) and log.jsonl gets one JSON line per evaluation.
 """
 
 import math
@@ -27,6 +33,7 @@ import os
 import random
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 
 import numpy as np
@@ -35,22 +42,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-import trainkit
+import trainkit as tk
 from model import ToSTViT, ViTConfig
 from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
+from train import get_lr
 
 # -----------------------------------------------------------------------------
 # settings
 out_dir = "out-vit"
-init_from = "scratch"  # "scratch" | "resume" (out_dir/ckpt.pt) | "finetune" (finetune_from, new head)
-finetune_from = ""
+init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt), "resume", "auto" (either), "finetune"
+finetune_from = ""  # init_from="finetune": a ckpt.pt written by vit_train.py
 eval_interval = 500  # iterations between evaluations (and checkpoints)
 log_interval = 20  # iterations between progress lines
 eval_max_images = 0  # 0: the whole validation split
 always_save_checkpoint = True  # False: save only when val accuracy improves
 # data
 dataset = "shapes"  # "shapes" | "cifar10" | "cifar100" | "imagenet-1k" | "folder"
-data_dir = ""
+data_dir = ""  # dataset="folder": the image tree
 val_fraction = 0.1  # dataset="folder" without train/ and val/: share of each class held out
 img_size = 32
 num_workers = 0
@@ -71,7 +79,7 @@ eval_crop_pct = 0.875  # evaluation: resize the short side to img_size / eval_cr
 randaugment = "rand-m9-mstd0.5-inc1"  # recipe="paper": timm's RandAugment policy
 random_erasing = 0.25  # recipe="paper"
 repeated_aug = 3  # recipe="paper": each image seen this many times per epoch (1 = off)
-# model (the checkpoint's architecture is used for resume / finetune)
+# model (resume and finetune take the checkpoint's architecture)
 n_layer = 6
 n_head = 4
 n_embd = 192
@@ -79,12 +87,12 @@ patch_size = 4
 mlp_ratio = 4.0
 dropout = 0.0
 drop_path = 0.0  # stochastic depth, the same rate in every ToST block
-layer_scale_init = 1.0
-attn = "tssa"  # "tssa" | "softmax" | "linear"
+layer_scale_init = 1.0  # 0: no layer scale
+attn = "tssa"  # "tssa" | "softmax" | "linear" (baselines at the same size)
 pi = "softmax"  # "softmax" | "uniform" (ablation)
 n_cls_layers = 2
 tssa_impl = "torch"
-# optimisation
+# AdamW, learning-rate schedule (train.py's get_lr: warmup, then decay to min_lr at lr_decay_iters)
 batch_size = 128  # images per process per micro-step
 gradient_accumulation_steps = 1  # micro-steps per optimizer step over all processes
 max_iters = 5000
@@ -92,21 +100,20 @@ learning_rate = 1e-3
 min_lr = 1e-5
 warmup_iters = 250
 lr_decay_iters = 0  # 0: max_iters
-lr_schedule = "cosine"
+lr_schedule = "cosine"  # "cosine", "linear" or "constant"
 weight_decay = 0.05
 beta1 = 0.9
 beta2 = 0.999
 grad_clip = 1.0  # 0: off
 # system
-device = "auto"
-dtype = "auto"
+device = "auto"  # "auto" (this rank's GPU if there is one, else cpu), "cpu", "cuda", "cuda:1"
+dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
 sync_bn = True  # under DDP on GPUs: SyncBatchNorm in the patch embedding
 seed = 1337
-DEFAULTS = trainkit.config_defaults(globals())
 # -----------------------------------------------------------------------------
-
+DEFAULTS = tk.config_defaults(globals())  # the settings above (nothing defined below is one)
 HF_DATASETS = {  # name -> (hub id, image column, label column, train split, val split)
     "cifar10": ("uoft-cs/cifar10", "img", "label", "train", "test"),
     "cifar100": ("uoft-cs/cifar100", "img", "fine_label", "train", "test"),
@@ -114,9 +121,44 @@ HF_DATASETS = {  # name -> (hub id, image column, label column, train split, val
 }
 MEAN_STD = {"shapes": ((0.5,) * 3, (0.5,) * 3), "cifar": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
             "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 MODEL_KEYS = ("img_size", "patch_size", "n_layer", "n_head", "n_embd", "mlp_ratio", "dropout", "drop_path",
               "layer_scale_init", "attn", "pi", "n_cls_layers")
+FINETUNE_OWN = ("img_size", "dropout", "drop_path")  # what a fine-tuning run sets itself
+
+
+def check_settings(C):
+    """Every setting that can be wrong on its own, checked before anything is read or built."""
+    tk.check(C, at_least_1=("eval_interval", "log_interval", "img_size", "shapes_train_size", "shapes_val_size",
+                            "shapes_source_size", "repeated_aug", "n_layer", "n_head", "n_embd", "patch_size",
+                            "n_cls_layers", "batch_size", "gradient_accumulation_steps"),
+             non_negative=("eval_max_images", "num_workers", "shapes_seed", "mixup", "cutmix", "layer_scale_init",
+                           "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
+                           "num_threads", "seed"),
+             positive=("mlp_ratio", "learning_rate"),
+             fraction=("val_fraction", "label_smoothing", "dropout", "drop_path", "beta1", "beta2"),
+             choices={"init_from": ("scratch", "resume", "auto", "finetune"),
+                      "dataset": ("shapes", "folder", *HF_DATASETS), "recipe": ("builtin", "paper"),
+                      "attn": ("tssa", "softmax", "linear"), "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
+                      "lr_schedule": ("cosine", "linear", "constant")})
+    for key in ("mix_prob", "random_erasing"):
+        tk.require(0 <= getattr(C, key) <= 1, f"{key} must be in [0, 1], got {getattr(C, key)}")
+    tk.require(0 < C.eval_crop_pct <= 1, f"eval_crop_pct must be in (0, 1], got {C.eval_crop_pct}")
+    low_high = C.crop_scale
+    tk.require(len(low_high) == 2 and all(type(v) in (int, float) for v in low_high) and 0 < low_high[0] <= low_high[1] <= 1,
+               f"crop_scale must be two numbers (low, high) with 0 < low <= high <= 1, got {low_high!r}")
+    tk.require(2 <= C.shapes_num_classes <= len(SHAPES), f"shapes_num_classes must be in 2..{len(SHAPES)}, "
+                                                         f"got {C.shapes_num_classes}")
+    tk.require(C.patch_size >= 2 and C.patch_size & (C.patch_size - 1) == 0,
+               f"patch_size must be a power of two >= 2 (stride-2 convolutions), got {C.patch_size}")
+    tk.require(C.img_size % C.patch_size == 0, f"img_size ({C.img_size}) must be divisible by patch_size ({C.patch_size})")
+    tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
+    tk.require(C.n_embd >= C.patch_size // 2, f"n_embd ({C.n_embd}) must be at least patch_size / 2 "
+                                              f"({C.patch_size // 2}): the patch embedding halves it per convolution")
+    tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
+    tk.require(C.out_dir, "out_dir must not be empty")
+    tk.require(C.dataset != "folder" or C.data_dir, "dataset='folder' needs --data_dir=<a folder of class folders>")
+    tk.require(C.init_from != "finetune" or C.finetune_from,
+               "init_from='finetune' needs --finetune_from=<a ckpt.pt written by vit_train.py>")
 
 
 def mean_std(name):
@@ -148,8 +190,6 @@ def make_shapes(n, size=32, num_classes=10, seed=0):
     """n images (uint8 (n, 3, size, size)) and labels ((n,) int64): one shape per image at a
     random position, radius, rotation and colour, on a two-colour gradient with noise.
     Same arguments -> same tensors, on any machine."""
-    if not 2 <= num_classes <= len(SHAPES):
-        raise trainkit.UserError(f"shapes_num_classes must be in 2..{len(SHAPES)}, got {num_classes}")
     g = torch.Generator().manual_seed(seed)
     rand = lambda *shape: torch.rand(*shape, generator=g)
     labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=g)]
@@ -190,8 +230,24 @@ def rgb_tensor(im):
 
 
 def load_image(path):
-    with Image.open(path) as im:
-        return rgb_tensor(im)
+    """An image file -> uint8 (3, H, W); a file Pillow cannot decode is a UserError naming it."""
+    try:
+        with Image.open(path) as im:
+            return rgb_tensor(im)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise tk.UserError(f"cannot decode {path} as an image ({type(e).__name__}: {' '.join(str(e).split())}): "
+                           "remove or replace it") from None
+
+
+def check_image(path):
+    """Open `path` with Pillow and check what it can without decoding; anything else is named."""
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except Exception as e:  # UnidentifiedImageError, truncated or damaged data, decompression bombs, ...
+        why = "not an image format Pillow knows" if isinstance(e, Image.UnidentifiedImageError) else \
+            f"{type(e).__name__}: {' '.join(str(e).split())}"
+        raise tk.UserError(f"{path} is not a readable image ({why}): remove it (class folders hold only images)") from None
 
 
 class Source:
@@ -210,74 +266,81 @@ class Source:
 
 
 def scan_image_folder(root):
-    """root/<class>/<files> -> (paths, labels, classes), classes sorted by name."""
-    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    paths, labels = [], []
-    for k, name in enumerate(classes):
-        for dirpath, _, files in sorted(os.walk(os.path.join(root, name))):
-            found = [os.path.join(dirpath, f) for f in sorted(files) if f.lower().endswith(IMAGE_EXTENSIONS)]
-            paths += found
-            labels += [k] * len(found)
-    if not paths:
-        raise FileNotFoundError(f"no images in class sub-folders of {root!r}; expected root/<class>/<image files>")
-    return paths, labels, classes
+    """root/<class>/<files> -> {class: [paths]}, classes sorted by name, every file checked to
+    be an image (hidden files skipped). No class folder, or an empty one, is refused."""
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+    files = {}
+    for name in classes:
+        files[name] = [os.path.join(folder, f) for folder, subs, names in sorted(os.walk(os.path.join(root, name)))
+                       for f in sorted(names) if not f.startswith(".")]
+        if not files[name]:
+            raise tk.UserError(f"class folder {os.path.join(root, name)} holds no images: add some, or remove it")
+    if not classes:
+        raise tk.UserError(f"{root} holds no class folders: expected {root}/<class>/<images>, one folder per class")
+    with ThreadPoolExecutor(16) as pool:  # file system latency, not compute: threads overlap it
+        list(pool.map(check_image, [p for name in classes for p in files[name]]))
+    return files
 
 
 def folder_sources(data_dir, val_fraction):
-    """data_dir/train + data_dir/val (or validation/test), or one tree split per class."""
-    if not data_dir or not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"dataset='folder' needs data_dir=<a folder> holding train/<class>/<images> and "
-                                f"val/<class>/<images>, or <class>/<images>; got {data_dir!r}")
+    """data_dir/train + data_dir/val (or validation/test), or one tree (data_dir, or data_dir/train
+    alone) whose last val_fraction of each class (in name order) is held out."""
+    if not os.path.isdir(data_dir):
+        what = "is a file" if os.path.exists(data_dir) else "does not exist"
+        raise tk.UserError(f"data_dir={data_dir!r} {what}: give --data_dir=<folder> holding train/<class>/<images> "
+                           "and val/<class>/<images>, or <class>/<images>")
+    train_dir = os.path.join(data_dir, "train") if os.path.isdir(os.path.join(data_dir, "train")) else data_dir
     val_dir = next((os.path.join(data_dir, d) for d in ("val", "validation", "test")
                     if os.path.isdir(os.path.join(data_dir, d))), None)
-    if os.path.isdir(os.path.join(data_dir, "train")) and val_dir:
-        tp, tl, classes = scan_image_folder(os.path.join(data_dir, "train"))
-        vp, vl, vclasses = scan_image_folder(val_dir)
-        if set(vclasses) - set(classes):
-            raise trainkit.UserError(f"{val_dir} has classes that train/ lacks: {sorted(set(vclasses) - set(classes))[:5]}")
-        vl = [classes.index(vclasses[k]) for k in vl]
-        return Source(tp, tl, classes, load_image), Source(vp, vl, classes, load_image)
-    paths, labels, classes = scan_image_folder(data_dir)
-    train_paths, val_paths = [], []
-    for k in range(len(classes)):  # the last val_fraction of each class (in name order) is held out
-        mine = [p for p, lab in zip(paths, labels) if lab == k]
-        cut = len(mine) - int(round(val_fraction * len(mine)))
-        train_paths += mine[:cut]
-        val_paths += mine[cut:]
-    label_of = dict(zip(paths, labels))
-    return tuple(Source(ps, [label_of[p] for p in ps], classes, load_image) for ps in (train_paths, val_paths))
+    tk.require(train_dir != data_dir or val_dir is None,
+               f"{val_dir} has no train/ beside it: give {data_dir}/train/<class>/<images> too")
+    files = scan_image_folder(train_dir)
+    classes = list(files)
+    if len(classes) < 2:
+        raise tk.UserError(f"{train_dir} holds one class folder ({classes[0]}); classification needs at least 2: "
+                           f"{train_dir}/<class>/<images>, one folder per class")
+    if val_dir is not None:
+        val_files = scan_image_folder(val_dir)
+        extra = sorted(set(val_files) - set(classes))
+        if extra:
+            raise tk.UserError(f"{val_dir} has classes that {train_dir} lacks: {', '.join(extra[:5])}: "
+                               "give every val class a train folder")
+    else:
+        val_files = {}
+        for name, paths in files.items():
+            n_val = int(round(val_fraction * len(paths)))
+            if not 0 < n_val < len(paths):
+                raise tk.UserError(f"class {name!r} has {len(paths)} image(s): val_fraction={val_fraction} leaves "
+                                   f"{len(paths) - n_val} to train and {n_val} to validate, and each needs at least 1: "
+                                   f"add images, change --val_fraction, or give {data_dir}/train and {data_dir}/val")
+            files[name], val_files[name] = paths[:-n_val], paths[-n_val:]
+    label = {name: k for k, name in enumerate(classes)}
+    return tuple(Source([p for name in split for p in split[name]], [label[name] for name in split for _ in split[name]],
+                        classes, load_image) for split in (files, val_files))
 
 
-def hf_sources(name):
-    """CIFAR-10/100 (decoded into memory once) or ImageNet-1k (decoded on demand)."""
-    import datasets
-    hub_id, image_key, label_key, train_split, val_split = HF_DATASETS[name]
+def build_sources(C):
+    """(train source, val source) for C.dataset."""
+    if C.dataset == "shapes":
+        n, s = C.shapes_num_classes, 2 * C.shapes_seed
+        return tuple(Source(*make_shapes(size, C.shapes_source_size, n, seed=s + i), SHAPES[:n])
+                     for i, size in enumerate((C.shapes_train_size, C.shapes_val_size)))
+    if C.dataset == "folder":
+        return folder_sources(C.data_dir, C.val_fraction)
+    import datasets  # CIFAR-10/100 (decoded into memory once) or ImageNet-1k (decoded on demand)
+    hub_id, image_key, label_key, train_split, val_split = HF_DATASETS[C.dataset]
     try:
         splits = [datasets.load_dataset(hub_id, split=s) for s in (train_split, val_split)]
     except Exception as e:  # no network, offline mode, gated repository, ...
-        raise trainkit.UserError(
-            f"could not load {hub_id!r} through Hugging Face datasets ({type(e).__name__}: {str(e)[:200]}); it "
-            "needs the network the first time (imagenet-1k: accept its terms, `huggingface-cli login`). "
-            "Without it: dataset='folder' with data_dir=<image tree>, or dataset='shapes'") from e
+        raise tk.UserError(
+            f"could not load {hub_id!r} through Hugging Face datasets ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+            "it needs the network the first time (imagenet-1k: accept its terms, `huggingface-cli login`). "
+            "Without it: --dataset=folder --data_dir=<image tree>, or --dataset=shapes") from None
     classes = splits[0].features[label_key].names
-    if name == "imagenet-1k":
+    if C.dataset == "imagenet-1k":
         return tuple(Source(ds, ds[label_key], classes, lambda row: rgb_tensor(row[image_key])) for ds in splits)
     return tuple(Source(torch.stack([rgb_tensor(im) for im in ds[image_key]]), ds[label_key], classes)
                  for ds in splits)
-
-
-def build_sources(cfg):
-    """(train source, val source) for cfg["dataset"]."""
-    name = cfg["dataset"]
-    if name == "shapes":
-        n_cls, size, s = cfg["shapes_num_classes"], cfg["shapes_source_size"], 2 * cfg["shapes_seed"]
-        return tuple(Source(*make_shapes(n, size, n_cls, seed=s + i), SHAPES[:n_cls])
-                     for i, n in enumerate((cfg["shapes_train_size"], cfg["shapes_val_size"])))
-    if name == "folder":
-        return folder_sources(cfg["data_dir"], cfg["val_fraction"])
-    trainkit.require(name in HF_DATASETS, f"unknown dataset {name!r}; use shapes, folder (with data_dir) or one "
-                                          f"of {sorted(HF_DATASETS)}")
-    return hf_sources(name)
 
 
 # -----------------------------------------------------------------------------
@@ -318,8 +381,8 @@ class View(torch.utils.data.Dataset):
     crop depends only on (seed, epoch, slot), never on worker count or order. Built in: uint8
     crops (normalised on the device); "paper": timm's transform under a per-key seed."""
 
-    def __init__(self, source, cfg, train, timm_transform=None):
-        self.source, self.cfg, self.train, self.transform = source, cfg, train, timm_transform
+    def __init__(self, source, C, train, timm_transform=None):
+        self.source, self.C, self.train, self.transform = source, C, train, timm_transform
 
     def __len__(self):
         return len(self.source)
@@ -327,16 +390,16 @@ class View(torch.utils.data.Dataset):
     def __getitem__(self, key):
         epoch, slot, index = key if self.train else (0, key, key)
         img, label = self.source.get(index)
-        seed = [self.cfg["seed"], epoch, slot]
+        seed = [self.C.seed, epoch, slot]
         if self.transform is not None:
             return self._timm(img, seed), label
-        size = self.cfg["img_size"]
+        size = self.C.img_size
         if not self.train:
-            return center_crop(img, size, self.cfg["eval_crop_pct"]), label
+            return center_crop(img, size, self.C.eval_crop_pct), label
         rng = np.random.default_rng(seed)
-        top, left, h, w = random_resized_crop_box(img.shape[1], img.shape[2], self.cfg["crop_scale"], rng)
+        top, left, h, w = random_resized_crop_box(img.shape[1], img.shape[2], self.C.crop_scale, rng)
         img = resize(img[:, top:top + h, left:left + w], (size, size))
-        return (img.flip(-1) if self.cfg["hflip"] and rng.random() < 0.5 else img), label
+        return (img.flip(-1) if self.C.hflip and rng.random() < 0.5 else img), label
 
     def _timm(self, img, seed):
         """timm draws from python's, numpy's and torch's global generators: seed them from the
@@ -348,31 +411,31 @@ class View(torch.utils.data.Dataset):
         torch.manual_seed(s)
         try:
             return self.transform(Image.fromarray(img.permute(1, 2, 0).numpy()))
-        finally:  # not trainkit.set_rng_state: that touches CUDA, which a forked worker must not
+        finally:  # not tk.restore_rng: that touches CUDA, which a forked worker must not
             random.setstate(state[0])
             np.random.set_state(state[1])
             torch.set_rng_state(state[2])
 
 
-def timm_transforms(cfg):
+def timm_transforms(C):
     """(train, eval) transforms of the paper's recipe, built by timm."""
     try:
         from timm.data import create_transform
     except ImportError as e:
-        raise trainkit.UserError(f"recipe='paper' needs timm ({e}); see the README: pip install timm "
-                                 "(--no-deps next to a CPU torch), or recipe='builtin'") from None
+        raise tk.UserError(f"recipe='paper' needs timm ({e}): pip install timm (the README says how next to a "
+                           "CPU torch), or --recipe=builtin") from None
     from timm.data.auto_augment import posterize
     try:  # RandAugment at magnitude 10 (rand-m9-mstd0.5 reaches it) keeps 0 bits: Pillow 13 refuses that
         posterize(Image.new("RGB", (1, 1)), 0)
     except ValueError as e:
-        raise trainkit.UserError(f"timm's RandAugment posterizes to 0 bits, which this Pillow refuses ({e}); "
-                                 "install Pillow<13 next to timm (README)") from None
-    mean, std = mean_std(cfg["dataset"])
-    common = dict(input_size=cfg["img_size"], interpolation="bicubic", mean=mean, std=std)
-    train = create_transform(**common, is_training=True, scale=tuple(cfg["crop_scale"]),
-                             hflip=0.5 if cfg["hflip"] else 0.0, auto_augment=cfg["randaugment"] or None,
-                             re_prob=cfg["random_erasing"], re_mode="pixel", re_count=1)
-    return train, create_transform(**common, is_training=False, crop_pct=cfg["eval_crop_pct"])
+        raise tk.UserError(f"timm's RandAugment posterizes to 0 bits, which this Pillow refuses ({e}): "
+                           "install Pillow<13 next to timm (README)") from None
+    mean, std = mean_std(C.dataset)
+    common = dict(input_size=C.img_size, interpolation="bicubic", mean=mean, std=std)
+    train = create_transform(**common, is_training=True, scale=tuple(C.crop_scale),
+                             hflip=0.5 if C.hflip else 0.0, auto_augment=C.randaugment or None,
+                             re_prob=C.random_erasing, re_mode="pixel", re_count=1)
+    return train, create_transform(**common, is_training=False, crop_pct=C.eval_crop_pct)
 
 
 class TrainBatches:
@@ -391,8 +454,8 @@ class TrainBatches:
         per_epoch = len(self.sampler) if self.sampler else n // world_size
         self.steps_per_epoch = per_epoch // batch_size
         if self.steps_per_epoch == 0:
-            raise trainkit.UserError(f"the training set ({n} images over {world_size} processes) is smaller than "
-                                     f"one batch ({batch_size}); lower batch_size")
+            raise tk.UserError(f"the training set ({n} images over {world_size} process(es)) is smaller than "
+                               f"one batch ({batch_size}): lower --batch_size")
 
     def epoch_keys(self, epoch):  # -> [(slot, index)] of this rank, in order
         if self.sampler is not None:
@@ -448,204 +511,230 @@ def to_input(images, dataset_name, dev):
     return (x.float() / 255 - mean) / std
 
 
-def make_mixer(cfg, num_classes):
-    """(inputs, labels, global micro-step) -> (inputs, soft targets) of the recipe."""
-    if cfg["recipe"] == "paper" and (cfg["mixup"] > 0 or cfg["cutmix"] > 0):
-        from timm.data import Mixup  # its draws come from numpy's global generator (checkpointed)
-        timm_mix = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], prob=cfg["mix_prob"],
-                         label_smoothing=cfg["label_smoothing"], num_classes=num_classes)
-        return lambda x, labels, step: timm_mix(x, labels)
-
-    def builtin(x, labels, step):
-        rng = np.random.default_rng([cfg["seed"], step])
-        target = smooth_targets(labels, num_classes, cfg["label_smoothing"])
-        return mix_batch(x, target, rng, cfg["mixup"], cfg["cutmix"], cfg["mix_prob"])[:2]
-    return builtin
-
-
 # -----------------------------------------------------------------------------
-# 3. Model, checkpoints, evaluation
+# 3. Model, evaluation, the training loop
 
 
 def model_from_checkpoint(ckpt, **overrides):
     """Rebuild the model a checkpoint of this script holds (on the CPU)."""
     model = ToSTViT(ViTConfig(**{**ckpt["model_args"], **overrides}))
-    model.load_state_dict(trainkit.clean_state_dict(ckpt["model"]))
+    model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
     return model
 
 
-def build_model(cfg, num_classes):
-    """(model, checkpoint or None) for init_from = scratch / resume / finetune."""
-    if cfg["init_from"] == "scratch":
-        args = {k: cfg[k] for k in MODEL_KEYS}
-        return ToSTViT(ViTConfig(**args, num_classes=num_classes, tssa_impl=cfg["tssa_impl"])), None
-    if cfg["init_from"] == "resume":
-        ckpt = trainkit.load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
-        if ckpt["model_args"]["num_classes"] != num_classes:
-            raise trainkit.UserError(f"the checkpoint has {ckpt['model_args']['num_classes']} classes, dataset "
-                                     f"{cfg['dataset']!r} has {num_classes}; init_from='finetune' gives a new head")
-        return model_from_checkpoint(ckpt, tssa_impl=cfg["tssa_impl"]), ckpt
-    trainkit.require(cfg["init_from"] == "finetune",
-                     f"init_from must be scratch, resume or finetune, got {cfg['init_from']!r}")
-    trainkit.require(cfg["finetune_from"], "init_from='finetune' needs finetune_from=<path to a ckpt.pt>")
-    ckpt = trainkit.load_checkpoint(cfg["finetune_from"])  # its architecture; this run's size, regularisation
-    model = model_from_checkpoint(ckpt, img_size=cfg["img_size"], dropout=cfg["dropout"],
-                                  drop_path=cfg["drop_path"], tssa_impl=cfg["tssa_impl"])
-    if model.config.num_classes != num_classes:
-        model.reset_classifier(num_classes)
-    return model, None
-
-
 @torch.no_grad()
-def evaluate(model, loader, dev, ctx, d, dataset_name):
+def evaluate(model, loader, device, ctx, d, dataset_name):
     """(accuracy, cross-entropy) over the loader, summed over all processes."""
     model.eval()
-    sums = torch.zeros(3, device=dev, dtype=torch.float64)  # correct, loss sum, count
+    sums = torch.zeros(3, device=device, dtype=torch.float64)  # correct, loss sum, count
     for images, labels in loader:
-        labels = labels.to(dev)
-        with ctx():
-            logits = model(to_input(images, dataset_name, dev))
+        labels = labels.to(device)
+        with ctx:
+            logits = model(to_input(images, dataset_name, device))
         sums += torch.stack([(logits.argmax(-1) == labels).sum().double(),
                              F.cross_entropy(logits.float(), labels, reduction="sum").double(),
-                             torch.tensor(labels.numel(), device=dev, dtype=torch.float64)])
+                             torch.tensor(labels.numel(), device=device, dtype=torch.float64)])
     if d.ddp:
         torch.distributed.all_reduce(sums)
     model.train()
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
 
 
-# -----------------------------------------------------------------------------
-# 4. Training
-
-
-def loaders(cfg, train_src, val_src, d, start):
-    """(iterator over this process's training batches from micro-step `start`, val loader)."""
-    transforms = timm_transforms(cfg) if cfg["recipe"] == "paper" else (None, None)
-    repeats = cfg["repeated_aug"] if cfg["recipe"] == "paper" else 1
-    batches = TrainBatches(len(train_src), cfg["batch_size"], d.rank, d.world_size, cfg["seed"], start, repeats)
-    n = len(val_src) if cfg["eval_max_images"] <= 0 else min(len(val_src), cfg["eval_max_images"])
-    mine = list(range(d.rank, n, d.world_size))
-    val_batches = [mine[i:i + cfg["batch_size"]] for i in range(0, len(mine), cfg["batch_size"])]
-
-    def loader(view, batches, pin_memory=False):  # shuffles with its own generator, not the global RNG
-        return torch.utils.data.DataLoader(view, batch_sampler=batches, num_workers=cfg["num_workers"],
-                                           pin_memory=pin_memory, generator=torch.Generator().manual_seed(0))
-
-    train_loader = loader(View(train_src, cfg, True, transforms[0]), batches, d.device.startswith("cuda"))
-    val_loader = loader(View(val_src, cfg, False, transforms[1]), val_batches)
-    return iter(train_loader), val_loader
-
-
-def train(cfg, d):
-    trainkit.require(cfg["recipe"] in ("builtin", "paper"), f"recipe must be builtin or paper, got {cfg['recipe']!r}")
-    trainkit.require(cfg["attn"] in ("tssa", "softmax", "linear"), f"attn must be tssa, softmax or linear, got {cfg['attn']!r}")
-    trainkit.require(cfg["tssa_impl"] in _TSSA_IMPLS,
-                     f"tssa_impl must be one of {', '.join(_TSSA_IMPLS)}, got {cfg['tssa_impl']!r}")
-    dev, dtype_name = trainkit.choose_device_dtype(d.device, cfg["dtype"])
-    accum = cfg["gradient_accumulation_steps"]
-    trainkit.require(accum % d.world_size == 0, f"gradient_accumulation_steps ({accum}) must be divisible by the "
-                                                f"number of processes ({d.world_size})")
-    accum //= d.world_size  # micro-steps per process
-    torch.manual_seed(cfg["seed"] + d.rank)
-    np.random.seed(cfg["seed"] + d.rank)
-    random.seed(cfg["seed"] + d.rank)
-    ctx, scaler = trainkit.autocast_for(dev, dtype_name)
-    if cfg["init_from"] != "resume":  # a new run never overwrites another run's checkpoint
-        trainkit.refuse_overwrite(cfg["out_dir"])
-    train_src, val_src = build_sources(cfg)
+def main(argv):
+    # -------------------------------------------------------------------------
+    # settings: the globals above, then config files and --key=value, then checks; the data,
+    # read and checked before anything is written
+    C, given = tk.configure(DEFAULTS, argv)
+    check_settings(C)
+    device, dtype = tk.choose_device_dtype(C.device, C.dtype)
+    if C.num_threads > 0:
+        torch.set_num_threads(C.num_threads)
+    ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
+    if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
+        C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
+    if C.init_from != "resume" and os.path.exists(ckpt_path):  # (claim_out_dir checks again, under the lock)
+        raise tk.UserError(f"{ckpt_path} already exists and init_from={C.init_from!r} would overwrite it: continue "
+                           "that run with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
+    if C.init_from == "finetune" and not os.path.exists(C.finetune_from):
+        raise tk.UserError(f"finetune_from={C.finetune_from!r} does not exist: give the ckpt.pt of a vit_train.py run")
+    train_src, val_src = build_sources(C)
     num_classes = len(train_src.classes)
-    model, ckpt = build_model(cfg, num_classes)
-    model.to(dev)
-    optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
-                                           "cuda" if dev.startswith("cuda") else "cpu")
-    iter_num, best_acc, best_loss, resumed_at = 0, 0.0, float("inf"), None
-    if ckpt is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if scaler is not None and ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        iter_num, best_acc, best_loss = ckpt["iter_num"], ckpt["best_val_acc"], ckpt["best_val_loss"]
-        resumed_at = iter_num  # written right after evaluating at this iteration
-        states = ckpt["rng"]
-        trainkit.set_rng_state(states[d.rank] if len(states) == d.world_size else states[0])
-        del ckpt
-    raw_model = model
-    if d.ddp and cfg["sync_bn"] and dev.startswith("cuda"):
-        model = raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if cfg["compile"]:
-        model = torch.compile(model)
-    if d.ddp:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[d.local_rank] if dev.startswith("cuda") else None)
-    train_iter, val_loader = loaders(cfg, train_src, val_src, d, start=iter_num * accum)
-    mixer = make_mixer(cfg, num_classes)
-    logger = trainkit.JsonlLogger(os.path.join(cfg["out_dir"], "log.jsonl"), enabled=d.is_master,
-                                  fresh=cfg["init_from"] != "resume")
-    if d.is_master:
-        print(f"{cfg['attn']} ViT: {raw_model.get_num_params() / 1e6:.2f}M parameters, {num_classes} classes, "
-              f"{len(train_src)} train / {len(val_src)} val images, {d.world_size} process(es) on {dev}, "
-              f"{dtype_name}, recipe {cfg['recipe']}, batch {cfg['batch_size'] * accum * d.world_size}")
 
-    def save():
-        states = trainkit.gather_rng_states(d)  # every rank takes part
+    # -------------------------------------------------------------------------
+    # DDP from torchrun's environment (one process without torchrun)
+    with tk.distributed(device) as d:
+        device = d.device
+        say = print if d.is_master else (lambda *a, **k: None)
+        tk.require(C.gradient_accumulation_steps % d.world_size == 0,
+                   f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
+                   f"number of processes ({d.world_size})")
+        accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
+        torch.manual_seed(C.seed + d.rank)  # dropout, drop path; the weights come from rank 0 (DDP)
+        np.random.seed(C.seed + d.rank)  # timm's Mixup draws from numpy's and python's generators
+        random.seed(C.seed + d.rank)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+        # ---------------------------------------------------------------------
+        # the checkpoint: resume (its architecture and seed win) or finetune (its architecture)
+        ckpt, iter_num, best_acc, best_loss = None, 0, 0.0, float("inf")
+        if C.init_from == "resume":
+            ckpt = tk.load_checkpoint(ckpt_path, "vit")
+            tk.check_resume(ckpt, C, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path)
+            if ckpt["classes"] != train_src.classes:
+                raise tk.UserError(f"{ckpt_path} classifies {len(ckpt['classes'])} classes, dataset {C.dataset!r} has "
+                                   f"other classes ({num_classes}): resume it on its own data, or start from it with "
+                                   f"--init_from=finetune --finetune_from={ckpt_path} --out_dir=<new folder>")
+            for key in MODEL_KEYS + ("seed",):  # what the checkpoint was, this run is
+                setattr(C, key, ckpt["config"][key])
+            iter_num, best_acc, best_loss = ckpt["iter_num"], ckpt["best_val_acc"], ckpt["best_val_loss"]
+            if iter_num >= C.max_iters:
+                say(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {iter_num}): nothing to do; raise "
+                    f"--max_iters to train it further, or look inside it: python vit_inspect.py --ckpt={ckpt_path}")
+                return None
+        elif C.init_from == "finetune":
+            ckpt = tk.load_checkpoint(C.finetune_from, "vit")
+            body = [k for k in MODEL_KEYS if k not in FINETUNE_OWN]
+            differ = [k for k in body if k in given and getattr(C, k) != ckpt["config"][k]]
+            if differ:
+                raise tk.UserError(f"fine-tuning keeps the architecture of {C.finetune_from}: drop "
+                                   + ", ".join(f"--{k}={getattr(C, k)!r} (checkpoint: {ckpt['config'][k]!r})" for k in differ))
+            for key in body:
+                setattr(C, key, ckpt["config"][key])
+
+        # ---------------------------------------------------------------------
+        # the data loaders: this process's training batches from its current micro-step on
+        transforms = timm_transforms(C) if C.recipe == "paper" else (None, None)
+        batches = TrainBatches(len(train_src), C.batch_size, d.rank, d.world_size, C.seed, iter_num * accum,
+                               C.repeated_aug if C.recipe == "paper" else 1)
+        n_val = len(val_src) if C.eval_max_images == 0 else min(len(val_src), C.eval_max_images)
+        mine = list(range(d.rank, n_val, d.world_size))
+        val_batches = [mine[i:i + C.batch_size] for i in range(0, len(mine), C.batch_size)]
+        loader = lambda view, batches, pin: torch.utils.data.DataLoader(  # noqa: E731 (own generator, not the global one)
+            view, batch_sampler=batches, num_workers=C.num_workers, pin_memory=pin,
+            generator=torch.Generator().manual_seed(0))
+        train_loader = loader(View(train_src, C, True, transforms[0]), batches, device.startswith("cuda"))
+        val_loader = loader(View(val_src, C, False, transforms[1]), val_batches, False)
         if d.is_master:
-            trainkit.save_checkpoint({
-                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "model_args": {**{k: getattr(raw_model.config, k) for k in MODEL_KEYS},
-                               "num_classes": raw_model.config.num_classes},
-                "iter_num": iter_num, "best_val_loss": best_loss, "best_val_acc": best_acc, "config": cfg,
-                "classes": train_src.classes, "rng": states}, os.path.join(cfg["out_dir"], "ckpt.pt"))
+            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
 
-    record, t_start, t_log, lr = {}, time.time(), time.time(), 0.0
-    loss_sum, loss_steps = torch.zeros((), device=dev), 0  # training losses since the last evaluation
-    while True:
-        if (iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]) and iter_num != resumed_at:
-            acc, val_loss = evaluate(model, val_loader, dev, ctx, d, cfg["dataset"])
-            improved = acc > best_acc
-            best_acc, best_loss = max(best_acc, acc), min(best_loss, val_loss)
-            train_loss = trainkit.all_reduce_mean(loss_sum, d).item() / loss_steps if loss_steps else None
-            loss_sum, loss_steps = torch.zeros((), device=dev), 0
-            record = {"iter": iter_num, "lr": lr, "train_loss": train_loss, "val_loss": val_loss, "val_acc": acc,
-                      "time_s": time.time() - t_start}
-            logger.log(record)
-            if d.is_master:
-                print(f"eval iter {iter_num}: val acc {100 * acc:.2f}%, val loss {val_loss:.4f}, train loss "
-                      f"{'-' if train_loss is None else f'{train_loss:.4f}'}", flush=True)
-            if train_loss is not None and not math.isfinite(train_loss):
-                raise trainkit.UserError(f"non-finite training loss at iteration {iter_num}; the last good checkpoint "
-                                         f"is in {cfg['out_dir']}: try a lower learning_rate or grad_clip=1.0")
-            if cfg["always_save_checkpoint"] or improved or iter_num == cfg["max_iters"]:
-                save()
-        if iter_num >= cfg["max_iters"]:
-            return record
-        lr = trainkit.lr_at(iter_num, lr=cfg["learning_rate"], min_lr=cfg["min_lr"], warmup_iters=cfg["warmup_iters"],
-                            decay_iters=cfg["lr_decay_iters"] or cfg["max_iters"], schedule=cfg["lr_schedule"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        for micro in range(accum):
-            images, labels = next(train_iter)
-            step = (iter_num * accum + micro) * d.world_size + d.rank  # the global micro-batch number
-            x, target = mixer(to_input(images, cfg["dataset"], dev), labels.to(dev), step)  # (B, 3, S, S), (B, K)
-            with model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
-                with ctx():
-                    logits = model(x)  # (B, K)
-                loss = -(target * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean() / accum
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            loss_sum += loss.detach()
-        trainkit.optimizer_step(optimizer, model.parameters(), cfg["grad_clip"], scaler)
-        iter_num, loss_steps = iter_num + 1, loss_steps + 1
-        if d.is_master and (iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]):
-            dt, t_log = (time.time() - t_log) / cfg["log_interval"], time.time()
-            print(f"iter {iter_num}: loss {loss.item() * accum:.4f}, lr {lr:.2e}, {1000 * dt:.0f} ms/iter", flush=True)
+        # ---------------------------------------------------------------------
+        # the model: fresh, or the checkpoint's weights (finetune: a new head for other classes)
+        model_args = {k: getattr(C, k) for k in MODEL_KEYS}
+        model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
+        model = ToSTViT(ViTConfig(**model_args, tssa_impl=C.tssa_impl,
+                                  num_classes=ckpt["model_args"]["num_classes"] if ckpt else num_classes))
+        if ckpt is not None:
+            model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+            if model.config.num_classes != num_classes:
+                model.reset_classifier(num_classes)
+        model.to(device)
+        device_type = "cuda" if device.startswith("cuda") else "cpu"
+        optimizer = model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+        ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
+        scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+        resumed_at = None
+        if C.init_from == "resume":
+            optimizer.load_state_dict(ckpt["optimizer"])
+            if ckpt.get("scaler"):
+                scaler.load_state_dict(ckpt["scaler"])
+            tk.restore_rng(ckpt["rng"], d, say)
+            resumed_at = iter_num  # saved right after evaluating at this iteration
+            say(f"resumed from {ckpt_path} at iter {iter_num}")
+            tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command and --init_from=resume")
+        ckpt = None  # free the memory
+        raw_model = model  # the plain module: parameters, checkpoints
+        if d.ddp and C.sync_bn and device_type == "cuda":
+            model = raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if C.compile:
+            say("compiling the model (takes a minute)...")
+            model = torch.compile(model)
+        if d.ddp:
+            model = nn.parallel.DistributedDataParallel(model, device_ids=[d.local_rank] if device_type == "cuda" else None)
+        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from != "resume")
+        say(f"{C.attn} ViT: {raw_model.get_num_params() / 1e6:.2f}M parameters, {num_classes} classes, "
+            f"{len(train_src)} train / {len(val_src)} val images, {d.world_size} process(es) on {device}, {dtype}, "
+            f"recipe {C.recipe}, {C.gradient_accumulation_steps * C.batch_size} images per iteration")
+        timm_mixup = None
+        if C.recipe == "paper" and (C.mixup > 0 or C.cutmix > 0):
+            from timm.data import Mixup  # its draws come from numpy's global generator (checkpointed)
+            timm_mixup = Mixup(mixup_alpha=C.mixup, cutmix_alpha=C.cutmix, prob=C.mix_prob,
+                               label_smoothing=C.label_smoothing, num_classes=num_classes)
 
+        def mix(x, labels, step):  # -> (inputs, soft targets (B, K)) of the recipe; step: the global micro-batch
+            if timm_mixup is not None:
+                return timm_mixup(x, labels)
+            target = smooth_targets(labels, num_classes, C.label_smoothing)
+            return mix_batch(x, target, np.random.default_rng([C.seed, step]), C.mixup, C.cutmix, C.mix_prob)[:2]
 
-def main(argv=None):
-    cfg = trainkit.configure(DEFAULTS, sys.argv[1:] if argv is None else argv)
-    if cfg["num_threads"] > 0:
-        torch.set_num_threads(cfg["num_threads"])
-    device_name, _ = trainkit.choose_device_dtype(cfg["device"], cfg["dtype"])
-    with trainkit.distributed(device_name) as d:
-        return train(cfg, d)
+        # ---------------------------------------------------------------------
+        # the training loop
+        train_iter, record = iter(train_loader), None
+        t_start = t_log = time.time()
+        loss_sum, loss_steps = 0.0, 0  # training losses since the last evaluation
+        while True:
+            lr = get_lr(iter_num, C)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+            # evaluate, log and checkpoint (not again at the iteration a resume starts from)
+            if (iter_num % C.eval_interval == 0 or iter_num == C.max_iters) and iter_num != resumed_at:
+                acc, val_loss = evaluate(model, val_loader, device, ctx, d, C.dataset)
+                improved = acc > best_acc
+                best_acc, best_loss = max(best_acc, acc), min(best_loss, val_loss)
+                record = dict(iter=iter_num, lr=lr, train_loss=loss_sum / loss_steps if loss_steps else None,
+                              val_loss=val_loss, val_acc=acc, time_s=round(time.time() - t_start, 3))
+                loss_sum, loss_steps = 0.0, 0
+                logger.log(record)
+                train_text = "-" if record["train_loss"] is None else f"{record['train_loss']:.4f}"
+                say(f"eval iter {iter_num}: val acc {100 * acc:.2f}%, val loss {val_loss:.4f}, train loss {train_text}")
+                if not math.isfinite(val_loss):  # the last update broke the weights: do not save them
+                    raise tk.non_finite(f"validation loss ({val_loss}) at iter {iter_num}, not saved", ckpt_path, C, dtype)
+                if C.always_save_checkpoint or improved or iter_num == C.max_iters:
+                    rng = tk.gather_rng_states(d)  # a collective: every rank takes part
+                    if d.is_master:
+                        tk.save_checkpoint(dict(
+                            kind="vit", model=tk.clean_state_dict(raw_model.state_dict()),
+                            optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                            model_args={**model_args, "num_classes": num_classes}, iter_num=iter_num,
+                            best_val_loss=best_loss, best_val_acc=best_acc, config=vars(C), rng=rng,
+                            classes=train_src.classes), ckpt_path)
+                        say(f"saved {ckpt_path}")
+                    tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
+                                    "and --init_from=resume")
+            if iter_num >= C.max_iters:
+                break
+
+            # one optimizer step: `accum` micro-batches per process, the gradients averaged over
+            # the processes at the last one only (no_sync before it)
+            step_loss = torch.zeros((), device=device)
+            for micro in range(accum):
+                images, labels = next(train_iter)
+                step = (iter_num * accum + micro) * d.world_size + d.rank  # the global micro-batch number
+                x, target = mix(to_input(images, C.dataset, device), labels.to(device), step)  # (B, 3, S, S), (B, K)
+                with model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
+                    with ctx:
+                        logits = model(x)  # (B, K)
+                    loss = -(target * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean() / accum
+                    scaler.scale(loss).backward()
+                step_loss += loss.detach()
+            train_loss = tk.all_reduce_mean(step_loss, d).item()  # over every micro-batch of every rank
+            if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
+                raise tk.non_finite(f"training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), stopped before "
+                                    "the update", ckpt_path, C, dtype)
+            if C.grad_clip > 0:
+                scaler.unscale_(optimizer)  # clip the true gradient, not the scaled one
+                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)
+            scaler.step(optimizer)  # (float16: skipped when the gradients overflowed)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num, loss_sum, loss_steps = iter_num + 1, loss_sum + train_loss, loss_steps + 1
+            if iter_num % C.log_interval == 0 or iter_num == C.max_iters:
+                dt, t_log = (time.time() - t_log) / C.log_interval, time.time()
+                say(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.2e}, {1000 * dt:.0f} ms/iter", flush=True)
+        if d.is_master:
+            tk.release_out_dir(C.out_dir)
+    return record
 
 
 if __name__ == "__main__":
-    trainkit.run_cli(main)
+    tk.run_cli(main, sys.argv[1:])

@@ -6,6 +6,7 @@
 
 out_dir = "out-pydocs-char-tost"
 dataset = "pydocs_char"
+init_from = "auto"  # run the command again: it continues the run, or says it is done
 eval_interval = 200
 eval_iters = 10
 log_interval = 25

@@ -25,6 +25,11 @@ metadata order (files 0, 1, 2, ...) and cut 80/10/10 into train/val/test.
 Tokens: 0 is padding everywhere. Bytes and pixels are value + 1 (vocabulary 257);
 ListOps uses LISTOPS_VOCAB (vocabulary 16).
 
+Damaged input (an empty file, bytes that are not UTF-8, a malformed line, a label outside the
+task's classes, a missing or unreadable image) is a DataError of one line naming the file and
+line, and what to do. With cache_dir, the tokenised arrays are kept as .npz files written
+atomically; a cache file that does not load is said and rebuilt.
+
     python lra/data.py --task=listops --data_dir=data/lra_gen   # load and print a summary
 """
 
@@ -43,7 +48,7 @@ if __package__ in (None, ""):
 
 from PIL import Image
 
-from trainkit import UserError
+from trainkit import UserError, atomic_write
 
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 RELEASE_PAGE = "https://github.com/google-research/long-range-arena"
@@ -74,8 +79,12 @@ SPLITS = ("train", "val", "test")
 
 
 class DataError(UserError, ValueError):
-    """Data that cannot be used as it is (a malformed line, a label out of range): one line
-    naming the file and line, from lra/train.py."""
+    """Data that cannot be used as it is (missing, empty, a label out of range): one line from
+    lra/train.py (trainkit.run_cli)."""
+
+
+class DamagedData(DataError):
+    """A malformed file of a task: load_split adds how to get the file again."""
 
 
 def get_task(name):
@@ -173,21 +182,45 @@ def make_batch(split, idx, max_len, pad_multiple=1):
 
 def _missing(task, path, data_dir):
     if task in ("listops", "pathfinder"):
-        gen = (f" Or generate it without the download: python lra/generate.py --task={task} "
-               f"--out_dir=data/lra_gen{' --size=32' if task == 'pathfinder' else ''}, then data_dir=data/lra_gen.")
+        gen = (f" Or generate it without the download, for --data_dir=data/lra_gen: python lra/generate.py "
+               f"--task={task} --out_dir=data/lra_gen{' --size=32' if task == 'pathfinder' else ''}")
     elif task == "pathx":
         gen = " Or generate it: python lra/generate.py --task=pathfinder --size=128 --out_dir=data/lra_gen."
     else:
         gen = ""
-    return FileNotFoundError(
+    return DataError(
         f"LRA {task} data not found: expected {path}. Download the LRA release archive lra_release.gz "
         f"(linked from {RELEASE_PAGE}: {RELEASE_URL}) and unpack it with "
         f"`mkdir -p data && tar -xzf lra_release.gz -C data`, which gives data/lra_release/; "
-        f"set data_dir to that folder (data_dir is now {data_dir!r}).{gen}")
+        f"set --data_dir to that folder (data_dir is now {data_dir!r}).{gen}")
+
+
+def _how_to_replace(task):
+    """What to do about a damaged file of `task`: get it again."""
+    if task in ("listops", "pathfinder", "pathx"):
+        what = "listops" if task == "listops" else f"pathfinder --size={32 if task == 'pathfinder' else 128}"
+        return (f"unpack lra_release.gz again, or generate the task anew for --data_dir=<new folder>: "
+                f"python lra/generate.py --task={what} --out_dir=<new folder>")
+    if task == "retrieval":
+        return "unpack lra_release.gz again"
+    return f"check the dataset --hf_{task} names (a Hub name, or a folder of parquet files)"
 
 
 # -----------------------------------------------------------------------------
 # readers, one per layout
+
+
+def _lines(path):
+    """(line number, text) of each non-empty line of a UTF-8 text file (\\n or \\r\\n ends);
+    bytes that are not UTF-8 are a DamagedData naming the file and line."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.rstrip(b"\r\n").decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DamagedData(f"{path}:{n}: not UTF-8 text (byte {e.start} of the line)") from None
+            if line:
+                yield n, line
 
 
 def listops_tokens(source):
@@ -196,19 +229,19 @@ def listops_tokens(source):
     try:
         return [LISTOPS_IDS[w] for w in words]
     except KeyError as e:
-        raise DataError(f"unknown ListOps token {e.args[0]!r} (known: {' '.join(LISTOPS_VOCAB[1:])})") from None
+        raise DamagedData(f"unknown ListOps token {e.args[0]!r} (known: {' '.join(LISTOPS_VOCAB[1:])})") from None
 
 
 def _label(text, where, num_classes):
-    """A label field as an int in 0..num_classes-1, or a DataError naming file and line."""
+    """A label field as an int in 0..num_classes-1, or a DamagedData naming file and line."""
     try:
         value = float(text)
         if value != int(value):
             raise ValueError
-    except ValueError:
-        raise DataError(f"{where}: the label {text[:40]!r} is not an integer") from None
+    except (ValueError, OverflowError):
+        raise DamagedData(f"{where}: the label {text[:40]!r} is not an integer") from None
     if not 0 <= value < num_classes:
-        raise DataError(f"{where}: label {int(value)} is out of range: this task has classes 0..{num_classes - 1}")
+        raise DamagedData(f"{where}: label {int(value)} is out of range: this task has classes 0..{num_classes - 1}")
     return int(value)
 
 
@@ -216,23 +249,26 @@ def read_listops(data_dir, split, max_len):
     path = os.path.join(data_dir, "listops-1000", f"basic_{split}.tsv")
     if not os.path.isfile(path):
         raise _missing("listops", path, data_dir)
-    seqs, labels = [], []
-    with open(path, newline="") as f:
-        header = f.readline().rstrip("\r\n").split("\t")
-        if header[:2] != ["Source", "Target"]:
-            raise DataError(f"{path}:1: expected a 'Source<TAB>Target' header, got {header}")
-        for n, line in enumerate(f, start=2):
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            source, _, target = line.rpartition("\t")
-            if not source:
-                raise DataError(f"{path}:{n}: expected 'Source<TAB>Target', got {line[:80]!r}")
-            try:
-                seqs.append(listops_tokens(source)[:max_len])
-            except DataError as e:
-                raise DataError(f"{path}:{n}: {e}") from None
-            labels.append(_label(target, f"{path}:{n}", TASKS["listops"].num_classes))
+    seqs, labels, header = [], [], None
+    for n, line in _lines(path):
+        if header is None:
+            header = line.split("\t")
+            if header[:2] != ["Source", "Target"] or n != 1:
+                raise DamagedData(f"{path}:{n}: expected a 'Source<TAB>Target' header, got {line[:80]!r}")
+            continue
+        source, _, target = line.rpartition("\t")
+        if not source:
+            raise DamagedData(f"{path}:{n}: expected 'Source<TAB>Target', got {line[:80]!r}")
+        try:
+            tokens = listops_tokens(source)
+        except DamagedData as e:
+            raise DamagedData(f"{path}:{n}: {e}") from None
+        if not tokens:
+            raise DamagedData(f"{path}:{n}: the source {source[:80]!r} has no ListOps tokens")
+        seqs.append(tokens[:max_len])
+        labels.append(_label(target, f"{path}:{n}", TASKS["listops"].num_classes))
+    if not seqs:
+        raise DamagedData(f"{path} is empty" if header is None else f"{path} has a header but no examples")
     return Split((Ragged.from_list(seqs),), np.array(labels, dtype=np.int64))
 
 
@@ -246,18 +282,16 @@ def read_retrieval(data_dir, split, max_len):
     if not os.path.isfile(path):
         raise _missing("retrieval", path, data_dir)
     docs1, docs2, labels = [], [], []
-    with open(path, encoding="utf-8", newline="") as f:
-        for n, line in enumerate(f, start=1):
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            fields = line.split("\t")
-            if len(fields) != 5:
-                raise DataError(f"{path}:{n}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
-                                f"got {len(fields)}")
-            labels.append(_label(fields[0], f"{path}:{n}", TASKS["retrieval"].num_classes))
-            docs1.append(_utf8(fields[3], max_len))
-            docs2.append(_utf8(fields[4], max_len))
+    for n, line in _lines(path):
+        fields = line.split("\t")
+        if len(fields) != 5:
+            raise DamagedData(f"{path}:{n}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
+                              f"got {len(fields)}")
+        labels.append(_label(fields[0], f"{path}:{n}", TASKS["retrieval"].num_classes))
+        docs1.append(_utf8(fields[3], max_len))
+        docs2.append(_utf8(fields[4], max_len))
+    if not labels:
+        raise DamagedData(f"{path} is empty")
     return Split((Ragged.from_list(docs1, shift=1), Ragged.from_list(docs2, shift=1)),
                  np.array(labels, dtype=np.int64))
 
@@ -269,9 +303,10 @@ def _hf_split(name, split, what):
 
         return datasets.load_dataset(name, split=split)
     except Exception as e:  # no network, not cached, bad name: all end here
+        first = (str(e).strip().splitlines() or [""])[0][:200]  # one line
         raise DataError(
             f"could not load {what} ({name!r}, split {split!r}) through Hugging Face datasets: "
-            f"{type(e).__name__}: {e}. It downloads on first use, which needs internet; on an offline machine "
+            f"{type(e).__name__}: {first}. It downloads on first use, which needs internet; on an offline machine "
             f"run once where there is internet: python -c \"import datasets; datasets.load_dataset('{name}')\" "
             f"and copy ~/.cache/huggingface over, or point the setting at a local folder of parquet files "
             f"(train-*.parquet / test-*.parquet).") from e
@@ -283,17 +318,23 @@ def read_text(hf_name, split, max_len):
     return Split((Ragged.from_list(docs, shift=1),), np.asarray(list(ds["label"]), dtype=np.int64))
 
 
-def _grey_pixels(png_bytes):
-    """PNG bytes -> flat uint8 grey pixels, through Pillow (RGB -> ITU-R 601 luma, alpha dropped)."""
-    with Image.open(io.BytesIO(png_bytes)) as im:
-        return np.asarray(im.convert("L")).reshape(-1)
+def _grey_pixels(item):
+    """(name, PNG bytes) -> flat uint8 grey pixels, through Pillow (RGB -> ITU-R 601 luma, alpha
+    dropped); bytes that are no image are a DamagedData naming the image."""
+    name, png_bytes = item
+    try:
+        with Image.open(io.BytesIO(png_bytes)) as im:
+            return np.asarray(im.convert("L")).reshape(-1)
+    except (OSError, SyntaxError, ValueError) as e:  # PIL: UnidentifiedImageError, truncated data, ...
+        raise DamagedData(f"{name} is not a readable image ({type(e).__name__}: {str(e)[:80]})") from None
 
 
-def _decode_all(blobs, workers):
-    if workers > 1 and len(blobs) > 2000:
+def _decode_all(items, workers):
+    """_grey_pixels of each (name, bytes), in worker processes for many images."""
+    if workers > 1 and len(items) > 2000:
         with ProcessPoolExecutor(workers) as pool:
-            return list(pool.map(_grey_pixels, blobs, chunksize=256))
-    return [_grey_pixels(b) for b in blobs]
+            return list(pool.map(_grey_pixels, items, chunksize=256))
+    return [_grey_pixels(item) for item in items]
 
 
 def read_image(hf_name, split, max_len, workers=1):
@@ -305,7 +346,8 @@ def read_image(hf_name, split, max_len, workers=1):
     if split != "test":  # LRA: validate on the last 10% of the train split
         cut = int(0.9 * len(ds))
         ds = ds.select(range(cut) if split == "train" else range(cut, len(ds)))
-    pixels = _decode_all([im["bytes"] for im in ds[column]], workers)
+    items = [(f"{hf_name} ({split}) image {i}", im["bytes"]) for i, im in enumerate(ds[column])]
+    pixels = _decode_all(items, workers)
     return Split((Ragged.from_list([p[:max_len] for p in pixels], shift=1),), np.asarray(list(ds["label"]), dtype=np.int64))
 
 
@@ -320,25 +362,36 @@ def read_pathfinder(data_dir, split, max_len, task="pathfinder", workers=1):
     if not os.path.isdir(meta_dir):
         raise _missing(task, meta_dir, data_dir)
     files = sorted((f for f in os.listdir(meta_dir) if f.endswith(".npy")), key=lambda f: (len(f), f))
-    entries = []  # (image path, label) in metadata order
+    entries = []  # (image path, label, metadata file:line) in metadata order
     for name in files:
-        with open(os.path.join(meta_dir, name)) as f:  # text, despite the .npy name
-            for line in f:
-                fields = line.split()
-                if fields:
-                    entries.append((os.path.join(root, fields[0], fields[1]), int(fields[3])))
+        path = os.path.join(meta_dir, name)
+        for n, line in _lines(path):  # text, despite the .npy name
+            fields = line.split()
+            if len(fields) < 4:
+                raise DamagedData(f"{path}:{n}: expected 'folder file index label ...', got {line[:80]!r}")
+            entries.append((os.path.join(root, fields[0], fields[1]), _label(fields[3], f"{path}:{n}", 2),
+                            f"{path}:{n}"))
     if not entries:
         raise _missing(task, os.path.join(meta_dir, "0.npy"), data_dir)
     n = len(entries)
     lo, hi = {"train": (0, int(0.8 * n)), "val": (int(0.8 * n), int(0.9 * n)), "test": (int(0.9 * n), n)}[split]
+    if hi <= lo:
+        raise DamagedData(f"{meta_dir} lists {n} images, too few for a {split} split (80/10/10 of them): "
+                          f"it needs at least 10")
     entries = entries[lo:hi]
-    blobs = []
-    for path, _ in entries:
+    items = []
+    for path, _, where in entries:
+        if not os.path.isfile(path):
+            raise DamagedData(f"{where}: names the image {path}, which is missing")
         with open(path, "rb") as f:
-            blobs.append(f.read())
-    pixels = _decode_all(blobs, workers)
+            items.append((path, f.read()))
+    pixels = _decode_all(items, workers)
+    side = 32 if task == "pathfinder" else 128
+    for (path, _), p in zip(items, pixels):
+        if len(p) != side * side:
+            raise DamagedData(f"{path} has {len(p)} pixels, not {side} x {side}")
     return Split((Ragged.from_list([p[:max_len] for p in pixels], shift=1),),
-                 np.array([label for _, label in entries], dtype=np.int64))
+                 np.array([label for _, label, _ in entries], dtype=np.int64))
 
 
 # -----------------------------------------------------------------------------
@@ -361,12 +414,39 @@ def _source_stamp(task, data_dir, hf_text, hf_image):
     return stamp
 
 
+def _read_cache(path, say):
+    """The Split kept in the cache file `path`; None when there is none, or when it does not
+    load or its arrays disagree (said: the caller rebuilds it)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with np.load(path) as z:
+            towers = tuple(Ragged(z[f"values{i}"], z[f"offsets{i}"], int(z[f"shift{i}"]))
+                           for i in range(int(z["towers"])))
+            split = Split(towers, z["labels"], z["was_cropped"])
+        if not towers or not all(r.offsets[-1] == len(r.values) and len(r) == len(split) for r in towers) \
+                or split.was_cropped.shape != split.labels.shape:
+            raise ValueError("arrays of different lengths")
+        return split
+    except Exception as e:  # zip errors, missing arrays, pickled data, truncation: a damaged file
+        say(f"the cache file {path} is damaged ({type(e).__name__}: {str(e)[:80]}); rebuilding it")
+        return None
+
+
+def _write_cache(path, data):
+    arrays = {"labels": data.labels, "towers": len(data.inputs), "was_cropped": data.was_cropped}
+    for i, r in enumerate(data.inputs):
+        arrays.update({f"values{i}": r.values, f"offsets{i}": r.offsets, f"shift{i}": r.shift})
+    with atomic_write(path) as f:  # all or nothing: a killed run leaves no half-written cache
+        np.savez(f, **arrays)
+
+
 def load_split(task, split, data_dir="data/lra_release", max_len=None, cache_dir="", hf_text="stanfordnlp/imdb",
-               hf_image="uoft-cs/cifar10", workers=1):
+               hf_image="uoft-cs/cifar10", workers=1, say=print):
     """One split ("train" | "val" | "test") of an LRA task as a Split. Sequences are read at the
     task's LRA length, then cut to max_len (default: that length); Split.cropped says how many
-    were longer. Labels out of the task's range are a DataError. With cache_dir, the tokenised
-    arrays are kept there as .npz."""
+    were longer. Damaged files, an empty split and labels out of the task's range are a
+    DataError. With cache_dir, the tokenised arrays are kept there as .npz."""
     spec = get_task(task)
     if split not in SPLITS:
         raise DataError(f"split must be one of {SPLITS}, got {split!r}")
@@ -375,50 +455,48 @@ def load_split(task, split, data_dir="data/lra_release", max_len=None, cache_dir
     if cache_dir:
         key = hashlib.sha1(f"v2|{task}|{split}|{max_len}|{_source_stamp(task, data_dir, hf_text, hf_image)}".encode())
         cache = os.path.join(cache_dir, f"{task}-{split}-{max_len}-{key.hexdigest()[:12]}.npz")
-        if os.path.isfile(cache):
-            z = np.load(cache)
-            towers = tuple(Ragged(z[f"values{i}"], z[f"offsets{i}"], int(z[f"shift{i}"]))
-                           for i in range(int(z["towers"])))
-            return Split(towers, z["labels"], z["was_cropped"])
-    if task == "listops":
-        data = read_listops(data_dir, split, spec.seq_len)
-    elif task == "retrieval":
-        data = read_retrieval(data_dir, split, spec.seq_len)
-    elif task == "text":
-        data = read_text(hf_text, split, spec.seq_len)
-    elif task == "image":
-        data = read_image(hf_image, split, spec.seq_len, workers)
-    else:
-        data = read_pathfinder(data_dir, split, spec.seq_len, task, workers)
+        kept = _read_cache(cache, say)
+        if kept is not None:
+            return kept
+    try:
+        if task == "listops":
+            data = read_listops(data_dir, split, spec.seq_len)
+        elif task == "retrieval":
+            data = read_retrieval(data_dir, split, spec.seq_len)
+        elif task == "text":
+            data = read_text(hf_text, split, spec.seq_len)
+        elif task == "image":
+            data = read_image(hf_image, split, spec.seq_len, workers)
+        else:
+            data = read_pathfinder(data_dir, split, spec.seq_len, task, workers)
+    except DamagedData as e:
+        raise DamagedData(f"{e}: {_how_to_replace(task)}") from None
     bad = (data.labels < 0) | (data.labels >= spec.num_classes)
     if bad.any():
         raise DataError(f"LRA {task} {split}: {int(bad.sum())} labels are out of range (first: example "
                         f"{int(np.argmax(bad))}, label {int(data.labels[bad][0])}); this task has classes "
-                        f"0..{spec.num_classes - 1}")
+                        f"0..{spec.num_classes - 1}: {_how_to_replace(task)}")
+    if len(data) == 0:
+        raise DataError(f"LRA {task} {split} has no examples: {_how_to_replace(task)}")
     crops = [r.crop(max_len) for r in data.inputs]  # per tower: (cropped Ragged, which were longer)
     data = Split(tuple(r for r, _ in crops), data.labels, np.logical_or.reduce([c for _, c in crops]))
     if cache:
-        os.makedirs(cache_dir, exist_ok=True)
-        arrays = {"labels": data.labels, "towers": len(data.inputs), "was_cropped": data.was_cropped}
-        for i, r in enumerate(data.inputs):
-            arrays.update({f"values{i}": r.values, f"offsets{i}": r.offsets, f"shift{i}": r.shift})
-        tmp = cache + ".tmp.npz"
-        np.savez(tmp, **arrays)
-        os.replace(tmp, cache)
+        _write_cache(cache, data)
     return data
 
 
 def _summary(argv):
-    from trainkit import configure
+    from trainkit import check, configure
 
-    cfg = configure({"task": "listops", "data_dir": "data/lra_release", "cache_dir": "", "workers": 1,
-                     "hf_text": "stanfordnlp/imdb", "hf_image": "uoft-cs/cifar10"}, argv)
+    C, _ = configure({"task": "listops", "data_dir": "data/lra_release", "cache_dir": "", "workers": 1,
+                      "hf_text": "stanfordnlp/imdb", "hf_image": "uoft-cs/cifar10"}, argv)
+    check(C, at_least_1=("workers",), choices={"task": tuple(TASKS)})
     for s in SPLITS:
-        d = load_split(cfg["task"], s, cfg["data_dir"], cache_dir=cfg["cache_dir"], hf_text=cfg["hf_text"],
-                       hf_image=cfg["hf_image"], workers=cfg["workers"])
+        d = load_split(C.task, s, C.data_dir, cache_dir=C.cache_dir, hf_text=C.hf_text, hf_image=C.hf_image,
+                       workers=C.workers)
         lengths = d.inputs[0].lengths()
         counts = np.bincount(d.labels)
-        print(f"{cfg['task']} {s}: {len(d)} examples, length {lengths.min()}-{lengths.max()} "
+        print(f"{C.task} {s}: {len(d)} examples, length {lengths.min()}-{lengths.max()} "
               f"(mean {lengths.mean():.0f}), label counts {counts.tolist()}")
 
 

@@ -21,12 +21,18 @@ metadata/<k>.npy with one line per image: "imgs/<k> sample_<i>.png <i> <label> .
     python lra/generate.py --task=listops --out_dir=data/lra_gen            # 96k/2k/2k, slow-ish
     python lra/generate.py --task=listops --n_train=2000 --min_len=10 --max_len=60 --max_depth=3
     python lra/generate.py --task=pathfinder --size=32 --n_images=20000 --workers=2
+
+Every count and size is checked before anything is written; every file is written atomically
+(trainkit.atomic_write), ListOps's three splits together (all or none) and Pathfinder's
+metadata after all its images, so a failed or killed run leaves no partial file and no set
+that looks whole. An out_dir that already holds the task's set is refused, never overwritten.
 """
 
 import os
 import random
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +40,9 @@ from PIL import Image
 
 if __package__ in (None, ""):  # run as a script: make `lra` and the repo's modules importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import trainkit as tk
+from lra.data import TASKS
 
 
 # -----------------------------------------------------------------------------
@@ -112,8 +121,9 @@ def generate_listops(n, seed=0, min_len=500, max_len=2000, max_depth=10, max_arg
     while len(examples) < n:
         tries += 1
         if tries > max_tries:
-            raise ValueError(f"found only {len(examples)} of {n} distinct ListOps trees with {min_len} < length < "
-                             f"{max_len} in {max_tries} tries: widen the length range or raise max_depth / max_args")
+            raise tk.UserError(f"found only {len(examples)} of {n} distinct ListOps trees with {min_len} < length < "
+                               f"{max_len} in {max_tries} tries: widen the length range (--min_len, --max_len), "
+                               "raise --max_depth / --max_args, or ask for fewer examples")
         try:
             tree = random_listops_tree(rng, max_depth, max_args, budget=max_len - 1)
         except _TooLong:
@@ -128,13 +138,15 @@ def generate_listops(n, seed=0, min_len=500, max_len=2000, max_depth=10, max_arg
 
 
 def write_listops(out_dir, n_train=96000, n_val=2000, n_test=2000, seed=0, **kw):
-    """Write listops-1000/basic_{train,val,test}.tsv under out_dir; splits never share a tree."""
+    """Write listops-1000/basic_{train,val,test}.tsv under out_dir; splits never share a tree.
+    The three files appear together or not at all (each through a temp file, renamed only
+    when all three are written)."""
     examples = generate_listops(n_train + n_val + n_test, seed=seed, **kw)
     folder = os.path.join(out_dir, "listops-1000")
-    os.makedirs(folder, exist_ok=True)
     bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(examples))}
-    for split, (lo, hi) in bounds.items():
-        with open(os.path.join(folder, f"basic_{split}.tsv"), "w") as f:
+    with ExitStack() as files:
+        for split, (lo, hi) in bounds.items():
+            f = files.enter_context(tk.atomic_write(os.path.join(folder, f"basic_{split}.tsv"), "w"))
             f.write("Source\tTarget\n")
             f.writelines(f"{text}\t{label}\n" for text, label in examples[lo:hi])
     return folder
@@ -315,19 +327,20 @@ def _write_pathfinder_images(args):
     style = PATHFINDER_STYLES[size]
     for index, label, rel_path in items:
         img, _ = pathfinder_sample(np.random.default_rng([seed, index]), style, int(label))
-        Image.fromarray(img).save(os.path.join(root, rel_path), format="PNG")  # 8-bit grey
+        with tk.atomic_write(os.path.join(root, rel_path)) as f:  # never a half-written PNG
+            Image.fromarray(img).save(f, format="PNG")  # 8-bit grey
 
 
 def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, workers=1):
     """Write pathfinder{size}/curv_contour_length_14/{imgs,metadata} under out_dir. Each image
-    depends only on (seed, its index), so the result does not depend on `workers`."""
+    depends only on (seed, its index), so the result does not depend on `workers`. The
+    metadata files (what the loaders read) are written last, once every image is there."""
     if size not in PATHFINDER_STYLES:
         raise ValueError(f"size must be one of {sorted(PATHFINDER_STYLES)}, got {size}")
     root = os.path.join(out_dir, f"pathfinder{size}", "curv_contour_length_14")
     labels = _pathfinder_labels(n_images, seed)
     style = PATHFINDER_STYLES[size]
-    os.makedirs(os.path.join(root, "metadata"), exist_ok=True)
-    jobs = []
+    jobs, metadata = [], {}
     for k in range(0, (n_images + per_folder - 1) // per_folder):
         os.makedirs(os.path.join(root, "imgs", str(k)), exist_ok=True)
         lines, items = [], []
@@ -337,8 +350,7 @@ def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, w
             # fields 0, 1, 3 are what loaders read; the rest describe the settings
             lines.append(f"imgs/{k} sample_{j}.png {j} {labels[index]} {style.n_dashes} {style.dash_len:g} "
                          f"{style.n_distractors}\n")
-        with open(os.path.join(root, "metadata", f"{k}.npy"), "w") as f:
-            f.writelines(lines)
+        metadata[os.path.join(root, "metadata", f"{k}.npy")] = lines
         jobs += [(root, size, seed, items[i:i + 100]) for i in range(0, len(items), 100)]
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
@@ -346,6 +358,9 @@ def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, w
     else:
         for job in jobs:
             _write_pathfinder_images(job)
+    with ExitStack() as files:  # all metadata files or none
+        for path, lines in metadata.items():
+            files.enter_context(tk.atomic_write(path, "w")).writelines(lines)
     return root
 
 
@@ -359,34 +374,87 @@ seed = 0
 n_train = 96000
 n_val = 2000
 n_test = 2000
-min_len = 500
-max_len = 2000
+min_len = 500  # tokens per sequence: more than min_len ...
+max_len = 2000  # ... and fewer than max_len (LRA's length, 2000, is the most lra/train.py reads)
 max_depth = 10
 max_args = 10
 parens = True
 # Pathfinder
 size = 32  # 32 (Pathfinder) or 128 (Path-X)
-n_images = 20000
+n_images = 20000  # at least 10: lra/data.py cuts them 80/10/10 into train/val/test
 per_folder = 1000
 workers = 1
+# -----------------------------------------------------------------------------
+DEFAULTS = {k: v for k, v in tk.config_defaults(globals()).items() if k.islower()}  # not the constants above
+LISTOPS_LONGEST = TASKS["listops"].seq_len  # lra/data.py reads ListOps sequences of up to this many tokens
 
 
-def main(argv=None):
-    from trainkit import config_defaults, configure
+def longest_listops(max_depth, max_args):
+    """Tokens of the largest tree the grammar allows (every node an operator with max_args
+    children down to max_depth), capped at 10**9."""
+    longest = 1  # a digit
+    for _ in range(max_depth - 1):
+        longest = min(2 + max_args * longest, 10**9)
+    return longest
 
-    settings = {k: v for k, v in config_defaults(globals()).items() if k.islower()}  # not the constants
-    cfg = configure(settings, sys.argv[1:] if argv is None else argv)
-    if cfg["task"] == "listops":
-        folder = write_listops(cfg["out_dir"], cfg["n_train"], cfg["n_val"], cfg["n_test"], seed=cfg["seed"],
-                               min_len=cfg["min_len"], max_len=cfg["max_len"], max_depth=cfg["max_depth"],
-                               max_args=cfg["max_args"], parens=cfg["parens"])
-    elif cfg["task"] == "pathfinder":
-        folder = write_pathfinder(cfg["out_dir"], cfg["size"], cfg["n_images"], cfg["seed"], cfg["per_folder"],
-                                  cfg["workers"])
+
+def check_settings(C):
+    """Every count and size, checked before anything is written."""
+    tk.check(C, at_least_1=("n_train", "n_val", "n_test", "max_depth", "n_images", "per_folder", "workers"),
+             non_negative=("seed", "min_len"), choices={"task": ("listops", "pathfinder"), "size": (32, 128)})
+    tk.require(C.out_dir, "out_dir must not be empty")
+    top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
+    while not os.path.exists(top):
+        top = os.path.dirname(top)
+    tk.require(os.path.isdir(top), f"out_dir {C.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
+    if C.task == "listops":
+        tk.require(C.max_args >= 2, f"max_args must be at least 2 (an operator takes 2..max_args), got {C.max_args}")
+        tk.require(C.max_len <= LISTOPS_LONGEST + 1, f"max_len must be at most {LISTOPS_LONGEST + 1}: lra/data.py "
+                   f"reads ListOps sequences of up to {LISTOPS_LONGEST} tokens, got {C.max_len}")
+        longest = longest_listops(C.max_depth, C.max_args)  # a tree is 1 digit, or 4..longest tokens
+        fits = lambda lo, hi: max(lo, C.min_len + 1) <= min(hi, C.max_len - 1)  # noqa: E731 (lengths in range)
+        tk.require(fits(1, 1) or fits(4, longest), f"no ListOps tree has more than min_len ({C.min_len}) and fewer "
+                   f"than max_len ({C.max_len}) tokens: with max_depth={C.max_depth} and max_args={C.max_args} a "
+                   f"tree is one digit or has 4 to {longest} tokens; change --min_len / --max_len or raise "
+                   "--max_depth / --max_args")
+        n = C.n_train + C.n_val + C.n_test
+        fix = " and ".join((["--max_depth above 1"] if longest == 1 else [])
+                           + (["--max_len above 4"] if C.max_len <= 4 else []))  # an operator needs 4 tokens
+        tk.require(fits(4, longest) or n <= 10, f"only single digits fit these settings (max_depth={C.max_depth}, "
+                   f"max_len={C.max_len}): 10 distinct examples, not {n}; raise {fix}")
     else:
-        raise SystemExit(f"task must be 'listops' or 'pathfinder', got {cfg['task']!r}")
-    print(f"wrote {folder}; train with data_dir={cfg['out_dir']}")
+        tk.require(C.n_images >= 10, f"n_images must be at least 10 (lra/data.py cuts them 80/10/10 into "
+                   f"train/val/test), got {C.n_images}")
+
+
+def existing_set(C):
+    """The task's folder in out_dir when it already holds a set (what the loaders read), else None."""
+    if C.task == "listops":
+        folder = os.path.join(C.out_dir, "listops-1000")
+        found = [n for n in ("basic_train.tsv", "basic_val.tsv", "basic_test.tsv")
+                 if os.path.exists(os.path.join(folder, n))]
+    else:
+        folder = os.path.join(C.out_dir, f"pathfinder{C.size}", "curv_contour_length_14")
+        meta = os.path.join(folder, "metadata")
+        found = [n for n in os.listdir(meta) if n.endswith(".npy")] if os.path.isdir(meta) else []
+    return folder if found else None
+
+
+def main(argv):
+    C, _ = tk.configure(DEFAULTS, argv)
+    check_settings(C)
+    folder = existing_set(C)
+    if folder:  # never overwrite a set (it may be the release's own)
+        raise tk.UserError(f"{folder} already holds a {C.task} set: write this one elsewhere with "
+                           "--out_dir=<new folder>, or delete that folder first")
+    if C.task == "listops":
+        folder = write_listops(C.out_dir, C.n_train, C.n_val, C.n_test, seed=C.seed, min_len=C.min_len,
+                               max_len=C.max_len, max_depth=C.max_depth, max_args=C.max_args, parens=C.parens)
+    else:
+        folder = write_pathfinder(C.out_dir, C.size, C.n_images, C.seed, C.per_folder, C.workers)
+    print(f"wrote {folder}; train with --data_dir={C.out_dir}")
+    return folder
 
 
 if __name__ == "__main__":
-    main()
+    tk.run_cli(main, sys.argv[1:])

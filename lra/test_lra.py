@@ -311,7 +311,7 @@ def test_pathfinder_loader_reads_release_layout(tmp_path):
 
 def test_missing_data_says_where_to_get_it(tmp_path):
     for task in ("listops", "retrieval", "pathfinder", "pathx"):
-        with pytest.raises(FileNotFoundError, match="lra_release.gz") as err:
+        with pytest.raises(trainkit.UserError, match="lra_release.gz") as err:  # run_cli prints it as one line
             load_split(task, "train", data_dir=str(tmp_path / "nowhere"))
         assert "tar -xzf" in str(err.value) and str(tmp_path / "nowhere") in str(err.value)
     with pytest.raises(trainkit.UserError, match="internet"):  # run_cli prints it as one line
@@ -413,24 +413,25 @@ def test_configs_carry_the_paper_settings_at_equal_budgets():
              "pathfinder": (2, 64, 2, 128, 256, 2e-4, 0.1, 0.0, 200000, 312)}
     keys = ("n_layer", "n_embd", "n_head", "mlp_hidden", "batch_size", "learning_rate", "dropout", "weight_decay",
             "max_iters", "warmup_iters")
+    def settings(name):
+        return trainkit.configure(train.DEFAULTS, [os.path.join(CONFIGS, f"{name}.py")])[0]
+
     for task, row in paper.items():
-        tost = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{task}_tost.py")])
-        soft = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{task}_softmax.py")])
-        tost["batch_size"] *= tost["gradient_accumulation_steps"]  # examples per optimizer step
-        assert tuple(tost[k] for k in keys) == row and tost["attn"] == "tssa" and tost["task"] == task
-        assert soft["attn"] == "softmax" and soft["task"] == task
-        assert all(soft[k] == tost[k] for k in keys if k != "mlp_hidden")
+        tost, soft = settings(f"{task}_tost"), settings(f"{task}_softmax")
+        tost.batch_size *= tost.gradient_accumulation_steps  # examples per optimizer step
+        assert tuple(getattr(tost, k) for k in keys) == row and tost.attn == "tssa" and tost.task == task
+        assert soft.attn == "softmax" and soft.task == task
+        assert all(getattr(soft, k) == getattr(tost, k) for k in keys if k != "mlp_hidden")
     pairs = sorted(f[:-len("_tost.py")] for f in os.listdir(CONFIGS) if f.endswith("_tost.py"))
     assert set(paper) <= set(pairs)
     for name in pairs:  # every ToST config has a softmax partner of the same size (the LRA rule: 10%)
-        tost = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{name}_tost.py")])
-        soft = trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, f"{name}_softmax.py")])
+        tost, soft = settings(f"{name}_tost"), settings(f"{name}_softmax")
         n_tost, n_soft = train.count_params(tost), train.count_params(soft)
         assert abs(n_soft - n_tost) / n_tost < 0.10, (name, n_tost, n_soft)
-        assert {k: v for k, v in soft.items() if k not in ("attn", "mlp_hidden", "out_dir")} == \
-               {k: v for k, v in tost.items() if k not in ("attn", "mlp_hidden", "out_dir")}
-    assert trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, "listops_tost.py")])["lr_schedule"] == "invsqrt"
-    assert trainkit.configure(train.SETTINGS, [os.path.join(CONFIGS, "pathfinder_tost.py")])["norm"] == "post"
+        assert {k: v for k, v in vars(soft).items() if k not in ("attn", "mlp_hidden", "out_dir")} == \
+               {k: v for k, v in vars(tost).items() if k not in ("attn", "mlp_hidden", "out_dir")}
+        train.check_settings(tost), train.check_settings(soft)  # every config passes the checks
+    assert settings("listops_tost").lr_schedule == "invsqrt" and settings("pathfinder_tost").norm == "post"
 
 
 # -----------------------------------------------------------------------------
@@ -464,13 +465,13 @@ def test_resume_continues_exactly(tiny_listops, tmp_path):
     straight = train.main(tiny_args(tiny_listops, str(tmp_path / "a"), **common))
     train.main(tiny_args(tiny_listops, str(tmp_path / "b"), **{**common, "max_iters": 6}))
     resumed = train.main(tiny_args(tiny_listops, str(tmp_path / "b"), **common, init_from="resume"))
-    a = trainkit.load_checkpoint(str(tmp_path / "a" / "ckpt.pt"))
-    b = trainkit.load_checkpoint(str(tmp_path / "b" / "ckpt.pt"))
+    a = trainkit.load_checkpoint(str(tmp_path / "a" / "ckpt.pt"), "lra")
+    b = trainkit.load_checkpoint(str(tmp_path / "b" / "ckpt.pt"), "lra")
     assert a["iter_num"] == b["iter_num"] == 12
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key  # bit for bit: same batches, dropout, optimizer
     assert straight["val_acc"] == resumed["val_acc"]
-    with pytest.raises(trainkit.ConfigError, match="unknown config key"):
+    with pytest.raises(trainkit.ConfigError, match="unknown setting"):
         train.main(["--no_such_setting=1"])
     with pytest.raises(trainkit.UserError, match="--init_from=resume"):  # a scratch run never overwrites one
         train.main(tiny_args(tiny_listops, str(tmp_path / "a"), **common))
@@ -483,7 +484,7 @@ def test_batch_size_is_per_process_per_micro_step(tiny_listops, tmp_path):
     common = dict(max_iters=3, eval_interval=3, n_train=200, n_eval=16, dropout=0.0)
     train.main(tiny_args(tiny_listops, str(tmp_path / "one"), **common, batch_size=32))
     train.main(tiny_args(tiny_listops, str(tmp_path / "two"), **common, batch_size=16, gradient_accumulation_steps=2))
-    a, b = (trainkit.load_checkpoint(str(tmp_path / d / "ckpt.pt"))["model"] for d in ("one", "two"))
+    a, b = (trainkit.load_checkpoint(str(tmp_path / d / "ckpt.pt"), "lra")["model"] for d in ("one", "two"))
     for key in a:  # float32, 3 Adam steps of lr 4e-3: differences of ~1e-7
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)
     record = [json.loads(line) for line in open(tmp_path / "two" / "log.jsonl")][-1]

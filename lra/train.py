@@ -8,7 +8,7 @@ model, with the baseline's MLP sized so both models have the same parameter coun
     python lra/train.py lra/configs/listops_tost.py                  # needs data/lra_release
     python lra/train.py lra/configs/listops_softmax.py --data_dir=data/lra_gen
     python lra/train.py lra/configs/text_tost.py --batch_size=16 --gradient_accumulation_steps=2
-    torchrun --standalone --nproc_per_node=8 lra/train.py lra/configs/listops_tost.py \
+    torchrun --standalone --nproc_per_node=8 lra/train.py lra/configs/listops_tost.py \\
         --batch_size=8 --gradient_accumulation_steps=8      # the config's 64 examples per step, on 8 GPUs
     python lra/train.py lra/configs/listops_tost.py --init_from=resume   # continue out_dir/ckpt.pt
     python lra/train.py lra/configs/listops_tost.py --eval_only=True      # accuracy of out_dir/ckpt.pt
@@ -16,15 +16,19 @@ model, with the baseline's MLP sized so both models have the same parameter coun
 batch_size and gradient_accumulation_steps mean what they mean in train.py: examples per
 process per micro-step, and micro-steps per optimizer step over all processes together, so a
 step sees batch_size x gradient_accumulation_steps examples whatever the number of processes.
+The policies are train.py's: init_from scratch | resume | auto, one run per out_dir (a lock),
+a resume keeps the checkpoint's architecture and task (given settings that differ are
+refused), a finished run says so, a non-finite training loss stops before the update.
 Every eval_interval steps: loss and accuracy on val (and test accuracy whenever val improves),
 one JSON line in out_dir/log.jsonl, and an atomic checkpoint out_dir/ckpt.pt that resumes
 exactly (model, optimizer, step, every RNG; batches are a function of (seed, step)).
 """
 
+import math
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict
 from functools import lru_cache
 
@@ -35,11 +39,12 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import trainkit
-from lra.data import get_task, load_split, make_batch
+import trainkit as tk
+from lra.data import TASKS, get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
 from model import configure_adamw
 from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
+from train import get_lr
 
 # -----------------------------------------------------------------------------
 # settings
@@ -64,7 +69,7 @@ mlp_hidden = 128
 dropout = 0.1
 norm = "pre"  # "pre" | "post" (post-norm, the paper's choice for Pathfinder)
 bias = True
-layer_scale_init = None  # None: no layer scale
+layer_scale_init = 0.0  # 0: no layer scale
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 # optimisation (AdamW)
 batch_size = 32  # examples per process per micro-step
@@ -80,12 +85,12 @@ beta1 = 0.9
 beta2 = 0.98
 grad_clip = 1.0  # 0: no clipping
 # evaluation, logging, checkpoints
-eval_interval = 500
+eval_interval = 500  # evaluate and checkpoint every this many iterations
 eval_batch_size = 0  # 0: batch_size
 log_interval = 50
 out_dir = "out-lra"
-init_from = "scratch"  # "scratch" | "resume"
-eval_only = False
+init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt), "resume", or "auto" (either)
+eval_only = False  # val and test accuracy of out_dir/ckpt.pt, no training
 seed = 1337
 # system
 device = "auto"  # "auto" (this rank's GPU if there is one, else cpu), "cpu", "cuda", "cuda:1"
@@ -93,45 +98,48 @@ dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 o
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
 # -----------------------------------------------------------------------------
-
-SETTINGS = trainkit.config_defaults(globals())
-
-
-def model_config(cfg):
-    spec = get_task(cfg["task"])
-    args = dict(vocab_size=spec.vocab_size, num_classes=spec.num_classes,
-                max_len=min(cfg["max_len"] or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
-                n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], mlp_hidden=cfg["mlp_hidden"],
-                dropout=cfg["dropout"], attn=cfg["attn"], pi=cfg["pi"], norm=cfg["norm"], bias=cfg["bias"],
-                layer_scale_init=cfg["layer_scale_init"], tssa_impl=cfg["tssa_impl"])
-    return LRAConfig(**args)
+DEFAULTS = tk.config_defaults(globals())  # the settings above (nothing defined below is one)
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "mlp_hidden", "dropout", "attn", "pi", "norm", "bias", "layer_scale_init")
+TASK_KEYS = ("task", "max_len")  # what a checkpoint's position table and head were built for
 
 
-def check_settings(cfg):
-    """Every setting that can be wrong on its own, checked before any data is read."""
-    get_task(cfg["task"])
-    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "n_layer", "n_head",
-                "n_embd", "mlp_hidden", "pad_multiple"):
-        trainkit.require(cfg[key] >= 1, f"{key} must be at least 1, got {cfg[key]}")
-    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip", "max_len",
-                "eval_batch_size"):
-        trainkit.require(cfg[key] >= 0, f"{key} must not be negative, got {cfg[key]}")
-    trainkit.require(cfg["learning_rate"] > 0, f"learning_rate must be positive, got {cfg['learning_rate']}")
-    trainkit.require(cfg["tssa_impl"] in _TSSA_IMPLS,
-                     f"tssa_impl must be one of {', '.join(_TSSA_IMPLS)}, got {cfg['tssa_impl']!r}")
-    trainkit.require(0 <= cfg["dropout"] < 1, f"dropout must be in [0, 1), got {cfg['dropout']}")
-    trainkit.require(cfg["n_embd"] % cfg["n_head"] == 0,
-                     f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
-    for key, allowed in (("init_from", ("scratch", "resume")), ("attn", ("tssa", "softmax", "linear")),
-                         ("pi", ("softmax", "uniform")), ("norm", ("pre", "post")),
-                         ("lr_schedule", ("linear", "cosine", "invsqrt", "constant"))):
-        trainkit.require(cfg[key] in allowed, f"{key} must be one of {', '.join(allowed)}, got {cfg[key]!r}")
+def check_settings(C):
+    """Every setting that can be wrong on its own, checked before anything is read or written."""
+    tk.check(C, at_least_1=("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "n_layer",
+                            "n_head", "n_embd", "mlp_hidden", "pad_multiple", "load_workers"),
+             non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
+                           "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init", "num_threads",
+                           "seed"),
+             positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
+             choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
+                      "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": _TSSA_IMPLS,
+                      "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
+    tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
+    tk.require(C.norm == "post" or int(C.mlp_hidden / C.n_embd * C.n_embd) == C.mlp_hidden,
+               f"mlp_hidden ({C.mlp_hidden}) / n_embd ({C.n_embd}) is not a ratio model.Block (norm='pre') can "
+               "turn back into mlp_hidden: pick another --mlp_hidden, or --norm=post")
+    tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
+    tk.require(C.out_dir and C.data_dir, "out_dir and data_dir must not be empty")
+    top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
+    while not os.path.exists(top):
+        top = os.path.dirname(top)
+    tk.require(os.path.isdir(top), f"out_dir {C.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
 
 
-def count_params(cfg):
+def model_config(C):
+    """The classifier the settings describe (sizes from the task: vocabulary, classes, length)."""
+    spec = get_task(C.task)
+    return LRAConfig(vocab_size=spec.vocab_size, num_classes=spec.num_classes,
+                     max_len=min(C.max_len or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
+                     n_layer=C.n_layer, n_head=C.n_head, n_embd=C.n_embd, mlp_hidden=C.mlp_hidden,
+                     dropout=C.dropout, attn=C.attn, pi=C.pi, norm=C.norm, bias=C.bias,
+                     layer_scale_init=C.layer_scale_init or None, tssa_impl=C.tssa_impl)  # 0: none
+
+
+def count_params(C):
     """Parameters of the model a config builds (on the meta device: no memory, no time)."""
     with torch.device("meta"):
-        return LRAClassifier(model_config(cfg)).get_num_params()
+        return LRAClassifier(model_config(C)).get_num_params()
 
 
 @lru_cache(maxsize=4)
@@ -154,162 +162,212 @@ def batch_indices(n, batch_size, it, seed):
 def to_device(towers, labels, device):
     """Move a batch to the device; a mask with no padding becomes None (checked on the CPU,
     so no sync), which lets SDPA pick its flash kernel and TSSA skip the masking."""
-    nb = str(device).startswith("cuda")
+    nb = device.startswith("cuda")
     moved = [(t.to(device, non_blocking=nb), None if m.all() else m.to(device, non_blocking=nb)) for t, m in towers]
     return moved, labels.to(device, non_blocking=nb)
 
 
 @torch.no_grad()
-def evaluate(model, split, cfg, ctx, device, dist):
+def evaluate(model, split, C, max_len, ctx, d):
     """(mean loss, accuracy) on a whole split. Examples are sorted by length so batches carry
     little padding; under DDP each rank takes every world_size-th batch."""
     model.eval()
     lengths = np.max([r.lengths() for r in split.inputs], axis=0)
     order = np.argsort(lengths, kind="stable")
-    bs = cfg["eval_batch_size"] or cfg["batch_size"]
-    batches = [order[i:i + bs] for i in range(0, len(order), bs)][dist.rank::dist.world_size]
-    total = torch.zeros(3, device=device)  # (sum of losses, right, seen)
+    bs = C.eval_batch_size or C.batch_size
+    batches = [order[i:i + bs] for i in range(0, len(order), bs)][d.rank::d.world_size]
+    total = torch.zeros(3, device=d.device)  # (sum of losses, right, seen)
     for idx in batches:
-        towers, labels = to_device(*make_batch(split, idx, model_max_len(model), cfg["pad_multiple"]), device)
-        with ctx():
+        towers, labels = to_device(*make_batch(split, idx, max_len, C.pad_multiple), d.device)
+        with ctx:
             logits = model(towers)
         loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-        total += torch.stack([loss, (logits.argmax(-1) == labels).sum().float(), torch.tensor(float(len(idx)), device=device)])
-    total = trainkit.all_reduce_mean(total, dist)  # same ratios as the sums
+        total += torch.stack([loss, (logits.argmax(-1) == labels).sum().float(),
+                              torch.tensor(float(len(idx)), device=d.device)])
+    total = tk.all_reduce_mean(total, d)  # same ratios as the sums
     model.train()
     seen = total[2].clamp_min(1)
     return (total[0] / seen).item(), (total[1] / seen).item()
 
 
-def model_max_len(model):
-    return trainkit.unwrap_model(model).config.max_len
-
-
-def main(argv=None):
+def main(argv):
+    # -------------------------------------------------------------------------
     # settings: the globals above, then config files and --key=value, then checks
-    cfg = trainkit.configure(SETTINGS, sys.argv[1:] if argv is None else argv)
-    check_settings(cfg)
-    device, dtype = trainkit.choose_device_dtype(cfg["device"], cfg["dtype"])
-    if cfg["num_threads"]:
-        torch.set_num_threads(cfg["num_threads"])
-    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-    resume = cfg["init_from"] == "resume" or cfg["eval_only"]
-    if not resume:
-        trainkit.refuse_overwrite(cfg["out_dir"])
+    C, given = tk.configure(DEFAULTS, argv)
+    check_settings(C)
+    device, dtype = tk.choose_device_dtype(C.device, C.dtype)
+    if C.num_threads > 0:
+        torch.set_num_threads(C.num_threads)
+    ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
+    if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
+        C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
+    resume = C.init_from == "resume" or C.eval_only
 
-    with trainkit.distributed(device) as dist:
-        dev, world = dist.device, dist.world_size
-        trainkit.require(cfg["gradient_accumulation_steps"] % world == 0,
-                         f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be divisible "
-                         f"by the number of processes ({world})")
-        accum = cfg["gradient_accumulation_steps"] // world  # micro-steps of this process per step
-        B = cfg["batch_size"]
-        ctx, scaler = trainkit.autocast_for(dev, dtype)
-        torch.manual_seed(cfg["seed"] + dist.rank)
-        say = print if dist.is_master else (lambda *a, **k: None)
+    # -------------------------------------------------------------------------
+    # DDP from torchrun's environment (one process without torchrun)
+    with tk.distributed(device) as d, ExitStack() as cleanup:
+        device = d.device
+        say = print if d.is_master else (lambda *a, **k: None)
+        tk.require(C.gradient_accumulation_steps % d.world_size == 0,
+                   f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
+                   f"number of processes ({d.world_size})")
+        accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
+        torch.manual_seed(C.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
-        # the run to continue (its model settings win), then the data, checked when loaded
-        ckpt = trainkit.load_checkpoint(ckpt_path) if resume else None
-        mconf = LRAConfig(**ckpt["model_args"]) if ckpt else model_config(cfg)
+        # ---------------------------------------------------------------------
+        # the run to continue: its architecture, task and seed win
+        ckpt, stamp = None, None
+        if resume:
+            ckpt = tk.load_checkpoint(ckpt_path, "lra")
+            stamp = (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns)  # a save renames a new file in
+            tk.check_resume(ckpt, C, given, MODEL_KEYS + TASK_KEYS + ("seed",), ckpt_path)
+            for key in MODEL_KEYS + TASK_KEYS + ("seed",):
+                setattr(C, key, ckpt["config"][key])
+            if ckpt["iter_num"] >= C.max_iters and not C.eval_only:
+                say(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}, best val acc "
+                    f"{ckpt['best_val_acc']:.4f}): nothing to do; raise --max_iters to train it further, or "
+                    f"score it with --eval_only=True")
+                return None
+        mconf = model_config(C)
 
+        # ---------------------------------------------------------------------
+        # the data, checked when loaded (damage is one line naming the file and line), before
+        # anything is written to out_dir
         def load(split, n):
-            data = load_split(cfg["task"], split, cfg["data_dir"], mconf.max_len, cfg["cache_dir"], cfg["hf_text"],
-                              cfg["hf_image"], cfg["load_workers"]).subset(n)
+            data = load_split(C.task, split, C.data_dir, mconf.max_len, C.cache_dir, C.hf_text, C.hf_image,
+                              C.load_workers, say).subset(n)
             if data.cropped:
-                say(f"{cfg['task']} {split}: {data.cropped:,} of {len(data):,} sequences are longer than max_len "
+                say(f"{C.task} {split}: {data.cropped:,} of {len(data):,} sequences are longer than max_len "
                     f"and were cropped to {mconf.max_len:,} tokens (the task's LRA length is "
-                    f"{get_task(cfg['task']).seq_len:,})")
+                    f"{get_task(C.task).seq_len:,})")
             return data
 
-        val, test = load("val", cfg["n_eval"]), load("test", cfg["n_eval"])
-        train = None if cfg["eval_only"] else load("train", cfg["n_train"])
+        val, test = load("val", C.n_eval), load("test", C.n_eval)
+        train = None if C.eval_only else load("train", C.n_train)
         if train is not None:
-            say(f"{cfg['task']}: {len(train)} train / {len(val)} val / {len(test)} test examples")
+            say(f"{C.task}: {len(train)} train / {len(val)} val / {len(test)} test examples")
+        if d.is_master and not C.eval_only:
+            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
+            cleanup.callback(tk.release_out_dir, C.out_dir)
+            if stamp is not None and (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns) != stamp:
+                raise tk.UserError(f"{ckpt_path} was rewritten while this run loaded it (by a run that has "
+                                   "ended since): start this one again to continue from the new checkpoint")
 
-        # model and optimizer, fresh or exactly as the checkpoint left them
-        model = LRAClassifier(mconf).to(dev)
-        optimizer = configure_adamw(model, cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
-                                    "cuda" if str(dev).startswith("cuda") else "cpu")
+        # ---------------------------------------------------------------------
+        # model, optimizer and precision, fresh or exactly as the checkpoint left them
+        model = LRAClassifier(mconf).to(device)
+        raw_model = model  # the plain module: parameters, checkpoints
+        device_type = "cuda" if device.startswith("cuda") else "cpu"
+        optimizer = configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+        ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
+        scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         start_iter, best_val_loss, best_val, test_at_best = 0, float("inf"), -1.0, None
-        if ckpt:
-            model.load_state_dict(trainkit.clean_state_dict(ckpt["model"]))
+        if ckpt is not None:
+            model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
             optimizer.load_state_dict(ckpt["optimizer"])
-            if scaler is not None and ckpt.get("scaler"):
+            if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
             start_iter, best_val_loss, best_val = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_val_acc"]
             test_at_best = ckpt["test_acc_at_best_val"]
-            if len(ckpt["rng"]) == world:
-                trainkit.set_rng_state(ckpt["rng"][dist.rank])
+            if not C.eval_only:
+                tk.restore_rng(ckpt["rng"], d, say)
+                say(f"resumed from {ckpt_path} at iter {start_iter}")
+            ckpt = None  # free the memory
         n_params = model.get_num_params()
         say(f"model: {dict(tssa='ToST', softmax='softmax Transformer', linear='linear-attention Transformer')[mconf.attn]}, {n_params:,} parameters "
             f"({mconf.n_layer} layers, width {mconf.n_embd}, {mconf.n_head} heads, MLP {mconf.mlp_hidden}, "
-            f"{mconf.norm}-norm), {dtype} on {dev}, {B * cfg['gradient_accumulation_steps']} examples per step "
-            f"({cfg['gradient_accumulation_steps']} x {B})")
-        if cfg["eval_only"]:
-            (val_loss, val_acc), (_, test_acc) = (evaluate(model, s, cfg, ctx, dev, dist) for s in (val, test))
+            f"{mconf.norm}-norm), {dtype} on {device}, {C.batch_size * C.gradient_accumulation_steps} examples "
+            f"per step ({C.gradient_accumulation_steps} x {C.batch_size})")
+        if C.eval_only:
+            (val_loss, val_acc), (_, test_acc) = (evaluate(model, s, C, mconf.max_len, ctx, d) for s in (val, test))
             result = {"iter": start_iter, "val_loss": val_loss, "val_acc": val_acc, "test_acc": test_acc,
                       "n_params": n_params}
             say(result)
             return result
-        raw_model = model
-        if cfg["compile"]:
+        if C.compile:
+            say("compiling the model (takes a minute)...")
             model = torch.compile(model, dynamic=True)
-        if dist.ddp:
-            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if "cuda" in dev else None)
-        log = trainkit.JsonlLogger(os.path.join(cfg["out_dir"], "log.jsonl"), dist.is_master, fresh=not ckpt)
+        eval_model = model  # evaluation skips DDP (no gradients)
+        if d.ddp:
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[d.local_rank] if device_type == "cuda" else None)
+        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch")
+        if start_iter:
+            tk.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with the same command and "
+                            "--init_from=resume")
+        else:
+            tk.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
-        decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
+        # ---------------------------------------------------------------------
+        # the training loop
         result = {"n_params": n_params}
-        t0, train_loss = time.time(), None
-        for it in range(start_iter, cfg["max_iters"] + 1):
-            lr = trainkit.lr_at(it, lr=cfg["learning_rate"], min_lr=cfg["min_lr"], warmup_iters=cfg["warmup_iters"],
-                                decay_iters=decay_iters, schedule=cfg["lr_schedule"])
-            # evaluate and checkpoint (not again right after resuming: that was done before saving)
-            if (it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]) and not (ckpt and it == start_iter):
-                val_loss, val_acc = evaluate(model, val, cfg, ctx, dev, dist)
-                best_val_loss = min(best_val_loss, val_loss)
-                if val_acc > best_val:
-                    best_val, test_at_best = val_acc, evaluate(model, test, cfg, ctx, dev, dist)[1]
-                record = {"iter": it, "lr": lr, "train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc,
-                          "best_val_acc": best_val, "test_acc_at_best_val": test_at_best,
-                          "time_s": round(time.time() - t0, 1)}
-                say(f"step {it}: val loss {val_loss:.4f}, val acc {val_acc:.4f} (best {best_val:.4f}, "
-                    f"test at best {test_at_best:.4f})")
-                log.log(record)
-                result.update(record)
-                rng = trainkit.gather_rng_states(dist)  # a collective: every rank takes part
-                if dist.is_master and it > 0:
-                    trainkit.save_checkpoint({
-                        "model": trainkit.clean_state_dict(raw_model.state_dict()), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict() if scaler is not None else None, "model_args": asdict(mconf),
-                        "iter_num": it, "best_val_loss": best_val_loss, "best_val_acc": best_val,
-                        "test_acc_at_best_val": test_at_best, "config": cfg, "rng": rng}, ckpt_path)
-            if it == cfg["max_iters"]:
-                break
-
-            # one optimizer step: this process's `accum` micro-batches of B examples, picked by
-            # their global micro-step index from the step's batch of B x gradient_accumulation_steps
+        t_start, train_loss = time.time(), None
+        for it in range(start_iter, C.max_iters + 1):
+            lr = get_lr(it, C)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            idx = batch_indices(len(train), B * cfg["gradient_accumulation_steps"], it, cfg["seed"])
-            loss_sum = torch.zeros((), device=dev)
-            for k in range(accum):
-                m = dist.rank * accum + k
+
+            # evaluate, log and checkpoint (not again at the iteration a resume starts from)
+            if (it % C.eval_interval == 0 or it == C.max_iters) and not (start_iter and it == start_iter):
+                val_loss, val_acc = evaluate(eval_model, val, C, mconf.max_len, ctx, d)
+                best_val_loss = min(best_val_loss, val_loss)
+                if val_acc > best_val:
+                    best_val, test_at_best = val_acc, evaluate(eval_model, test, C, mconf.max_len, ctx, d)[1]
+                record = dict(iter=it, lr=lr, train_loss=train_loss, val_loss=val_loss, val_acc=val_acc,
+                              best_val_acc=best_val, test_acc_at_best_val=test_at_best,
+                              time_s=round(time.time() - t_start, 3))
+                say(f"step {it}: val loss {val_loss:.4f}, val acc {val_acc:.4f} (best {best_val:.4f}, "
+                    f"test at best {test_at_best:.4f})")
+                logger.log(record)
+                result.update(record)
+                if it > 0:
+                    rng = tk.gather_rng_states(d)  # a collective: every rank takes part
+                    if d.is_master:
+                        tk.save_checkpoint(dict(
+                            kind="lra", model=tk.clean_state_dict(raw_model.state_dict()),
+                            optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), model_args=asdict(mconf),
+                            iter_num=it, best_val_loss=best_val_loss, best_val_acc=best_val,
+                            test_acc_at_best_val=test_at_best, config=vars(C), rng=rng), ckpt_path)
+                    tk.on_interrupt(f"{ckpt_path} holds iter {it}; continue with the same command and "
+                                    "--init_from=resume")
+                    say(f"saved {ckpt_path}")
+            if it == C.max_iters:
+                say(f"max_iters={C.max_iters} reached: best val acc {best_val:.4f}, test acc at best val "
+                    f"{test_at_best:.4f}" + (f"; {ckpt_path} holds iter {it}" if it > 0 else ""))
+                break
+
+            # one optimizer step: this process's `accum` micro-batches of batch_size examples,
+            # picked by their global micro-step index from the step's batch
+            B = C.batch_size
+            idx = batch_indices(len(train), B * C.gradient_accumulation_steps, it, C.seed)
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accum):
+                m = d.rank * accum + micro
                 towers, labels = to_device(*make_batch(train, idx[m * B:(m + 1) * B], mconf.max_len,
-                                                       cfg["pad_multiple"]), dev)
-                with model.no_sync() if dist.ddp and k < accum - 1 else nullcontext():
-                    with ctx():
+                                                       C.pad_multiple), device)
+                with model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
+                    with ctx:
                         logits = model(towers)
-                    loss = F.cross_entropy(logits.float(), labels) / accum
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                    loss = F.cross_entropy(logits.float(), labels) / accum  # the mean over the micro-batches
+                    scaler.scale(loss).backward()
                 loss_sum += loss.detach()
-            train_loss = trainkit.all_reduce_mean(loss_sum, dist).item()
-            trainkit.optimizer_step(optimizer, model.parameters(), cfg["grad_clip"], scaler)
-            if it % cfg["log_interval"] == 0:
-                dt = (time.time() - t0) / max(it - start_iter + 1, 1)
+            train_loss = tk.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
+            if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
+                raise tk.non_finite(f"training loss ({train_loss}) at iter {it} (lr {lr:.3g}), stopped before the "
+                                    "update", ckpt_path, C, dtype)
+            if C.grad_clip > 0:
+                scaler.unscale_(optimizer)  # clip the true gradient, not the scaled one
+                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)
+            scaler.step(optimizer)  # (float16: skipped when the gradients overflowed)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            if it % C.log_interval == 0:
+                dt = (time.time() - t_start) / (it - start_iter + 1)
                 say(f"iter {it}: loss {train_loss:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter")
+                logger.log(dict(iter=it, lr=lr, train_loss=train_loss, time_s=round(time.time() - t_start, 3)))
     return result
 
 
 if __name__ == "__main__":
-    trainkit.run_cli(main)
+    tk.run_cli(main, sys.argv[1:])

@@ -1,7 +1,8 @@
 # A minutes-on-a-CPU ListOps check (not the paper's setting): shallow generated trees
-# (depth <= 3, up to 5 arguments, 11-59 tokens), a 2-layer ToST, 1000 steps. The same model
-# as the tiny run in lra/test_lra.py (which trains it for 200 steps). The "tiny" rows of the
-# results table in lra/README.md are this config at --seed=1, 2 and 3:
+# (depth <= 3, up to 5 arguments, more than 10 tokens: at most 37 at that depth), a 2-layer
+# ToST, 1000 steps. The same model as the tiny run in lra/test_lra.py (which trains it for
+# 200 steps). The "tiny" rows of the results table in lra/README.md are this config at
+# --seed=1, 2 and 3:
 #   python lra/generate.py --task=listops --out_dir=data/listops_tiny --n_train=2000 \
 #       --n_val=400 --n_test=400 --min_len=10 --max_len=60 --max_depth=3 --max_args=5
 #   python lra/train.py lra/configs/listops_tiny_tost.py --seed=1
