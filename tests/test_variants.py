@@ -30,6 +30,8 @@ from model import (GPT, LINEAR_CHUNK, GPTConfig, LinearAttention, SoftmaxAttenti
                    causal_linear_attention, elu_feature_map)
 from recall import suite, tasks  # noqa: E402
 
+torch.set_num_threads(1)  # tiny models: one thread is fastest, and steady on a shared machine
+
 VARIANTS = {  # name -> GPTConfig fields
     "linear": dict(attn="linear"),
     "tost_conv": dict(attn="tssa", short_conv=4),
