@@ -19,7 +19,7 @@ evaluation on held-out batches every eval_interval steps, stopping early once th
 length reaches early_stop. The final numbers are on eval_examples fresh sequences (per length
 for niah). Settings are the globals below, overridden by --key=value (as in train.py);
 recall/README.md lists the settings searched until softmax attention solved MQAR.
-""""""
+"""
 
 import functools
 import json
