@@ -533,7 +533,7 @@ def test_bad_input_raises_clear_value_errors():
     with pytest.raises(ValueError, match="mask"):
         tssa(torch.randn(1, 2, 4, 3), torch.ones(2), mask=torch.ones(1, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="attn must be"):
-        GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=2, n_embd=8, attn="linear"))
+        GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=2, n_embd=8, attn="cosine"))
     with pytest.raises(ValueError, match="pi must be"):
         GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=2, n_embd=8, pi="fixed"))
     with pytest.raises(ValueError, match="unknown preset"):
