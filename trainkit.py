@@ -14,6 +14,7 @@ the preparation scripts, bench.py, ...), kept here so that each script reads as 
                      and no scratch run over another run's checkpoint
   atomic_write       write a file through a temp file and a rename: all or nothing
   save_checkpoint / load_checkpoint / check_resume   checkpoints of a known kind
+  non_finite         the one error of a non-finite loss (what is left, advice that would help)
   rng_state / gather_rng_states / restore_rng        every RNG of every rank, for exact resume
 
 Conventions of the three trainers:
