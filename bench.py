@@ -14,8 +14,8 @@ Suites (--suites, comma separated):
   model         whole-model training step (forward, backward, AdamW): ToST-Base vs GPT-2 Base
   model_decode  whole-model per-token decoding at context T, with the size of the carried state
   vit           vision: 12 attention layers of ToST-S width, forward, at T tokens (image side 16 sqrt(T))
-Implementations (--impls): the values of tssa_impl, each reached through model.tssa_ops /
-GPTConfig(tssa_impl=...) as a training run reaches it: torch (model.py's maths), cpu (the C
+Implementations (--impls): the values of tssa_impl, each reached through kernels.ops_for /
+kernels.use(model, impl) as a training run reaches it: torch (model.py's maths), cpu (the C
 kernels), triton (the Triton kernels; CUDA); then sdpa (softmax attention; the backend that
 ran is named: flash, cudnn, efficient or math) and compiled (torch.compile of model.py's
 maths; off by default, it compiles for ~30 s). "auto": torch, the device's kernels, sdpa.
@@ -42,6 +42,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import kernels
 import model
 import trainkit as tk
 
@@ -69,7 +70,7 @@ out = "bench_results.json"
 # -----------------------------------------------------------------------------
 DEFAULTS = tk.config_defaults(globals())  # the settings above
 SUITES = ("op", "decode", "model", "model_decode", "vit")
-IMPLS = model.TSSA_IMPLS + ("sdpa", "compiled")
+IMPLS = kernels.IMPLS + ("sdpa", "compiled")
 MODES = ("fwd", "fwdbwd")
 
 
@@ -252,7 +253,7 @@ def op_case(C, impl, mode, T_):
         w = split_heads(x, C)
         temp = torch.ones(H, device=C.device, requires_grad=mode == "fwdbwd")
         bias = torch.zeros(H, T_, device=C.device, requires_grad=mode == "fwdbwd")
-        ops = model.tssa_ops("torch" if impl == "compiled" else impl)
+        ops = kernels.ops_for("torch" if impl == "compiled" else impl)
         if C.causal:
             fn = lambda w_, t_, b_: ops.causal_tssa(w_, t_, b_)
         else:
@@ -306,10 +307,10 @@ def decode_case(C, impl, T_):
     state.sum_sq.uniform_(1, 2).mul_(T_)
     state.sum_pi_sq.uniform_(1, 2).mul_(T_ / H)
     state.sum_pi.fill_(T_ / H)
-    state.pos = T_
-    temp, bias = torch.ones(H, device=C.device), torch.zeros(H, 1024, device=C.device)
+    state.pos.fill_(T_)
+    temp, bias = torch.ones(H, device=C.device), torch.zeros(H, device=C.device)
     w_t = torch.randn(B, H, p, **kw)
-    step = model.tssa_ops(impl).causal_tssa_step
+    step = kernels.ops_for(impl).causal_tssa_step
 
     def run():
         with torch.no_grad():
@@ -322,7 +323,7 @@ def decode_case(C, impl, T_):
 def model_for(C, impl, block_size):
     if impl == "sdpa":
         return model.GPT.from_preset("gpt2", block_size=block_size).to(C.device)
-    return model.GPT.from_preset("tost-base", block_size=block_size, tssa_impl=impl).to(C.device)
+    return kernels.use(model.GPT.from_preset("tost-base", block_size=block_size), impl).to(C.device)
 
 
 def autocast(C):
@@ -350,29 +351,24 @@ def model_case(C, impl, T_):
 def model_decode_case(C, impl, T_):
     """Per-token decoding of the whole model with a context of T_ tokens already in its state
     (synthetic state: the cost does not depend on its values)."""
-    m = model_for(C, impl, 1024).eval()
-    L, width, H, B = m.config.n_layer, m.config.n_embd, m.config.n_head, C.B
+    m = model_for(C, impl, T_ + C.decode_steps).eval()
+    width, H, B = m.config.n_embd, m.config.n_head, C.B
     kw = dict(device=C.device, dtype=tk.DTYPES[C.dtype])
-    if impl == "sdpa":
-        states = [model.KVCache() for _ in range(L)]
-        for s in states:  # prefilled with T_ tokens
-            s.append(torch.randn(B, H, T_, width // H, **kw), torch.randn(B, H, T_, width // H, **kw))
-        size = sum(s.nbytes() for s in states)
-    else:
-        states = []
-        for _ in range(L):
-            s = model.TSSAState.zeros(B, H, width // H, device=C.device)
+    state = m.init_state(B)
+    for s in state.layers:  # as if T_ tokens had been prefilled
+        if impl == "sdpa":
+            s.k, s.v = (torch.randn(B, H, s.max_len, width // H, **kw) for _ in range(2))
+        else:
             s.sum_sq.fill_(T_), s.sum_pi_sq.fill_(T_ / H), s.sum_pi.fill_(T_ / H)
-            s.pos = T_
-            states.append(s)
-        size = sum(t.numel() * t.element_size() for s in states for t in (s.sum_sq, s.sum_pi_sq, s.sum_pi))
+    state.pos.fill_(T_)
+    size = sum(s.nbytes() for s in state.layers)
     tok = torch.randint(0, 50257, (B, 1), device=C.device)
     _, amp = autocast(C)
 
     def run():
         with torch.no_grad(), amp:
             for _ in range(C.decode_steps):
-                m.forward_with_state(tok, states, T_)
+                m.step(tok, state)
     return run, f"state {size / 2**20:.3f} MB"
 
 
@@ -383,9 +379,10 @@ def vit_case(C, impl, T_):
     torch.manual_seed(0)
     kind = "softmax" if impl == "sdpa" else "tssa"
     tssa_impl = impl if impl in ("cpu", "triton") else "torch"
-    config = model.ViTConfig(n_embd=384, n_head=8, attn=kind, tssa_impl=tssa_impl)  # ToST-S width, biases
+    config = model.ViTConfig(n_embd=384, n_head=8, attn=kind)  # ToST-S width, biases
     dtype = tk.DTYPES[C.dtype]
-    layers = torch.nn.Sequential(*[model.make_attention(config, causal=False) for _ in range(12)]).to(C.device, dtype)
+    layers = torch.nn.Sequential(*[model.make_attention(config, causal=False) for _ in range(12)])
+    layers = kernels.use(layers, tssa_impl).to(C.device, dtype)
     fn = torch.compile(layers.eval()) if impl == "compiled" else layers.eval()
     x = torch.randn(C.B, T_, 384, device=C.device, dtype=dtype)
 

@@ -49,7 +49,7 @@ from tqdm import tqdm
 import trainkit as tk
 from evaluate import windows
 from model import GPT, GPTConfig
-from model import TSSA_IMPLS as _TSSA_IMPLS
+import kernels
 from sample import load_tokenizer
 
 MISSING = "lm-eval is not installed (an optional extra): pip install lm-eval==0.4.13"
@@ -112,11 +112,11 @@ class NanoToSTLM(LM):
                                "ckpt_path, device, dtype, batch_size, stride, tssa_impl")
         path = ckpt_path or os.path.join(out_dir, "ckpt.pt")
         ckpt = tk.load_checkpoint(path, "language")
-        tk.require(tssa_impl in _TSSA_IMPLS, f"tssa_impl must be one of {', '.join(_TSSA_IMPLS)}, got {tssa_impl!r}")
+        tk.require(tssa_impl in kernels.IMPLS, f"tssa_impl must be one of {', '.join(kernels.IMPLS)}, got {tssa_impl!r}")
         self._device, self.dtype = tk.choose_device_dtype(device or "auto", dtype or "auto")
         self.batch_size = as_int("batch_size", 8 if batch_size in (None, "auto") else batch_size)
         tk.require(self.batch_size >= 1, f"batch_size must be at least 1, got {self.batch_size}")
-        self.model = GPT(GPTConfig(**{**ckpt["model_args"], "tssa_impl": tssa_impl}))
+        self.model = kernels.use(GPT(GPTConfig(**ckpt["model_args"])), tssa_impl)
         self.model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
         self.model.to(self._device).eval()
         self.T = self.model.config.block_size
@@ -160,7 +160,7 @@ class NanoToSTLM(LM):
                 y[b, skip:len(row) - 1] = torch.tensor(row[skip + 1:])
             x, y = x.to(self._device), y.to(self._device)
             with torch.no_grad(), self.autocast:
-                logits, _ = self.model(x, y)  # (B, L, V)
+                logits, _ = self.model(x)  # (B, L, V)
             logits = logits.float()
             scored = y != -1
             target = y.clamp_min(0)[..., None]

@@ -1,23 +1,32 @@
 """
 nanoToST model: Token Statistics Self-Attention (TSSA) and the Token Statistics Transformer.
 
-One file, read top to bottom:
-  1. the TSSA operator as plain functions (non-causal, causal, recurrent step) and the
-     variational compression objective R_var it is one gradient step on;
-  2. attention modules (TSSA, causal TSSA, softmax baseline through SDPA, causal linear
-     attention baseline) and the opt-in ToST variants (short convolution, hybrid);
-  3. ToST-GPT, a GPT-2 skeleton with TSSA (language);
-  4. ToST-ViT, an XCiT skeleton with TSSA (vision).
+One file, in the order of MATH.md:
+  1. the objective and the operator as plain functions: R_var (`compression_objective`,
+     §1.3), one gradient step on it (`tssa`, §2-3), its causal form (`causal_tssa`, §4.1-4.3),
+     and the recurrent state with its one-token step (`TSSAState`, `causal_tssa_step`, §4.4);
+  2. the modules built from them: `TSSA`, the MLP, the pre-norm `Block` (§5.1);
+  3. ToST-GPT (§5.2): a GPT-2 skeleton with TSSA, trained in parallel, decoded from the state;
+  4. ToST-ViT (§5.3-5.4): an XCiT skeleton with TSSA;
+  appendix: the baselines and variants (softmax attention and its KV cache, linear
+     attention, the short convolution) and the plumbing (a chunked cross-entropy, a decoding
+     step replayed as a CUDA graph, AdamW's parameter groups, the MFU table).
 
-Shapes: B batch, T tokens, C = H * p model width, H heads, p head width.
-Reference: Wu et al., "Token Statistics Transformer", ICLR 2025; the derivation: MATH.md.
+Symbols (MATH.md §1.1): B batch, T tokens, C = H * p model width, H heads (the K subspaces
+U_k), p head width. w = U_k^T z, the features of each token in each head's basis: (B, H, T, p).
+Pi (B, H, T): how much each token belongs to each head (sums to 1 over heads). s (B, H, p): the
+Pi-weighted second moment of each feature of each head, the "token statistic". temp (H,): the
+temperature of Pi; pos_bias (H, block_size): the causal form's learned position bias.
+
+The functions of section 1 are the reference. kernels/ holds fused versions of them, swapped
+into a built model by `kernels.use(model, "cpu" | "triton")`; this file knows nothing of it.
 
     python -c "import model; print(model.GPT.from_preset('tost-base'))"
 """
 
 import math
 from collections import namedtuple
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn as nn
@@ -25,163 +34,18 @@ import torch.nn.functional as F
 
 PI_NORM_EPS = 1e-12  # floor of the feature norms normalised inside Pi (released: F.normalize's clamp)
 STAT_EPS = 1e-8  # added to the Pi-weighted token count of a head (a head no token belongs to)
-TSSA_IMPLS = ("torch", "triton", "cpu")  # GPTConfig.tssa_impl / ViTConfig.tssa_impl: see tssa_ops
 
 # -----------------------------------------------------------------------------
-# 1. The operator as plain functions
+# 1. The objective and the operator, as plain functions
 #
-# Each takes w = U^T z, the per-head projected features of shape (B, H, T, p), and returns
-# the per-head update -Pi * w / (1 + s) of the same shape (before the output projection).
-# Pi, when returned, is detached: it is an estimate held fixed by the theory (MATH.md §2.4) and
-# is returned for analysis maps and the decoding state; gradients flow through out only.
+# The operators take w = U^T z (B, H, T, p) and return the per-head update -Pi * w / (1 + s) of
+# the same shape (before the output projection). Pi, when returned, is detached: the theory
+# holds it fixed (MATH.md §2.4); it is returned for the analysis maps and the decoding state.
 
 
 def stat_dtype(dtype):
     """Statistics are kept in fp32 for fp16/bf16 inputs (and in fp64 for fp64 inputs)."""
     return torch.promote_types(dtype, torch.float32)
-
-
-def _check_w(w, temp):
-    if w.dim() != 4:
-        raise ValueError(f"w must have shape (B, H, T, p), got {tuple(w.shape)}")
-    H = w.shape[1]
-    if temp.numel() != H:
-        raise ValueError(f"temp must have one value per head ({H}), got shape {tuple(temp.shape)}")
-    return temp.reshape(1, H, 1).to(stat_dtype(w.dtype))  # (1, H, 1) broadcasts over batch and tokens
-
-
-def _check_mask(w, mask):
-    if mask is not None and mask.shape != (w.shape[0], w.shape[2]):
-        raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
-
-
-def _apply_pi_mode(logits, pi_mode):
-    """Pi over heads from logits (B, H, T): softmax over H, or the uniform 1/H ablation."""
-    if pi_mode == "uniform":
-        return torch.full_like(logits, 1.0 / logits.shape[1])
-    return logits.softmax(dim=1)  # fp32: logits are fp32
-
-
-def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-    """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); temp: (H,) or (H, 1);
-    mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
-    statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
-    temp = _check_w(w, temp)
-    _check_mask(w, mask)
-    w32 = w.to(stat_dtype(w.dtype))  # statistics in fp32 whatever the input dtype
-    if mask is not None:
-        w32 = w32 * mask[:, None, :, None]  # padded tokens contribute nothing
-    w_sq = w32.square()  # (B, H, T, p)
-    # Pi: each feature L2-normalised over the tokens (as F.normalize: the norm floored at
-    # PI_NORM_EPS), squared norm per head, softmax over heads
-    w_sq_normed = w_sq / w_sq.sum(dim=2, keepdim=True).clamp_min(PI_NORM_EPS ** 2)  # (B, H, T, p)
-    logits = temp * w_sq_normed.sum(dim=-1)  # (B, H, T)
-    pi = _apply_pi_mode(logits, pi_mode)  # (B, H, T), sums to 1 over H
-    if mask is not None:
-        pi = pi * mask[:, None, :]
-    # token statistic: Pi-weighted second moment of each feature, per head
-    n_k = pi.sum(dim=2)  # (B, H)
-    s = (pi.unsqueeze(-1) * w_sq).sum(dim=2) / (n_k.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
-    # one gradient step on R_var with f = log(1 + x): scale by -Pi f'(s) = -Pi / (1 + s)
-    out = -pi.unsqueeze(-1) * w32 / (1.0 + s.unsqueeze(2))  # (B, H, T, p)
-    out = out.to(w.dtype)
-    return (out, pi.detach()) if return_pi else out
-
-
-def _check_pos_bias(pos_bias, H, T, dtype):
-    if pos_bias.dim() == 3:
-        pos_bias = pos_bias.squeeze(-1)
-    if pos_bias.dim() != 2 or pos_bias.shape[0] != H:
-        raise ValueError(f"pos_bias must have shape (H, T_max) or (H, T_max, 1) with H={H}, got {tuple(pos_bias.shape)}")
-    if T > pos_bias.shape[1]:
-        raise ValueError(f"sequence length {T} exceeds the position bias length (block_size) {pos_bias.shape[1]}")
-    return pos_bias.to(stat_dtype(dtype))  # (H, T_max)
-
-
-def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
-    """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
-    sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
-    added per feature before the sum. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
-    temp = _check_w(w, temp)
-    B, H, T, p = w.shape
-    bias = _check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
-    w32 = w.to(stat_dtype(w.dtype))
-    w_sq = w32.square()  # (B, H, T, p)
-    # Pi[j] from the prefix: features normalised by their running sum of squares (floored)
-    w_sq_normed = w_sq / w_sq.cumsum(dim=2).clamp_min(PI_NORM_EPS)  # (B, H, T, p)
-    logits = temp * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
-    pi = _apply_pi_mode(logits, pi_mode)  # (B, H, T)
-    # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
-    s = (pi.unsqueeze(-1) * w_sq).cumsum(dim=2) / (pi.cumsum(dim=2).unsqueeze(-1) + STAT_EPS)
-    out = -pi.unsqueeze(-1) * w32 / (1.0 + s)  # (B, H, T, p)
-    out = out.to(w.dtype)
-    return (out, pi.detach()) if return_pi else out
-
-
-@dataclass
-class TSSAState:
-    """Everything causal TSSA remembers of the past: constant size, whatever the length."""
-
-    sum_sq: torch.Tensor  # (B, H, p) running sum of w^2
-    sum_pi_sq: torch.Tensor  # (B, H, p) running sum of Pi * w^2
-    sum_pi: torch.Tensor  # (B, H) running sum of Pi
-    pos: int = 0  # tokens seen so far
-    conv: torch.Tensor | None = None  # (B, k - 1, C) last inputs of the short convolution (variant), or None
-
-    @classmethod
-    def zeros(cls, B, H, p, device=None, dtype=torch.float32):
-        z = lambda *shape: torch.zeros(*shape, device=device, dtype=stat_dtype(dtype))
-        return cls(z(B, H, p), z(B, H, p), z(B, H), 0)
-
-    def nbytes(self):
-        parts = (self.sum_sq, self.sum_pi_sq, self.sum_pi, self.conv)
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
-
-    @classmethod
-    def from_sequence(cls, w, pi):
-        """The state after the whole of w (B, H, T, p) with its Pi (B, H, T) (prefill)."""
-        w_sq = w.to(stat_dtype(w.dtype)).square()
-        return cls(w_sq.sum(2), (pi.unsqueeze(-1) * w_sq).sum(2), pi.sum(2), w.shape[2])
-
-
-def causal_tssa_step(w_t, temp, pos_bias, state, return_pi=False, pi_mode="softmax"):
-    """One token of causal TSSA in O(H p): w_t (B, H, p) -> out_t (B, H, p), and the state
-    advanced by one token (updated in place and returned). Past the end of pos_bias (the
-    block size) the last learned bias is reused; the statistics keep accumulating."""
-    H, dt = w_t.shape[1], state.sum_sq.dtype  # fp32 state (fp64 for fp64 inputs)
-    temp = temp.reshape(1, H).to(dt)
-    pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)
-    bias = pos_bias[:, min(state.pos, pos_bias.shape[1] - 1)].to(dt)  # (H,)
-    w32 = w_t.to(dt)
-    w_sq = w32.square()  # (B, H, p)
-    state.sum_sq += w_sq
-    logits = temp * (w_sq / state.sum_sq.clamp_min(PI_NORM_EPS) + bias[None, :, None]).sum(-1)  # (B, H)
-    pi = _apply_pi_mode(logits.unsqueeze(-1), pi_mode).squeeze(-1)  # (B, H)
-    state.sum_pi_sq += pi.unsqueeze(-1) * w_sq
-    state.sum_pi += pi
-    state.pos += 1
-    s = state.sum_pi_sq / (state.sum_pi.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
-    out = (-pi.unsqueeze(-1) * w32 / (1.0 + s)).to(w_t.dtype)
-    return (out, state, pi.detach()) if return_pi else (out, state)
-
-
-# one implementation of the three operator functions, with the signatures above
-TSSAOps = namedtuple("TSSAOps", "tssa causal_tssa causal_tssa_step")
-REFERENCE_OPS = TSSAOps(tssa, causal_tssa, causal_tssa_step)
-
-
-def tssa_ops(impl="torch"):
-    """The operator functions of an implementation: "torch" is this file's maths (the
-    default on every device; compiles without graph breaks under torch.compile); "cpu" (C
-    kernels) and "triton" (CUDA) are the opt-in fused kernels of kernels/, imported only
-    here. Where a fused path cannot build or run, it warns once and runs this file's maths."""
-    if impl not in TSSA_IMPLS:
-        raise ValueError(f"tssa_impl must be one of {TSSA_IMPLS}, got {impl!r}")
-    if impl == "torch":
-        return REFERENCE_OPS
-    import kernels  # the fused kernels: only when asked for
-
-    return kernels.fused_ops(impl)
 
 
 def compression_objective(w, pi, mask=None, f=torch.log1p):
@@ -200,50 +64,158 @@ def compression_objective(w, pi, mask=None, f=torch.log1p):
     return 0.5 * ((n_k / n[:, None]) * f(s).sum(dim=-1)).sum(dim=-1)  # (B,)
 
 
+def check_w(w, temp):
+    """w must be (B, H, T, p) and temp hold one value per head; returns temp as (1, H, 1)."""
+    if w.dim() != 4:
+        raise ValueError(f"w must have shape (B, H, T, p), got {tuple(w.shape)}")
+    H = w.shape[1]
+    if temp.numel() != H:
+        raise ValueError(f"temp must have one value per head ({H}), got shape {tuple(temp.shape)}")
+    return temp.reshape(1, H, 1).to(stat_dtype(w.dtype))  # broadcasts over batch and tokens
+
+
+def check_mask(w, mask):
+    """A padding mask must be (B, T) for w (B, H, T, p), or None."""
+    if mask is not None and mask.shape != (w.shape[0], w.shape[2]):
+        raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
+
+
+def check_pos_bias(pos_bias, H, T, dtype):
+    """pos_bias (H, T_max) or (H, T_max, 1) covering T tokens; returns it as (H, T_max)."""
+    if pos_bias.dim() == 3:
+        pos_bias = pos_bias.squeeze(-1)
+    if pos_bias.dim() != 2 or pos_bias.shape[0] != H:
+        raise ValueError(f"pos_bias must have shape (H, T_max) or (H, T_max, 1) with H={H}, "
+                         f"got {tuple(pos_bias.shape)}")
+    if T > pos_bias.shape[1]:
+        raise ValueError(f"sequence length {T} exceeds the position bias length (block_size) {pos_bias.shape[1]}")
+    return pos_bias.to(stat_dtype(dtype))
+
+
+def pi_from_logits(logits, pi_mode):
+    """Pi over heads (dim 1) from logits (B, H, ...): softmax, or the uniform 1/H ablation."""
+    if pi_mode == "uniform":
+        return torch.full_like(logits, 1.0 / logits.shape[1])
+    return logits.softmax(dim=1)  # fp32: logits are fp32
+
+
+def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
+    """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); temp: (H,) or (H, 1);
+    mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
+    statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
+    temp = check_w(w, temp)
+    check_mask(w, mask)
+    w32 = w.to(stat_dtype(w.dtype))  # statistics in fp32 whatever the input dtype
+    if mask is not None:
+        w32 = w32 * mask[:, None, :, None]  # padded tokens contribute nothing
+    w_sq = w32.square()  # (B, H, T, p)
+    # Pi: each feature L2-normalised over the tokens (as F.normalize: the norm floored at
+    # PI_NORM_EPS), squared norm per head, softmax over heads
+    w_sq_normed = w_sq / w_sq.sum(dim=2, keepdim=True).clamp_min(PI_NORM_EPS ** 2)  # (B, H, T, p)
+    logits = temp * w_sq_normed.sum(dim=-1)  # (B, H, T)
+    pi = pi_from_logits(logits, pi_mode)  # (B, H, T), sums to 1 over H
+    if mask is not None:
+        pi = pi * mask[:, None, :]
+    # token statistic: Pi-weighted second moment of each feature, per head
+    n_k = pi.sum(dim=2)  # (B, H)
+    s = (pi.unsqueeze(-1) * w_sq).sum(dim=2) / (n_k.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
+    # one gradient step on R_var with f = log(1 + x): scale by -Pi f'(s) = -Pi / (1 + s)
+    out = -pi.unsqueeze(-1) * w32 / (1.0 + s.unsqueeze(2))  # (B, H, T, p)
+    out = out.to(w.dtype)
+    return (out, pi.detach()) if return_pi else out
+
+
+def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
+    """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
+    sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
+    added per feature before the sum. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
+    temp = check_w(w, temp)
+    B, H, T, p = w.shape
+    bias = check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
+    w32 = w.to(stat_dtype(w.dtype))
+    w_sq = w32.square()  # (B, H, T, p)
+    # Pi[j] from the prefix: features normalised by their running sum of squares (floored)
+    w_sq_normed = w_sq / w_sq.cumsum(dim=2).clamp_min(PI_NORM_EPS)  # (B, H, T, p)
+    logits = temp * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
+    pi = pi_from_logits(logits, pi_mode)  # (B, H, T)
+    # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
+    s = (pi.unsqueeze(-1) * w_sq).cumsum(dim=2) / (pi.cumsum(dim=2).unsqueeze(-1) + STAT_EPS)
+    out = -pi.unsqueeze(-1) * w32 / (1.0 + s)  # (B, H, T, p)
+    out = out.to(w.dtype)
+    return (out, pi.detach()) if return_pi else out
+
+
+@dataclass
+class TSSAState:
+    """Everything causal TSSA remembers of the past (MATH.md §4.4): three running sums per
+    head, the same size whatever the length. Written in place, never replaced, so that a
+    decoding step has fixed shapes and a CUDA graph can replay it."""
+
+    sum_sq: torch.Tensor  # (B, H, p) running sum of w^2
+    sum_pi_sq: torch.Tensor  # (B, H, p) running sum of Pi * w^2
+    sum_pi: torch.Tensor  # (B, H) running sum of Pi
+    pos: torch.Tensor  # () int64: tokens seen so far (one counter for all layers, advanced by GPT.step)
+    conv: torch.Tensor | None = None  # (B, k - 1, C) the short convolution's last inputs (variant), or None
+
+    @classmethod
+    def zeros(cls, B, H, p, device=None, dtype=torch.float32, pos=None):
+        z = lambda *shape: torch.zeros(*shape, device=device, dtype=stat_dtype(dtype))  # noqa: E731
+        pos = torch.zeros((), dtype=torch.long, device=device) if pos is None else pos
+        return cls(z(B, H, p), z(B, H, p), z(B, H), pos)
+
+    def fill_(self, w, pi):
+        """The sums after the whole of w (B, H, T, p) with its Pi (B, H, T): a prefill."""
+        w_sq = w.to(self.sum_sq.dtype).square()
+        self.sum_sq.copy_(w_sq.sum(2))
+        self.sum_pi_sq.copy_((pi.unsqueeze(-1) * w_sq).sum(2))
+        self.sum_pi.copy_(pi.sum(2))
+
+    def nbytes(self):
+        parts = (self.sum_sq, self.sum_pi_sq, self.sum_pi, self.conv)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+def causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+    """One token of causal TSSA in O(H p) (MATH.md §4.4): w_t (B, H, p) its features, bias_t
+    (H,) its position bias. The sums of `state` take in this token, in place. Returns out_t
+    (B, H, p), equal to causal_tssa's output at this position."""
+    dt, H = state.sum_sq.dtype, w_t.shape[1]  # fp32 state (fp64 for fp64 inputs)
+    w32 = w_t.to(dt)
+    w_sq = w32.square()  # (B, H, p)
+    state.sum_sq.add_(w_sq)
+    normed = w_sq / state.sum_sq.clamp_min(PI_NORM_EPS) + bias_t.to(dt).reshape(1, H, 1)  # (B, H, p)
+    pi = pi_from_logits(temp.to(dt).reshape(1, H) * normed.sum(-1), pi_mode)  # (B, H)
+    state.sum_pi_sq.add_(pi.unsqueeze(-1) * w_sq)
+    state.sum_pi.add_(pi)
+    s = state.sum_pi_sq / (state.sum_pi.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
+    return (-pi.unsqueeze(-1) * w32 / (1.0 + s)).to(w_t.dtype)
+
+
+# one implementation of the three operators; kernels.use(model, impl) installs another
+TSSAOps = namedtuple("TSSAOps", "tssa causal_tssa causal_tssa_step")
+REFERENCE_OPS = TSSAOps(tssa, causal_tssa, causal_tssa_step)
+
 # -----------------------------------------------------------------------------
-# 2. Attention modules: x (B, T, C) -> (B, T, C)
+# 2. The modules: x (B, T, C) -> (B, T, C)
 
 
-def _split_heads(x, H):  # (B, T, C) -> (B, H, T, C // H)
+def split_heads(x, H):  # (B, T, C) -> (B, H, T, C // H)
     B, T, C = x.shape
     return x.view(B, T, H, C // H).transpose(1, 2)
 
 
-def _merge_heads(x):  # (B, H, T, p) -> (B, T, H * p)
+def merge_heads(x):  # (B, H, T, p) -> (B, T, H * p)
     B, H, T, p = x.shape
     return x.transpose(1, 2).reshape(B, T, H * p)
 
 
-class ShortConv(nn.Module):
-    """Depthwise causal convolution over time (opt-in ToST variant, GPTConfig.short_conv):
-    y_t = sum_{j < k} a_j * x_{t - j}, one kernel of size k per channel, zeros before the
-    first token. Initialised to the identity (a_0 = 1, the rest 0), so the variant starts as
-    the paper's TSSA. Decoding carries the last k - 1 inputs."""
-
-    def __init__(self, n_embd, kernel_size):
-        super().__init__()
-        self.kernel_size = kernel_size
-        weight = torch.zeros(n_embd, kernel_size)  # (C, k); column k - 1 multiplies x_t
-        weight[:, -1] = 1.0
-        self.weight = nn.Parameter(weight)
-
-    def forward(self, x, past=None):
-        """x (B, T, C), past (B, k - 1, C) or None (zeros) -> y (B, T, C), the new past."""
-        B, T, C = x.shape
-        if past is None:
-            past = x.new_zeros(B, self.kernel_size - 1, C)
-        xp = torch.cat([past.to(x.dtype), x], dim=1)  # (B, k - 1 + T, C)
-        y = F.conv1d(xp.transpose(1, 2), self.weight.to(x.dtype)[:, None, :], groups=C)  # (B, C, T)
-        return y.transpose(1, 2), xp[:, xp.shape[1] - (self.kernel_size - 1):]
-
-
 class TSSA(nn.Module):
     """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
-    heads stacked), the operator, a free output projection. causal=True adds the learned
-    per-head position bias of the causal form (its length is config.block_size).
-    config.tssa_impl picks the operator's implementation once, here (see tssa_ops).
-    Opt-in variant (causal only, GPTConfig.short_conv = k > 0): a ShortConv of kernel k on
-    the input, before the projection, which gives each token a channel to the k - 1 before it."""
+    heads stacked), the operator, a free output projection (MATH.md §2.3). causal=True adds
+    the learned per-head position bias of the causal form (its length is config.block_size).
+    self.ops holds the operator functions (REFERENCE_OPS unless kernels.use swapped them).
+    Opt-in variant (causal only, GPTConfig.short_conv = k > 0): a ShortConv of kernel k on the
+    input, before the projection, which gives each token a channel to the k - 1 before it."""
 
     def __init__(self, config, causal=False):
         super().__init__()
@@ -253,7 +225,7 @@ class TSSA(nn.Module):
         if config.pi not in ("softmax", "uniform"):
             raise ValueError(f"pi must be 'softmax' or 'uniform', got {config.pi!r}")
         self.n_head, self.causal, self.pi_mode = H, causal, config.pi
-        self.ops = tssa_ops(config.tssa_impl)  # tssa, causal_tssa, causal_tssa_step
+        self.ops = REFERENCE_OPS
         self.c_in = nn.Linear(C, C, bias=config.bias)  # w = U^T z for all heads at once
         self.c_proj = nn.Linear(C, C, bias=config.bias)  # replaces (tau / n) [U_1 .. U_K]
         self.temp = nn.Parameter(torch.ones(H))  # per-head temperature of Pi
@@ -263,213 +235,39 @@ class TSSA(nn.Module):
         self.conv = ShortConv(C, k) if k else None
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None, state=None, return_maps=False):
-        """x: (B, T, C). state: a TSSAState to continue from (decoding) or None.
-        Returns y (B, T, C); (y, state) when a state was given; (y, maps) with return_maps,
-        maps = {"z": x, "w": U^T z (B, H, T, p), "pi": (B, H, T), "out": y} for analysis."""
-        z = x
-        if self.conv is not None:
-            z, conv_past = self.conv(x, None if state is None else state.conv)  # (B, T, C)
-        w = _split_heads(self.c_in(z), self.n_head)  # (B, H, T, p)
-        ops, pi_mode = self.ops, self.pi_mode
+    def forward(self, x, mask=None, state=None, record=None):
+        """x (B, T, C) -> y (B, T, C). mask: (B, T) padding (non-causal). state: a TSSAState to
+        decode with: a prompt (T > 1) fills it, one token (T = 1) advances it from it.
+        record: a dict, if given, receives the maps z, w = U^T z, pi and out = y."""
+        z = x if self.conv is None else self.conv(x, state)  # (B, T, C)
+        w = split_heads(self.c_in(z), self.n_head)  # (B, H, T, p)
+        pi = None
         if not self.causal:
-            out, pi = ops.tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=pi_mode)
-        elif state is None:
-            out, pi = ops.causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=pi_mode)
-        elif state.pos == 0 and w.shape[2] > 1:  # prefill: parallel form, then the sums
-            out, pi = ops.causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=pi_mode)
-            state = TSSAState.from_sequence(w, pi)
-        else:  # one token (or a few) at a time from the recurrent state
-            steps = [ops.causal_tssa_step(w[:, :, t], self.temp, self.pos_bias, state, True, pi_mode)
-                     for t in range(w.shape[2])]
-            out = torch.stack([o for o, _, _ in steps], dim=2)
-            pi = torch.stack([q for _, _, q in steps], dim=2)
-        if state is not None and self.conv is not None:
-            state.conv = conv_past
-        y = self.dropout(self.c_proj(_merge_heads(out)))  # (B, T, C)
-        if return_maps:
-            return y, {"z": z, "w": w, "pi": pi, "out": y}
-        return y if state is None else (y, state)
+            out, pi = self.ops.tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=self.pi_mode)
+        elif state is None or w.shape[2] > 1:  # training, or the prompt of a decoding
+            out, pi = self.ops.causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=self.pi_mode)
+            if state is not None:
+                state.fill_(w, pi)
+        else:  # one new token from the recurrent state; past block_size, the last learned bias
+            at = state.pos.clamp(max=self.pos_bias.shape[1] - 1).view(1)  # a device index: no host sync
+            bias_t = self.pos_bias.index_select(1, at).squeeze(1)  # (H,)
+            out = self.ops.causal_tssa_step(w[:, :, 0], self.temp, bias_t, state, self.pi_mode).unsqueeze(2)
+        y = self.dropout(self.c_proj(merge_heads(out)))  # (B, T, C)
+        if record is not None:
+            record.update(z=z, w=w, pi=pi, out=y)
+        return y
 
-    def init_state(self, B, device=None):
-        C = self.c_in.in_features
-        state = TSSAState.zeros(B, self.n_head, C // self.n_head, device, self.c_in.weight.dtype)
+    def init_state(self, B, pos):
+        C, p = self.c_in.in_features, self.c_in.in_features // self.n_head
+        weight = self.c_in.weight
+        state = TSSAState.zeros(B, self.n_head, p, weight.device, weight.dtype, pos)
         if self.conv is not None:
-            state.conv = torch.zeros(B, self.conv.kernel_size - 1, C, device=device, dtype=self.c_in.weight.dtype)
+            state.conv = weight.new_zeros(B, self.conv.kernel_size - 1, C)
         return state
 
 
-class SoftmaxAttention(nn.Module):
-    """Multi-head softmax attention through F.scaled_dot_product_attention (the baseline:
-    flash / memory-efficient kernels where available). Causal decoding uses a KV cache."""
-
-    def __init__(self, config, causal=False):
-        super().__init__()
-        C, H = config.n_embd, config.n_head
-        if C % H:
-            raise ValueError(f"n_embd ({C}) must be divisible by n_head ({H})")
-        self.n_head, self.causal, self.dropout_p = H, causal, config.dropout
-        self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)
-        self.c_proj = nn.Linear(C, C, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x, mask=None, state=None, return_maps=False):
-        """state: a KVCache to prefill or extend (decoding), or None."""
-        q, k, v = (_split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))
-        is_causal = self.causal
-        if state is not None:
-            if state.length and q.shape[2] > 1 and self.causal:
-                raise ValueError("the KV cache takes one token at a time after the prefill")
-            is_causal = self.causal and state.length == 0  # one new query sees the whole cache
-            k, v = state.append(k, v)
-        attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T) keys to keep
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                           dropout_p=self.dropout_p if self.training else 0.0)
-        y = self.dropout(self.c_proj(_merge_heads(y)))
-        if return_maps:
-            return y, None  # no token statistics to show
-        return y if state is None else (y, state)
-
-    def init_state(self, B, device=None):
-        return KVCache()
-
-
-@dataclass
-class KVCache:
-    """Keys and values of every past token, for softmax decoding: grows with the context.
-    Allocated with room to spare (growing by half when full), so appending a token writes in
-    place instead of copying the whole cache every step."""
-
-    k: torch.Tensor | None = None  # (B, H, capacity, p)
-    v: torch.Tensor | None = None
-    length: int = 0  # tokens stored
-
-    def append(self, k, v):
-        """Store k, v (B, H, T_new, p); return views of all keys and values so far."""
-        n, end = self.length, self.length + k.shape[2]
-        if self.k is None or end > self.k.shape[2]:
-            grown = []
-            for old, new in ((self.k, k), (self.v, v)):
-                buf = new.new_empty(*new.shape[:2], max(end, n + n // 2 + 64), new.shape[3])
-                if n:
-                    buf[:, :, :n] = old[:, :, :n]
-                grown.append(buf)
-            self.k, self.v = grown
-        self.k[:, :, n:end], self.v[:, :, n:end] = k, v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-    def nbytes(self):  # of the stored tokens
-        return 0 if self.k is None else 2 * self.k[:, :, :self.length].numel() * self.k.element_size()
-
-
-# causal linear attention (Katharopoulos et al. 2020), the linear-time softmax-free baseline:
-# phi(x) = elu(x) + 1 > 0 on queries and keys, y_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps)
-# with S_t = sum_{s <= t} phi(k_s) v_s^T (p x p per head) and z_t = sum_{s <= t} phi(k_s).
-LINEAR_EPS = 1e-6  # added to the denominator phi(q) . z (positive: phi > 0)
-LINEAR_CHUNK = 64  # tokens per chunk of the parallel causal form
-
-
-def elu_feature_map(x):
-    return F.elu(x) + 1.0
-
-
-@dataclass
-class LinearState:
-    """Everything causal linear attention remembers of the past: H p x p, constant size."""
-
-    S: torch.Tensor  # (B, H, p, p) running sum of phi(k) v^T
-    z: torch.Tensor  # (B, H, p) running sum of phi(k)
-    pos: int = 0  # tokens seen so far
-
-    def nbytes(self):
-        return self.S.numel() * self.S.element_size() + self.z.numel() * self.z.element_size()
-
-
-def causal_linear_attention(q, k, v, S0=None, z0=None, chunk=LINEAR_CHUNK):
-    """Parallel causal form, chunked: q, k feature-mapped (>= 0), v, all (B, H, T, p); S0
-    (B, H, p, p) and z0 (B, H, p) the sums of earlier tokens, or None. Within a chunk the
-    masked product (phi(q) phi(k)^T) v; across chunks the sums of the earlier chunks. Time
-    linear in T, memory (T / chunk) p^2 per head. Sums in fp32 (at least, autocast off).
-    Returns y (B, H, T, p) in that dtype and the sums after the last token (S, z)."""
-    with torch.autocast(q.device.type, enabled=False):
-        return _causal_linear_attention(q, k, v, S0, z0, chunk)
-
-
-def _causal_linear_attention(q, k, v, S0, z0, chunk):
-    B, H, T, p = q.shape
-    dt = stat_dtype(v.dtype)
-    c = min(chunk, T)
-    n = -(-T // c)  # chunks
-    pad = n * c - T  # zero keys and values add nothing; padded queries are dropped
-    q, k, v = (F.pad(t.to(dt), (0, 0, 0, pad)).view(B, H, n, c, p) for t in (q, k, v))
-    kv = k.transpose(-1, -2) @ v  # (B, H, n, p, p): each chunk's sum of phi(k) v^T
-    ks = k.sum(3)  # (B, H, n, p)
-    S0 = q.new_zeros(B, H, 1, p, p) if S0 is None else S0.to(dt)[:, :, None]
-    z0 = q.new_zeros(B, H, 1, p) if z0 is None else z0.to(dt)[:, :, None]
-    S_before = torch.cat([S0, S0 + kv.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p, p): earlier chunks
-    z_before = torch.cat([z0, z0 + ks.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p)
-    a = (q @ k.transpose(-1, -2)).tril()  # (B, H, n, c, c): within the chunk, s <= t
-    num = a @ v + q @ S_before  # (B, H, n, c, p)
-    den = a.sum(-1) + (q * z_before[:, :, :, None, :]).sum(-1)  # (B, H, n, c)
-    y = (num / (den.unsqueeze(-1) + LINEAR_EPS)).reshape(B, H, n * c, p)[:, :, :T]
-    return y, (S_before[:, :, -1] + kv[:, :, -1], z_before[:, :, -1] + ks[:, :, -1])
-
-
-def linear_attention(q, k, v, mask=None):
-    """Non-causal form: every token sees every real token. q, k feature-mapped, (B, H, T, p);
-    mask (B, T) bool, True for real tokens: padded keys add nothing, padded outputs are 0.
-    Sums in fp32 (at least, autocast off)."""
-    dt = stat_dtype(v.dtype)
-    with torch.autocast(q.device.type, enabled=False):
-        q, k, v = q.to(dt), k.to(dt), v.to(dt)
-        if mask is not None:
-            k = k * mask[:, None, :, None]
-        S = k.transpose(-1, -2) @ v  # (B, H, p, p)
-        y = (q @ S) / ((q * k.sum(2, keepdim=True)).sum(-1, keepdim=True) + LINEAR_EPS)  # (B, H, T, p)
-    return y if mask is None else y * mask[:, None, :, None]
-
-
-class LinearAttention(nn.Module):
-    """Linear attention (Katharopoulos et al. 2020) at the softmax baseline's size: q, k, v
-    projections, feature map elu + 1 on q and k, no softmax; an output projection. Causal
-    decoding keeps a LinearState (H p x p + H p floats, whatever the length); non-causal
-    (vision, LRA) takes the padding mask."""
-
-    def __init__(self, config, causal=False):
-        super().__init__()
-        C, H = config.n_embd, config.n_head
-        if C % H:
-            raise ValueError(f"n_embd ({C}) must be divisible by n_head ({H})")
-        self.n_head, self.causal = H, causal
-        self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)
-        self.c_proj = nn.Linear(C, C, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x, mask=None, state=None, return_maps=False):
-        """x: (B, T, C). state: a LinearState to continue from (decoding) or None."""
-        q, k, v = (_split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))  # (B, H, T, p)
-        q, k = elu_feature_map(q), elu_feature_map(k)
-        if not self.causal:
-            y = linear_attention(q, k, v, mask)
-        elif state is None:
-            y, _ = causal_linear_attention(q, k, v)
-        else:  # a prefill or one new token: the same maths, from the sums so far
-            y, (state.S, state.z) = causal_linear_attention(q, k, v, state.S, state.z)
-            state.pos += x.shape[1]
-        y = self.dropout(self.c_proj(_merge_heads(y.to(x.dtype))))
-        if return_maps:
-            return y, None
-        return y if state is None else (y, state)
-
-    def init_state(self, B, device=None):
-        p, dt = self.c_attn.in_features // self.n_head, stat_dtype(self.c_attn.weight.dtype)
-        return LinearState(torch.zeros(B, self.n_head, p, p, device=device, dtype=dt),
-                           torch.zeros(B, self.n_head, p, device=device, dtype=dt))
-
-
 def make_attention(config, causal, attn=None):
-    """The attention of one block: `attn` if given, else config.attn."""
+    """The attention of one block: `attn` if given, else config.attn (baselines: appendix)."""
     attn = attn or config.attn
     if attn == "tssa":
         return TSSA(config, causal)
@@ -531,35 +329,14 @@ class Block(nn.Module):
         self.ls_2 = LayerScale(C, ls)
         self.drop_path = DropPath(config.drop_path)
 
-    def forward(self, x, mask=None, state=None, return_maps=False):
-        """x (B, T, C) -> x; (x, state) when decoding from a state; (x, maps) with return_maps."""
-        a = self.attn(self.ln_1(x), mask=mask, state=state, return_maps=return_maps)
-        extra = None
-        if state is not None or return_maps:
-            a, extra = a
-        x = x + self.drop_path(self.ls_1(a))
-        x = x + self.drop_path(self.ls_2(self.mlp(self.ln_2(x))))
-        return (x, extra) if state is not None or return_maps else x
+    def forward(self, x, mask=None, state=None, record=None):
+        """x (B, T, C) -> (B, T, C); state and record go to the attention (see TSSA.forward)."""
+        x = x + self.drop_path(self.ls_1(self.attn(self.ln_1(x), mask=mask, state=state, record=record)))
+        return x + self.drop_path(self.ls_2(self.mlp(self.ln_2(x))))
 
 
 # -----------------------------------------------------------------------------
 # 3. ToST-GPT (MATH.md §5.2, language)
-
-# peak dense bf16 tensor throughput (FLOP/s) for MFU, matched against the device name
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
-              "L4": 121e12, "RTX 4090": 165e12, "V100": 125e12, "T4": 65e12}
-
-
-def device_peak_flops(device_name=None):
-    """Peak bf16 FLOP/s of a known GPU (by name), or None if unknown (then no MFU)."""
-    if device_name is None:
-        if not torch.cuda.is_available():
-            return None
-        device_name = torch.cuda.get_device_name()
-    for key, flops in PEAK_FLOPS.items():
-        if key.lower() in device_name.lower():
-            return flops
-    return None
 
 
 @dataclass(kw_only=True)
@@ -574,7 +351,6 @@ class GPTConfig:
     attn: str = "tssa"  # "tssa" | "softmax" (the GPT-2 baseline) | "linear" (linear attention baseline)
     pi: str = "softmax"  # "softmax" | "uniform" (ablation: Pi = 1/H)
     layer_scale_init: float | None = 1e-5  # None: no layer scale (GPT-2)
-    tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
     mlp_ratio: float = 4.0  # MLP hidden width / n_embd
     drop_path: float = 0.0  # stochastic depth (not used by the language recipes)
     ln_eps: float = 1e-5  # LayerNorm epsilon
@@ -588,10 +364,19 @@ GPT_PRESETS = {  # parameter counts include the position embedding, not the padd
     "tost-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 304M
     "tost-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 655M
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, attn="softmax", bias=True, layer_scale_init=None),  # 124M
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, attn="softmax", bias=True, layer_scale_init=None),  # 350M
-    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280, attn="softmax", bias=True, layer_scale_init=None),  # 774M
-    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600, attn="softmax", bias=True, layer_scale_init=None),  # 1558M
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, attn="softmax", bias=True, layer_scale_init=None),
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280, attn="softmax", bias=True, layer_scale_init=None),
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600, attn="softmax", bias=True, layer_scale_init=None),
 }
+
+
+@dataclass
+class DecodeState:
+    """A decoding in progress: the position (a device tensor, so a step needs no host sync)
+    and each block's state (TSSAState; KVCache or LinearState for the baselines)."""
+
+    pos: torch.Tensor  # () int64: tokens seen so far
+    layers: list
 
 
 class GPT(nn.Module):
@@ -603,7 +388,8 @@ class GPT(nn.Module):
         if c.short_conv < 0 or c.hybrid_every < 0:
             raise ValueError(f"short_conv and hybrid_every must be >= 0 (0: off), got {c.short_conv}, {c.hybrid_every}")
         if c.short_conv and c.attn != "tssa":
-            raise ValueError(f"short_conv is a ToST variant (it convolves the TSSA input): attn must be 'tssa', got {c.attn!r}")
+            raise ValueError(f"short_conv is a ToST variant (it convolves the TSSA input): attn must be 'tssa', "
+                             f"got {c.attn!r}")
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
@@ -641,130 +427,104 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding else n
 
-    def _embed(self, idx, pos0=0):
-        B, T = idx.shape
-        # past the block size (decoding only) the last learned position is reused
-        pos = torch.arange(pos0, pos0 + T, device=idx.device).clamp_max(self.config.block_size - 1)
-        return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-
     def forward(self, idx, targets=None):
-        """idx: (B, T) token ids with T <= block_size. Returns (logits, loss); without
-        targets only the last position's logits (B, 1, V) are computed."""
+        """idx: (B, T) token ids, T <= block_size. Without targets: (logits (B, T, V), None).
+        With targets (B, T) (-1: not scored): (None, mean cross-entropy), computed in chunks of
+        tokens so that the (B, T, V) logits are never held at once (appendix)."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
-        if idx.shape[1] > self.config.block_size:
-            raise ValueError(f"sequence length {idx.shape[1]} exceeds block_size {self.config.block_size}; "
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}; "
                              "crop the input or build the model with a larger block_size")
-        x = self._embed(idx)
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(T, device=idx.device)))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
         x = self.ln_f(x)
         if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
-        logits = self.lm_head(x)  # (B, T, V)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+            return self.lm_head(x), None
+        return None, LinearCrossEntropy.apply(x.view(B * T, -1), self.lm_head.weight, targets.reshape(B * T))
 
-    def forward_with_state(self, idx, states, pos0):
-        """Continue decoding from per-layer states (TSSAState, LinearState or KVCache): idx (B, T)
-        new tokens at positions pos0, pos0 + 1, ... Returns the last token's logits (B, 1, V)."""
-        x = self._embed(idx, pos0)
-        for i, block in enumerate(self.blocks):
-            x, states[i] = block(x, state=states[i])
-        return self.lm_head(self.ln_f(x[:, [-1], :]))
+    # Decoding (MATH.md §4.4): the prompt runs in parallel once and fills each block's state;
+    # then every token is one `step` from the states, O(1) for TSSA whatever the length.
+
+    def init_state(self, B):
+        pos = torch.zeros((), dtype=torch.long, device=self.wte.weight.device)
+        return DecodeState(pos, [block.attn.init_state(B, pos) for block in self.blocks])
+
+    def prefill(self, idx, state):
+        """Start decoding after the prompt idx (B, T): its first block_size tokens in parallel,
+        any rest token by token. Overwrites `state`. Returns the next token's logits (B, V)."""
+        reset_state_(state)
+        T = min(idx.shape[1], self.config.block_size)
+        x = self.drop(self.wte(idx[:, :T]) + self.wpe(torch.arange(T, device=idx.device)))
+        for block, layer in zip(self.blocks, state.layers):
+            x = block(x, state=layer)
+        state.pos.fill_(T)
+        logits = self.lm_head(self.ln_f(x[:, -1]))
+        for t in range(T, idx.shape[1]):
+            logits = self.step(idx[:, t:t + 1], state)
+        return logits
+
+    def step(self, tok, state):
+        """One token tok (B, 1) -> the next token's logits (B, V); the states advance in place.
+        Fixed shapes, the position on the device, no host sync: a CUDA graph can replay it.
+        Past block_size, TSSA reuses the last learned position (embedding and bias)."""
+        at = state.pos.clamp(max=self.config.block_size - 1).view(1)
+        x = self.drop(self.wte(tok) + self.wpe(at))  # (B, 1, C)
+        for block, layer in zip(self.blocks, state.layers):
+            x = block(x, state=layer)
+        state.pos.add_(1)
+        return self.lm_head(self.ln_f(x[:, -1]))
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None):
-        """Sample max_new_tokens after idx (B, T); temperature=0 is greedy. n_vocab: the
-        tokenizer's real vocabulary size; the ids from n_vocab up (the padding of vocab_size to a
-        multiple of 64) are never drawn, whatever the temperature.
-        TSSA (and linear attention) decode from a constant-size recurrent state: O(1) work
-        per token, no re-forward of the prefix. Softmax attention uses a KV cache (a hybrid:
-        KV caches for its softmax blocks only, the recurrent state for the others).
-        Past block_size: TSSA keeps accumulating its statistics and reuses the last learned
-        position (embedding and bias), an extrapolation it was not trained on; a model with
-        any softmax block slides a window, re-encoding the last block_size tokens (as GPT-2 does)."""
-        steps = self.decode(idx, temperature, top_k, n_vocab)
-        return torch.cat([idx] + [next(steps) for _ in range(max_new_tokens)], dim=1)
-
-    def decode(self, idx, temperature=1.0, top_k=None, n_vocab=None):
-        """generate() one token at a time, for callers that decide when to stop (a stop
-        string): an iterator of the next tokens (B, 1) after idx (B, T), without end."""
+    def decode(self, idx, temperature=1.0, top_k=None, n_vocab=None, capture=False):
+        """The tokens (B, 1) that follow idx (B, T), one per next(), without end (the caller
+        decides when to stop). temperature 0: greedy; n_vocab: the tokenizer's vocabulary (the
+        ids that only pad vocab_size are never drawn); capture: replay the step as a CUDA graph
+        (on CUDA; eager elsewhere). A model with softmax blocks keeps block_size tokens in their
+        KV caches: past that, the window slides and is encoded again, as GPT-2 does."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
-        return self._decode_steps(idx, temperature, top_k, n_vocab)
-
-    @torch.no_grad()
-    def _decode_steps(self, idx, temperature, top_k, n_vocab):
         bs = self.config.block_size
         windowed = any(isinstance(block.attn, SoftmaxAttention) for block in self.blocks)
         if windowed:
-            idx_cond = idx[:, -bs:]
-        else:
-            idx_cond = idx[:, :bs]  # parallel prefill, then any rest of the prompt step by step
-        states = [block.attn.init_state(idx.shape[0], idx.device) for block in self.blocks]
-        logits = self.forward_with_state(idx_cond, states, 0)
-        pos = idx_cond.shape[1]
-        if not windowed and idx.shape[1] > bs:
-            logits = self.forward_with_state(idx[:, bs:], states, pos)
-            pos = idx.shape[1]
+            idx = idx[:, -bs:]
+        state = self.init_state(idx.shape[0])
+        logits = self.prefill(idx, state)
+        step = CapturedStep(self, state) if capture and idx.is_cuda else (lambda t: self.step(t, state))
+        n = idx.shape[1]  # tokens held by the states
         while True:
-            last = logits[:, -1, :n_vocab]  # (B, n_vocab): padded ids cut off, so never sampled
-            next_tok = self._sample(last, temperature, top_k)  # (B, 1)
-            yield next_tok
-            idx = torch.cat([idx, next_tok], dim=1)
-            if windowed and pos >= bs:  # window full: re-encode
-                logits, _ = self(idx[:, -bs:])
+            tok = sample_token(logits[:, :n_vocab], temperature, top_k)  # (B, 1)
+            yield tok
+            if windowed:
+                idx = torch.cat([idx, tok], dim=1)[:, -bs:]
+            if windowed and n == bs:  # the KV caches are full: the window slides, encoded again
+                logits = self.prefill(idx, state)
             else:
-                logits = self.forward_with_state(next_tok, states, pos)
-                pos += 1
+                logits = step(tok)
+                n += 1
 
-    @staticmethod
-    def _sample(logits, temperature, top_k):
-        if temperature == 0:
-            return logits.argmax(dim=-1, keepdim=True)
-        logits = logits.float() / temperature
-        if top_k is not None:
-            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        return torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None, capture=False):
+        """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens)."""
+        tokens = self.decode(idx, temperature, top_k, n_vocab, capture)
+        return torch.cat([idx] + [next(tokens) for _ in range(max_new_tokens)], dim=1)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type="cpu"):
         return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
 
-    def flops_per_token(self, T=None):
-        """Training FLOPs per token (forward + backward = 3x forward). Matmuls: 6N. The
-        attention operator: TSSA is linear, ~12 FLOPs per feature forward (squares, two
-        cumulative sums, softmax, scaling); softmax attention adds 2 * 2 * T * C forward;
-        linear attention ~4 * C * p (the p x p state: its update and its read)."""
-        c, T = self.config, T or self.config.block_size
-        n = self.get_num_params(non_embedding=True)
-        per_attn = {"tssa": 12 * c.n_embd, "softmax": 4 * T * c.n_embd, "linear": 4 * c.n_embd * (c.n_embd // c.n_head)}
-        fwd = sum(per_attn[self.block_attn(c, i)] for i in range(c.n_layer))
-        return 6 * n + 3 * fwd
 
-    def estimate_mfu(self, tokens_per_second, device_name=None):
-        """Model FLOPs utilisation against the device's bf16 peak; None if the peak is unknown."""
-        peak = device_peak_flops(device_name)
-        return None if peak is None else self.flops_per_token() * tokens_per_second / peak
-
-
-NO_DECAY_SUFFIXES = ("bias", "temp", "pos_bias", "gamma", "cls_token")
-
-
-def configure_adamw(model, weight_decay, learning_rate, betas, device_type="cpu"):
-    """AdamW with decay on weight matrices and embeddings only: never on temperatures,
-    position biases, norms, biases, layer scales or the class token."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        is_norm = ".ln" in name or name.startswith("ln") or "norm" in name or ".bn" in name
-        skip = p.dim() < 2 or name.endswith(NO_DECAY_SUFFIXES) or is_norm
-        (no_decay if skip else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device_type == "cuda"
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+def sample_token(logits, temperature, top_k=None):
+    """A token per row of logits (B, V): the argmax at temperature 0, else a draw from the
+    softmax of logits / temperature among the top_k largest (all if None)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), num_samples=1)
 
 
 # -----------------------------------------------------------------------------
@@ -824,13 +584,16 @@ class ClassAttention(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x):  # x (B, 1 + N, C) with the class token first -> (B, 1, C), attn (B, H, 1 + N)
-        q = _split_heads(self.q(x[:, :1]), self.n_head)  # (B, H, 1, p)
-        k, v = (_split_heads(t, self.n_head) for t in self.kv(x).chunk(2, dim=-1))  # (B, H, 1+N, p)
+    def forward(self, x, record=None):
+        """x (B, 1 + N, C), the class token first -> (B, 1, C); record["attn"]: (B, H, 1 + N)."""
+        q = split_heads(self.q(x[:, :1]), self.n_head)  # (B, H, 1, p)
+        k, v = (split_heads(t, self.n_head) for t in self.kv(x).chunk(2, dim=-1))  # (B, H, 1+N, p)
         acc = torch.promote_types(q.dtype, torch.float32)  # scores in fp32 at least (bf16 runs)
         attn = (q.to(acc) @ k.to(acc).transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1)  # (B, H, 1, 1+N)
-        y = (attn.to(v.dtype) @ v)  # (B, H, 1, p)
-        return self.dropout(self.c_proj(_merge_heads(y))), attn[:, :, 0]
+        y = attn.to(v.dtype) @ v  # (B, H, 1, p)
+        if record is not None:
+            record["attn"] = attn[:, :, 0]
+        return self.dropout(self.c_proj(merge_heads(y)))
 
 
 class ClassAttentionBlock(nn.Module):
@@ -852,13 +615,12 @@ class ClassAttentionBlock(nn.Module):
         self.ls_2 = LayerScale(n_embd, layer_scale_init)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x):  # x (B, 1 + N, C) -> same, attn (B, H, 1 + N)
+    def forward(self, x, record=None):  # x (B, 1 + N, C) -> same; record["attn"] (B, H, 1 + N)
         n = self.ln_1(x)
-        a, attn = self.attn(n)  # (B, 1, C)
+        a = self.attn(n, record)  # (B, 1, C)
         x = x + self.drop_path(self.ls_1(torch.cat([a, n[:, 1:]], dim=1)))
         x = self.ln_2(x)
-        x = x + self.drop_path(torch.cat([self.ls_2(self.mlp(x[:, :1])), x[:, 1:]], dim=1))
-        return x, attn
+        return x + self.drop_path(torch.cat([self.ls_2(self.mlp(x[:, :1])), x[:, 1:]], dim=1))
 
 
 @dataclass(kw_only=True)
@@ -880,7 +642,6 @@ class ViTConfig:
     pi: str = "softmax"
     bias: bool = True  # biases in the blocks' Linear and LayerNorm layers (as released)
     n_cls_layers: int = 2
-    tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
 
 
 VIT_PRESETS = {
@@ -934,11 +695,11 @@ class ToSTViT(nn.Module):
         self.head = nn.Linear(self.config.n_embd, num_classes).to(self.head.weight.device)
         self._init_weights(self.head)
 
-    def forward(self, images, return_maps=False):
-        """images: (B, 3, H, W), H and W divisible by patch_size. Returns logits (B, classes),
-        and with return_maps a dict: "layers" -> per ToST block {"z": LN input (B, N, C),
-        "w": U^T z (B, H, N, p), "pi": (B, H, N), "out": attention output (B, N, C)} and
-        "cls_attn" -> per class-attention layer (B, H, N) over patches; "grid": (Hp, Wp)."""
+    def forward(self, images, record=None):
+        """images: (B, 3, H, W), H and W divisible by patch_size -> logits (B, classes).
+        record: a dict, if given, receives "layers" (per ToST block the maps of TSSA.forward:
+        z (B, N, C), w (B, H, N, p), pi (B, H, N), out (B, N, C)), "cls_attn" (per
+        class-attention layer, (B, H, N) over the patches) and "grid" (Hp, Wp)."""
         P = self.config.patch_size
         if images.dim() != 4 or images.shape[-2] % P or images.shape[-1] % P:
             raise ValueError(f"images must be (B, C, H, W) with H, W divisible by {P}, got {tuple(images.shape)}")
@@ -947,22 +708,334 @@ class ToSTViT(nn.Module):
         Hp, Wp = x.shape[-2:]
         x = x + self.pos_embed(B, Hp, Wp, images.device)
         x = self.drop(x.flatten(2).transpose(1, 2))  # (B, N, C)
-        layers = []
-        for block in self.blocks:
-            if return_maps:
-                x, maps = block(x, return_maps=True)
-                layers.append(maps)
-            else:
-                x = block(x)
+        layers = [None if record is None else {} for _ in self.blocks]
+        for block, maps in zip(self.blocks, layers):
+            x = block(x, record=maps)
         x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, 1 + N, C)
-        cls_attn = []
-        for block in self.cls_blocks:
-            x, attn = block(x)
-            cls_attn.append(attn[:, :, 1:])  # attention of the class token over the patches
-        logits = self.head(self.norm(x[:, 0]))
-        if return_maps:
-            return logits, {"layers": layers, "cls_attn": cls_attn, "grid": (Hp, Wp)}
-        return logits
+        cls_maps = [None if record is None else {} for _ in self.cls_blocks]
+        for block, maps in zip(self.cls_blocks, cls_maps):
+            x = block(x, record=maps)
+        if record is not None:  # the class token's attention over the patches
+            record.update(layers=layers, cls_attn=[m["attn"][:, :, 1:] for m in cls_maps], grid=(Hp, Wp))
+        return self.head(self.norm(x[:, 0]))
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type="cpu"):
         return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
+
+
+# =============================================================================
+# Appendix. Baselines, variants and plumbing: what the sections above use but need not
+# show. The softmax baseline (GPT-2) and its KV cache; linear attention (Katharopoulos et al.
+# 2020) and its state; the short convolution (a ToST variant); the hybrid stack is
+# GPT.block_attn. Then a cross-entropy in chunks, a CUDA-graph decoding step, AdamW's groups
+# and the FLOP counts behind MFU.
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal convolution over time (opt-in ToST variant, GPTConfig.short_conv):
+    y_t = sum_{j < k} a_j * x_{t - j}, one kernel of size k per channel, zeros before the
+    first token. Initialised to the identity (a_0 = 1, the rest 0), so the variant starts as
+    the paper's TSSA. Decoding keeps the last k - 1 inputs in the TSSAState (state.conv)."""
+
+    def __init__(self, n_embd, kernel_size):
+        super().__init__()
+        self.kernel_size = kernel_size
+        weight = torch.zeros(n_embd, kernel_size)  # (C, k); column k - 1 multiplies x_t
+        weight[:, -1] = 1.0
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x, state=None):
+        """x (B, T, C) -> y (B, T, C). With a decoding state, state.conv (B, k - 1, C) holds
+        the inputs before x, and afterwards the last k - 1 inputs (written in place)."""
+        B, T, C = x.shape
+        k = self.kernel_size
+        past = x.new_zeros(B, k - 1, C) if state is None else state.conv.to(x.dtype)
+        xp = torch.cat([past, x], dim=1)  # (B, k - 1 + T, C)
+        y = F.conv1d(xp.transpose(1, 2), self.weight.to(x.dtype)[:, None, :], groups=C)  # (B, C, T)
+        if state is not None:
+            state.conv.copy_(xp[:, xp.shape[1] - (k - 1):])
+        return y.transpose(1, 2)
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention through F.scaled_dot_product_attention (the baseline:
+    flash / memory-efficient / cuDNN kernels where available). Decoding keeps a KVCache."""
+
+    def __init__(self, config, causal=False):
+        super().__init__()
+        C, H = config.n_embd, config.n_head
+        if C % H:
+            raise ValueError(f"n_embd ({C}) must be divisible by n_head ({H})")
+        self.n_head, self.causal, self.dropout_p = H, causal, config.dropout
+        self.max_len = getattr(config, "block_size", 0)  # the KV cache's length when decoding
+        self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)
+        self.c_proj = nn.Linear(C, C, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, mask=None, state=None, record=None):
+        """x (B, T, C) -> (B, T, C). mask: (B, T) keys to keep. state: a KVCache (decoding)."""
+        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))  # (B, H, T, p)
+        attn_mask, is_causal = (None if mask is None else mask[:, None, None, :]), self.causal
+        if state is not None:
+            k, v, attn_mask = state.write(k, v)
+            is_causal = attn_mask is None
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                           dropout_p=self.dropout_p if self.training else 0.0)
+        return self.dropout(self.c_proj(merge_heads(y)))
+
+    def init_state(self, B, pos):
+        return KVCache(pos, self.max_len)
+
+
+@dataclass
+class KVCache:
+    """Keys and values of the past tokens, for softmax decoding: buffers of max_len tokens
+    made at the prompt and written in place afterwards, so a step's shapes never change."""
+
+    pos: torch.Tensor  # () int64, shared with the other layers
+    max_len: int
+    k: torch.Tensor | None = None  # (B, H, max_len, p)
+    v: torch.Tensor | None = None
+
+    def write(self, k, v):
+        """Store k, v (B, H, T, p) of new tokens. Returns the keys and values to attend to and
+        the mask of visible positions: None for a prompt (causal over itself, at 0..T-1); for
+        one token (at pos), every position up to pos."""
+        T = k.shape[2]
+        if self.k is None:
+            self.k, self.v = (t.new_zeros(*t.shape[:2], self.max_len, t.shape[3]) for t in (k, v))
+        if T > 1:
+            self.k[:, :, :T], self.v[:, :, :T] = k, v
+            return k, v, None
+        self.k.index_copy_(2, self.pos.view(1), k)
+        self.v.index_copy_(2, self.pos.view(1), v)
+        visible = torch.arange(self.max_len, device=k.device) <= self.pos  # (max_len,)
+        return self.k, self.v, visible.view(1, 1, 1, -1)
+
+    def nbytes(self):  # allocated
+        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
+
+
+# causal linear attention (Katharopoulos et al. 2020), the linear-time softmax-free baseline:
+# phi(x) = elu(x) + 1 > 0 on queries and keys, y_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps)
+# with S_t = sum_{s <= t} phi(k_s) v_s^T (p x p per head) and z_t = sum_{s <= t} phi(k_s).
+LINEAR_EPS = 1e-6  # added to the denominator phi(q) . z (positive: phi > 0)
+LINEAR_CHUNK = 64  # tokens per chunk of the parallel causal form
+
+
+def elu_feature_map(x):
+    return F.elu(x) + 1.0
+
+
+@dataclass
+class LinearState:
+    """Everything causal linear attention remembers of the past: H p x p, constant size."""
+
+    S: torch.Tensor  # (B, H, p, p) running sum of phi(k) v^T
+    z: torch.Tensor  # (B, H, p) running sum of phi(k)
+    pos: torch.Tensor  # () int64, shared with the other layers
+
+    def nbytes(self):
+        return self.S.numel() * self.S.element_size() + self.z.numel() * self.z.element_size()
+
+
+def causal_linear_attention(q, k, v, S0=None, z0=None, chunk=LINEAR_CHUNK):
+    """Parallel causal form, chunked: q, k feature-mapped (>= 0), v, all (B, H, T, p); S0
+    (B, H, p, p) and z0 (B, H, p) the sums of earlier tokens, or None. Within a chunk the
+    masked product (phi(q) phi(k)^T) v; across chunks the sums of the earlier chunks. Time
+    linear in T, memory (T / chunk) p^2 per head. Sums in fp32 (at least, autocast off).
+    Returns y (B, H, T, p) in that dtype and the sums after the last token (S, z)."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _causal_linear_sums(q, k, v, S0, z0, chunk)
+
+
+def _causal_linear_sums(q, k, v, S0, z0, chunk):
+    B, H, T, p = q.shape
+    dt = stat_dtype(v.dtype)
+    c = min(chunk, T)
+    n = -(-T // c)  # chunks
+    pad = n * c - T  # zero keys and values add nothing; padded queries are dropped
+    q, k, v = (F.pad(t.to(dt), (0, 0, 0, pad)).view(B, H, n, c, p) for t in (q, k, v))
+    kv = k.transpose(-1, -2) @ v  # (B, H, n, p, p): each chunk's sum of phi(k) v^T
+    ks = k.sum(3)  # (B, H, n, p)
+    S0 = q.new_zeros(B, H, 1, p, p) if S0 is None else S0.to(dt)[:, :, None]
+    z0 = q.new_zeros(B, H, 1, p) if z0 is None else z0.to(dt)[:, :, None]
+    S_before = torch.cat([S0, S0 + kv.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p, p): earlier chunks
+    z_before = torch.cat([z0, z0 + ks.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p)
+    a = (q @ k.transpose(-1, -2)).tril()  # (B, H, n, c, c): within the chunk, s <= t
+    num = a @ v + q @ S_before  # (B, H, n, c, p)
+    den = a.sum(-1) + (q * z_before[:, :, :, None, :]).sum(-1)  # (B, H, n, c)
+    y = (num / (den.unsqueeze(-1) + LINEAR_EPS)).reshape(B, H, n * c, p)[:, :, :T]
+    return y, (S_before[:, :, -1] + kv[:, :, -1], z_before[:, :, -1] + ks[:, :, -1])
+
+
+def linear_attention(q, k, v, mask=None):
+    """Non-causal form: every token sees every real token. q, k feature-mapped, (B, H, T, p);
+    mask (B, T) bool, True for real tokens: padded keys add nothing, padded outputs are 0.
+    Sums in fp32 (at least, autocast off)."""
+    dt = stat_dtype(v.dtype)
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        if mask is not None:
+            k = k * mask[:, None, :, None]
+        S = k.transpose(-1, -2) @ v  # (B, H, p, p)
+        y = (q @ S) / ((q * k.sum(2, keepdim=True)).sum(-1, keepdim=True) + LINEAR_EPS)  # (B, H, T, p)
+    return y if mask is None else y * mask[:, None, :, None]
+
+
+class LinearAttention(SoftmaxAttention):
+    """Linear attention (Katharopoulos et al. 2020) with the softmax baseline's projections
+    (q, k, v and an output projection): feature map elu + 1 on q and k, no softmax. Causal
+    decoding keeps a LinearState (H p x p + H p floats, whatever the length); non-causal
+    (vision, LRA) takes the padding mask."""
+
+    def forward(self, x, mask=None, state=None, record=None):
+        """x (B, T, C) -> (B, T, C). state: a LinearState to continue from (decoding)."""
+        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).chunk(3, dim=-1))  # (B, H, T, p)
+        q, k = elu_feature_map(q), elu_feature_map(k)
+        if not self.causal:
+            y = linear_attention(q, k, v, mask)
+        elif state is None:
+            y, _ = causal_linear_attention(q, k, v)
+        else:  # the prompt or one new token, from the sums so far (written back in place)
+            y, (S, z) = causal_linear_attention(q, k, v, state.S, state.z)
+            state.S.copy_(S)
+            state.z.copy_(z)
+        return self.dropout(self.c_proj(merge_heads(y.to(x.dtype))))
+
+    def init_state(self, B, pos):
+        H, weight = self.n_head, self.c_attn.weight
+        p, dt = weight.shape[1] // H, stat_dtype(weight.dtype)
+        return LinearState(weight.new_zeros(B, H, p, p, dtype=dt), weight.new_zeros(B, H, p, dtype=dt), pos)
+
+
+def reset_state_(state):
+    """Zero a DecodeState in place: its buffers stay where they are, so a step recorded as a
+    CUDA graph still applies to it after a new prompt."""
+    for layer in state.layers:
+        for f in fields(layer):
+            value = getattr(layer, f.name)
+            if isinstance(value, torch.Tensor):
+                value.zero_()
+    state.pos.zero_()
+
+
+CE_CHUNK = 4096  # rows of logits (tokens) per chunk of LinearCrossEntropy
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits = x @ weight^T (x (N, C), weight (V, C)) against targets
+    (N,) (-1: not counted), without ever holding the (N, V) logits: CE_CHUNK rows at a time,
+    each chunk's gradients computed as the forward goes (softmax - one-hot), so only (N, C) and
+    (V, C) gradients are kept. Logits in the autocast dtype, softmax and sums in fp32. The
+    same for every model: a 64K-token step of a 50K vocabulary needs no 13 GB of logits."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets):
+        dev = x.device.type
+        compute = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        acc = stat_dtype(compute)  # softmax and sums: fp32 (fp64 for fp64 inputs)
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        with torch.autocast(dev, enabled=False):
+            xc, wc = x.to(compute), weight.to(compute)
+            valid = (targets != -1).to(acc)  # (N,)
+            n_valid = valid.sum().clamp_min(1.0)
+            loss = torch.zeros((), device=x.device, dtype=acc)
+            grad_x = torch.empty_like(x) if need_grad else None  # (N, C)
+            grad_w = torch.zeros(weight.shape, device=x.device, dtype=acc) if need_grad else None  # (V, C)
+            for i in range(0, x.shape[0], CE_CHUNK):
+                rows = slice(i, i + CE_CHUNK)
+                logits = (xc[rows] @ wc.t()).to(acc)  # (n, V)
+                target = targets[rows].clamp_min(0)[:, None]  # (n, 1); ignored rows weigh 0 below
+                lse = logits.logsumexp(-1)  # (n,)
+                loss += ((lse - logits.gather(1, target).squeeze(1)) * valid[rows]).sum()
+                if need_grad:
+                    g = (logits - lse[:, None]).exp_()  # softmax (n, V)
+                    g.scatter_add_(1, target, -torch.ones_like(g[:, :1]))
+                    g = (g * (valid[rows] / n_valid)[:, None]).to(compute)
+                    grad_x[rows] = g @ wc
+                    grad_w += (g.t() @ xc[rows]).to(acc)
+        ctx.save_for_backward(grad_x, grad_w)
+        ctx.weight_dtype = weight.dtype
+        return loss / n_valid
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x * grad_loss.to(grad_x.dtype), (grad_w * grad_loss).to(ctx.weight_dtype), None
+
+
+class CapturedStep:
+    """GPT.step recorded once as a CUDA graph and replayed for every token: one launch of the
+    whole step instead of one per operation. The states are written in place and the position
+    is a device tensor, so one recording serves every position (and a new prompt, prefilled
+    into the same buffers). The first call runs eagerly on a side stream (warm-up: cuBLAS
+    handles, lazy allocations); the second records, and every call replays."""
+
+    def __init__(self, model, state):
+        self.model, self.state, self.graph, self.warm = model, state, None, False
+
+    def __call__(self, tok):  # tok (B, 1) -> logits (B, V), a buffer the next call overwrites
+        if not self.warm:
+            self.warm = True
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                logits = self.model.step(tok, self.state)
+            torch.cuda.current_stream().wait_stream(side)
+            return logits
+        if self.graph is None:
+            self.tok, self.graph = tok.clone(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self.model.step(self.tok, self.state)
+        self.tok.copy_(tok)
+        self.graph.replay()
+        return self.logits
+
+
+NO_DECAY = ("pos_bias", "cls_token")  # the parameters of 2+ dimensions that are not weight matrices
+
+
+def configure_adamw(model, weight_decay, learning_rate, betas, device_type="cpu"):
+    """AdamW with weight decay on the weight matrices and embeddings (p.dim() >= 2), never on
+    vectors (biases, norms, temperatures, layer scales) nor on position biases or class tokens."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 and not name.endswith(NO_DECAY) else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
+# peak dense bf16 tensor throughput (FLOP/s) for MFU, matched against the device name
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
+              "L4": 121e12, "RTX 4090": 165e12, "V100": 125e12, "T4": 65e12}
+
+
+def device_peak_flops(device_name=None):
+    """Peak bf16 FLOP/s of a known GPU (by name), or None if unknown (then no MFU)."""
+    if device_name is None:
+        if not torch.cuda.is_available():
+            return None
+        device_name = torch.cuda.get_device_name()
+    for key, flops in PEAK_FLOPS.items():
+        if key.lower() in device_name.lower():
+            return flops
+    return None
+
+
+def flops_per_token(gpt, T=None):
+    """Training FLOPs per token of a GPT (forward + backward = 3x forward). Matmuls: 6N. The
+    attention operator: TSSA is linear, ~12 FLOPs per feature forward (squares, two cumulative
+    sums, softmax, scaling); softmax attention adds 2 * 2 * T * C forward; linear attention
+    ~4 * C * p (the p x p state: its update and its read)."""
+    c, T = gpt.config, T or gpt.config.block_size
+    n = gpt.get_num_params(non_embedding=True)
+    per_attn = {"tssa": 12 * c.n_embd, "softmax": 4 * T * c.n_embd, "linear": 4 * c.n_embd * (c.n_embd // c.n_head)}
+    return 6 * n + 3 * sum(per_attn[GPT.block_attn(c, i)] for i in range(c.n_layer))
+
+
+def estimate_mfu(gpt, tokens_per_second, device_name=None):
+    """Model FLOPs utilisation against the device's bf16 peak; None if the peak is unknown."""
+    peak = device_peak_flops(device_name)
+    return None if peak is None else flops_per_token(gpt) * tokens_per_second / peak

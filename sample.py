@@ -19,8 +19,8 @@ import time
 import torch
 
 import trainkit as tk
+import kernels
 from model import GPT, GPTConfig
-from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
@@ -63,7 +63,7 @@ def load_tokenizer(info):
 def main(argv):
     C, _ = tk.configure(tk.config_defaults(globals()), argv)
     tk.check(C, at_least_1=("num_samples",), non_negative=("max_new_tokens", "temperature", "top_k", "num_threads"),
-             choices={"tssa_impl": _TSSA_IMPLS})
+             choices={"tssa_impl": kernels.IMPLS})
     dev, dt = tk.choose_device_dtype(C.device, C.dtype)
     torch.manual_seed(C.seed)
 
@@ -73,11 +73,9 @@ def main(argv):
     threads = C.num_threads or ckpt.get("config", {}).get("num_threads", 0)
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)
-    model_args = dict(ckpt["model_args"])
-    model_args["tssa_impl"] = C.tssa_impl
-    model = GPT(GPTConfig(**model_args))
+    model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
-    model.to(dev).eval()
+    kernels.use(model, C.tssa_impl).to(dev).eval()
     if C.compile:
         model = torch.compile(model)
     info = ckpt["tokenizer"]

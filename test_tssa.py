@@ -183,12 +183,13 @@ def test_recurrent_step_equals_parallel_causal_tssa():
     parallel, pi = causal_tssa(w, temp, pos_bias, return_pi=True)
     state = TSSAState.zeros(B, H, p, dtype=F64)
     for t in range(T):
-        out_t, state = causal_tssa_step(w[:, :, t], temp, pos_bias, state)
+        out_t = causal_tssa_step(w[:, :, t], temp, pos_bias[:, t, 0], state)
         torch.testing.assert_close(out_t, parallel[:, :, t], rtol=1e-12, atol=1e-14)  # same float64 sums
-    # the state after T steps is the state a prefill computes
-    prefill = TSSAState.from_sequence(w, pi)
-    torch.testing.assert_close(state.sum_pi_sq, prefill.sum_pi_sq.double(), rtol=1e-12, atol=1e-14)
-    assert state.pos == prefill.pos == T
+    # the state after T steps is the state a prefill computes (in place, from the whole sequence)
+    prefill = TSSAState.zeros(B, H, p, dtype=F64)
+    prefill.fill_(w, pi)
+    for name in ("sum_sq", "sum_pi_sq", "sum_pi"):
+        torch.testing.assert_close(getattr(state, name), getattr(prefill, name), rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("attn", ["tssa", "softmax"])
@@ -221,25 +222,33 @@ def test_generate_past_block_size(attn):
     # a TSSA prompt longer than the block size is consumed step by step from the state
     if attn == "tssa":
         long_prompt = torch.randint(0, 30, (1, 11))
-        states = [b.attn.init_state(1) for b in m.blocks]
-        logits = None
-        for t in range(11):
-            logits = m.forward_with_state(long_prompt[:, t:t + 1], states, t)
+        state = m.init_state(1)
+        logits = m.prefill(long_prompt[:, :1], state)
+        for t in range(1, 11):
+            logits = m.step(long_prompt[:, t:t + 1], state)
         nxt = m.generate(long_prompt, max_new_tokens=1, temperature=0)[:, -1]
-        assert nxt.item() == logits[0, -1].argmax().item()
+        assert nxt.item() == logits[0].argmax().item()
 
 
-def test_kv_cache_grows_in_place_and_keeps_every_token():
-    """The softmax baseline's KV cache: a prefill, then one token at a time across several
-    reallocations, holds exactly the concatenation of everything appended."""
+def test_kv_cache_is_written_in_place_and_keeps_every_token():
+    """The softmax baseline's KV cache: a prompt, then one token at a time, lands in buffers
+    made once (never reallocated: a captured step stays valid), which hold exactly the
+    concatenation of everything written; a step sees every position up to its own."""
     torch.manual_seed(11)
-    cache, ks, vs = model.KVCache(), [], []
-    for T_new in [5] + [1] * 200:  # capacity 5 -> 71 -> 170 -> ...: several growths
+    pos = torch.zeros((), dtype=torch.long)
+    cache, ks, vs = model.KVCache(pos, max_len=205), [], []
+    for T_new in [5] + [1] * 200:
         k, v = torch.randn(2, 3, T_new, 4), torch.randn(2, 3, T_new, 4)
-        k_all, v_all = cache.append(k, v)
+        _, _, visible = cache.write(k, v)
+        if T_new == 1:
+            assert visible.sum() == pos + 1  # the past and the token itself
+        else:
+            ptr = cache.k.data_ptr()
+        pos += T_new
         ks.append(k), vs.append(v)
-    assert torch.equal(k_all, torch.cat(ks, 2)) and torch.equal(v_all, torch.cat(vs, 2))
-    assert cache.length == 205 and cache.nbytes() == 2 * 2 * 3 * 205 * 4 * 4
+    assert cache.k.data_ptr() == ptr
+    assert torch.equal(cache.k, torch.cat(ks, 2)) and torch.equal(cache.v, torch.cat(vs, 2))
+    assert cache.nbytes() == 2 * 2 * 3 * 205 * 4 * 4
 
 
 def test_noncausal_tssa_is_permutation_equivariant():
@@ -284,7 +293,7 @@ def test_pi_is_a_distribution_over_heads_and_uniform_switch():
     a, b = GPT(GPTConfig(**cfg)), GPT(GPTConfig(**cfg, pi="uniform"))
     b.load_state_dict(a.state_dict())
     idx = torch.randint(0, 20, (1, 10))
-    assert not torch.allclose(a(idx, idx)[0], b(idx, idx)[0])
+    assert not torch.allclose(a(idx)[0], b(idx)[0])
 
 
 def test_all_zero_input_gives_finite_output():
@@ -292,12 +301,13 @@ def test_all_zero_input_gives_finite_output():
     temp, bias = torch.ones(2), torch.zeros(2, 5)
     assert torch.isfinite(tssa(w, temp)).all()
     assert torch.isfinite(causal_tssa(w, temp, bias)).all()
-    out, _ = causal_tssa_step(w[:, :, 0], temp, bias, TSSAState.zeros(1, 2, 3))
+    out = causal_tssa_step(w[:, :, 0], temp, bias[:, 0], TSSAState.zeros(1, 2, 3))
     assert torch.isfinite(out).all()
     m = GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=2, n_embd=8))
     for prm in m.parameters():
         torch.nn.init.zeros_(prm)
-    logits, loss = m(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
+    idx = torch.zeros(1, 8, dtype=torch.long)
+    logits, loss = m(idx)[0], m(idx, idx)[1]
     assert torch.isfinite(logits).all() and torch.isfinite(loss)
 
 
@@ -395,14 +405,15 @@ def test_flops_count_tssa_as_linear_and_mfu_knows_hopper():
     tost_1k, tost_4k = GPT(GPTConfig(block_size=1024, **cfg)), GPT(GPTConfig(block_size=4096, **cfg))
     soft_1k = GPT(GPTConfig(block_size=1024, attn="softmax", **cfg))
     n = tost_1k.get_num_params(non_embedding=True)
-    assert tost_1k.flops_per_token(1024) == tost_1k.flops_per_token(4096) < 7 * n  # no T term
-    assert tost_4k.flops_per_token(4096) < 7 * tost_4k.get_num_params(non_embedding=True)
-    assert soft_1k.flops_per_token(4096) > soft_1k.flops_per_token(1024) + 2 * 32 * 3000
+    flops = model.flops_per_token
+    assert flops(tost_1k, 1024) == flops(tost_1k, 4096) < 7 * n  # no T term
+    assert flops(tost_4k, 4096) < 7 * tost_4k.get_num_params(non_embedding=True)
+    assert flops(soft_1k, 4096) > flops(soft_1k, 1024) + 2 * 32 * 3000
     assert model.device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert model.device_peak_flops("NVIDIA H200") == 989e12
     assert model.device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert model.device_peak_flops("Some Unknown Accelerator") is None
-    assert tost_1k.estimate_mfu(1e6, "NVIDIA H100 PCIe") == pytest.approx(tost_1k.flops_per_token() * 1e6 / 989e12)
+    assert model.estimate_mfu(tost_1k, 1e6, "NVIDIA H100 PCIe") == pytest.approx(flops(tost_1k) * 1e6 / 989e12)
 
 
 # --------------------------------------------------------------------------------------
@@ -440,7 +451,7 @@ def test_tssa_and_causal_tssa_equal_the_released_formulas():
     assert (causal_tssa(w, temp, bias) - released_causal_tssa(w, temp, bias)).abs().max() < 1e-12
     assert (tssa(w, temp) - released_tssa(w, temp)).abs().max() < 1e-12
     state = TSSAState.zeros(2, 3, 8, dtype=F64)
-    steps = [causal_tssa_step(w[:, :, t], temp, bias, state)[0] for t in range(40)]
+    steps = [causal_tssa_step(w[:, :, t], temp, bias[:, t], state) for t in range(40)]
     assert (torch.stack(steps, 2) - released_causal_tssa(w, temp, bias)).abs().max() < 1e-12
 
 
@@ -490,7 +501,8 @@ def test_vit_any_image_size_and_analysis_maps():
     torch.manual_seed(15)
     vit = ToSTViT(ViTConfig(patch_size=8, n_layer=2, n_head=2, n_embd=16, num_classes=5)).eval()
     images = torch.randn(2, 3, 32, 48)
-    logits, maps = vit(images, return_maps=True)
+    maps = {}
+    logits = vit(images, record=maps)
     assert logits.shape == (2, 5) and maps["grid"] == (4, 6)
     layer = maps["layers"][0]
     assert layer["pi"].shape == (2, 2, 24) and layer["w"].shape == (2, 2, 24, 8)

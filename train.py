@@ -34,8 +34,8 @@ import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import trainkit as tk
-from model import GPT, GPTConfig
-from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
+import kernels
+from model import GPT, GPTConfig, estimate_mfu
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: ToST-Base on OpenWebText, the released recipe (config/tost_owt.py says
@@ -103,7 +103,7 @@ def check_settings(C):
                            "max_time", "layer_scale_init", "num_threads", "short_conv", "hybrid_every"),
              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
              choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
-                      "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
+                      "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
                       "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     tk.require(not C.short_conv or C.attn == "tssa", f"short_conv convolves the TSSA input: it needs attn=tssa, got {C.attn!r}")
@@ -243,11 +243,11 @@ def main(argv):
                     f"raise --max_iters to train it further, or sample from it: python sample.py --out_dir={C.out_dir}")
                 return None
         model_args = dict(n_layer=C.n_layer, n_head=C.n_head, n_embd=C.n_embd, block_size=C.block_size,
-                          dropout=C.dropout, bias=C.bias, attn=C.attn, pi=C.pi, tssa_impl=C.tssa_impl,
+                          dropout=C.dropout, bias=C.bias, attn=C.attn, pi=C.pi,
                           short_conv=C.short_conv, hybrid_every=C.hybrid_every,
                           layer_scale_init=C.layer_scale_init or None,  # 0: none
                           vocab_size=(meta["vocab_size"] + 63) // 64 * 64)  # GPT-2: 50257 -> 50304, faster
-        model = GPT(GPTConfig(**model_args)).to(device)
+        model = kernels.use(GPT(GPTConfig(**model_args)), C.tssa_impl).to(device)
         raw_model = model  # the plain module: parameters, checkpoints, MFU
 
         # ---------------------------------------------------------------------
@@ -354,7 +354,7 @@ def main(argv):
             if iter_num % C.log_interval == 0:
                 tokens_per_s = tokens_per_iter / dt
                 if device.startswith("cuda") and iter_num - (resumed_at or 0) >= 5:
-                    now = raw_model.estimate_mfu(tokens_per_s / d.world_size)
+                    now = estimate_mfu(raw_model, tokens_per_s / d.world_size)
                     mfu = now if mfu is None or now is None else 0.9 * mfu + 0.1 * now
                 mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
                 say(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms, "

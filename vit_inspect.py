@@ -13,7 +13,7 @@ Writes into out_dir (default <checkpoint folder>/inspect), each file whole or no
                    images, after and before each layer's TSSA step; and after - before per layer
   inspect.json     every number plotted, per-image values of the shown images, the indices used
 
-What R_var is measured on. For ToST block l, forward(images, return_maps=True) gives z = ln_1(x)
+What R_var is measured on. For ToST block l, forward(images, record=maps) fills maps with z = ln_1(x)
 (the tokens TSSA receives), w = c_in(z) (U^T z + b, per head), Pi (from w) and out =
 c_proj(TSSA(w)). before_l = compression_objective(w, Pi); after_l = compression_objective(
 c_in(z + g * out), Pi) with g the layer scale: the tokens before and after this layer's step,
@@ -37,7 +37,7 @@ from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
 import trainkit as tk
 import vit_train
-from model import _split_heads, compression_objective
+from model import split_heads, compression_objective
 
 # -----------------------------------------------------------------------------
 # settings
@@ -74,12 +74,13 @@ def check_settings(C):
 def rvar_before_after(model, x):
     """x (B, 3, S, S) normalised -> R_var before and after each layer's step, each (B, L),
     and the forward's maps (with "logits")."""
-    logits, maps = model(x, return_maps=True)
+    maps = {}
+    logits = model(x, record=maps)
     maps["logits"] = logits
     before, after = [], []
     for block, m in zip(model.blocks, maps["layers"]):
         before.append(compression_objective(m["w"], m["pi"]))  # (B,)
-        w_after = _split_heads(block.attn.c_in(m["z"] + block.ls_1(m["out"])), block.attn.n_head)  # same U
+        w_after = split_heads(block.attn.c_in(m["z"] + block.ls_1(m["out"])), block.attn.n_head)  # same U
         after.append(compression_objective(w_after, m["pi"]))  # same Pi
     return torch.stack(before, 1), torch.stack(after, 1), maps
 
@@ -198,7 +199,8 @@ def main(argv):
         before, after, maps = rvar_before_after(model, x)
     else:  # a softmax baseline has no Pi and no R_var: class attention only
         with torch.no_grad():
-            logits, maps = model(x, return_maps=True)
+            maps = {}
+            logits = model(x, record=maps)
         maps["logits"] = logits
     Hp, Wp = maps["grid"]
     classes = ck.get("classes") or [str(k) for k in range(model.config.num_classes)]

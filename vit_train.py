@@ -44,7 +44,7 @@ from PIL import Image
 
 import trainkit as tk
 from model import ToSTViT, ViTConfig
-from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
+import kernels
 from train import get_lr
 
 # -----------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def check_settings(C):
              fraction=("val_fraction", "label_smoothing", "dropout", "drop_path", "beta1", "beta2"),
              choices={"init_from": ("scratch", "resume", "auto", "finetune"),
                       "dataset": ("shapes", "folder", *HF_DATASETS), "recipe": ("builtin", "paper"),
-                      "attn": ("tssa", "softmax", "linear"), "pi": ("softmax", "uniform"), "tssa_impl": _TSSA_IMPLS,
+                      "attn": ("tssa", "softmax", "linear"), "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
                       "lr_schedule": ("cosine", "linear", "constant")})
     for key in ("mix_prob", "random_erasing"):
         tk.require(0 <= getattr(C, key) <= 1, f"{key} must be in [0, 1], got {getattr(C, key)}")
@@ -621,8 +621,9 @@ def main(argv):
         # the model: fresh, or the checkpoint's weights (finetune: a new head for other classes)
         model_args = {k: getattr(C, k) for k in MODEL_KEYS}
         model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
-        model = ToSTViT(ViTConfig(**model_args, tssa_impl=C.tssa_impl,
+        model = ToSTViT(ViTConfig(**model_args,
                                   num_classes=ckpt["model_args"]["num_classes"] if ckpt else num_classes))
+        kernels.use(model, C.tssa_impl)
         if ckpt is not None:
             model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
             if model.config.num_classes != num_classes:

@@ -1,8 +1,9 @@
 """
 kernels: opt-in fused TSSA kernels (same maths as model.py, fewer passes over memory).
 
-model.py's functions are the reference and the default (tssa_impl="torch"). Setting
-tssa_impl="cpu" or "triton" on GPTConfig / ViTConfig makes model.TSSA call fused_ops(impl):
+model.py's functions are the reference and the default (tssa_impl="torch"); model.py knows
+nothing of this package. A script swaps the operators of every TSSA module of a built model:
+    model = kernels.use(GPT(config), "cpu")      # or "triton"; "torch" puts the reference back
   "cpu"     cpu.py + tssa_cpu.c: C kernels compiled once with the system C compiler, OpenMP
             over batch rows and chunks of tokens, all heads of a token together.
   "triton"  triton_tssa.py: Triton kernels over chunks of tokens (CUDA; TRITON_INTERPRET=1
@@ -38,4 +39,24 @@ every head of a token. The CPU kernels own every head of a token; the Triton ker
 own every head of a chunk.
 """
 
-from kernels.fused import fused_ops  # noqa: F401
+import model as _model
+from kernels.fused import fused_ops
+
+IMPLS = ("torch", "cpu", "triton")  # the values of every script's tssa_impl setting
+
+
+def ops_for(impl):
+    """The operator functions (model.TSSAOps: tssa, causal_tssa, causal_tssa_step) of impl."""
+    if impl not in IMPLS:
+        raise ValueError(f"tssa_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    return _model.REFERENCE_OPS if impl == "torch" else fused_ops(impl)
+
+
+def use(module, impl):
+    """Run every model.TSSA inside `module` (a GPT, a ToSTViT, an LRA classifier, ...) with the
+    operators of impl; returns the module. Pick the implementation before torch.compile."""
+    ops = ops_for(impl)
+    for m in module.modules():
+        if isinstance(m, _model.TSSA):
+            m.ops = ops
+    return module

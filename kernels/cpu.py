@@ -5,7 +5,7 @@ compiler rejects them), called through ctypes.
 
 Work is split into items (batch row b, chunk c of L tokens), spread over OpenMP threads;
 inside an item tokens are walked in order and ALL heads of a token are handled together,
-so w is streamed sequentially in model._split_heads' (B, T, H, p) layout and the softmax
+so w is streamed sequentially in model.split_heads' (B, T, H, p) layout and the softmax
 across heads (and its backward) happens in registers, not as separate PyTorch ops.
 Running sums cross chunks through carries: each pass that needs them is preceded by one
 that writes chunk totals (B, nC, H, p), turned into carries by tssa_carry. The backward

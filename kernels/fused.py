@@ -151,17 +151,17 @@ class FusedOps:
         if pi_mode != "softmax" or w.dtype not in FUSED_DTYPES or not _triton_ready(w.device.type):
             return (model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode) if causal
                     else model.tssa(w, temp, return_pi, mask, pi_mode))
-        model._check_w(w, temp)
+        model.check_w(w, temp)
         B, H, T, p = w.shape
-        bias = model._check_pos_bias(pos_bias, H, T, w.dtype)[:, :T] if causal else None  # (H, T)
+        bias = model.check_pos_bias(pos_bias, H, T, w.dtype)[:, :T] if causal else None  # (H, T)
         mask_f = None if mask is None else mask.to(torch.float32)
         out, pi, *_ = torch.ops.nanotost.tssa_fwd(w, temp.reshape(H).float(), bias, mask_f, causal, *guards(causal))
         return (out, pi) if return_pi else out
 
     @torch.compiler.disable  # Dynamo must not trace into ctypes calls or Triton launches
     def _tssa(self, w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-        model._check_w(w, temp)
-        model._check_mask(w, mask)
+        model.check_w(w, temp)
+        model.check_mask(w, mask)
         res = None
         if self.kernels_for(w, pi_mode) is not None:
             mask_f = None if mask is None else mask.to(torch.float32)
@@ -172,36 +172,34 @@ class FusedOps:
 
     @torch.compiler.disable
     def _causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
-        model._check_w(w, temp)
+        model.check_w(w, temp)
         B, H, T, p = w.shape
         res = None
         if self.kernels_for(w, pi_mode) is not None:
-            bias = model._check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
+            bias = model.check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
             res = self._apply(w, temp.reshape(H), bias, None, True)
         if res is None:
             return model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
         return res if return_pi else res[0]
 
     @torch.compiler.disable
-    def causal_tssa_step(self, w_t, temp, pos_bias, state, return_pi=False, pi_mode="softmax"):
+    def causal_tssa_step(self, w_t, temp, bias_t, state, pi_mode="softmax"):
         """The fused step runs when decoding (no gradient wanted) from an fp32 contiguous
-        state on w_t's device; otherwise model.causal_tssa_step."""
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (w_t, temp, pos_bias))
+        state on w_t's device; otherwise model.causal_tssa_step. bias_t (H,): this token's
+        position bias. The state's sums advance in place."""
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (w_t, temp, bias_t))
         stats = (state.sum_sq, state.sum_pi_sq, state.sum_pi)
         fits = all(t.dtype == torch.float32 and t.is_contiguous() and t.device == w_t.device for t in stats)
         kernels = None if needs_grad or not fits or w_t.dim() != 3 else self.kernels_for(w_t, pi_mode)
         if kernels is not None:
             H = w_t.shape[1]
-            pos_bias = pos_bias.reshape(H, -1)  # (H, T_max)
-            bias = pos_bias[:, min(state.pos, pos_bias.shape[1] - 1)]  # (H,); the last one past the end
             try:  # a launch that raises (a compile error) has not touched the state
                 with torch.no_grad(), on_device(w_t):
-                    out, pi = kernels.step(w_t, temp.reshape(H), bias.float(), state, guards(True))
-                state.pos += 1
-                return (out, state, pi) if return_pi else (out, state)
+                    out, _ = kernels.step(w_t, temp.reshape(H), bias_t.reshape(H).float(), state, guards(True))
+                return out
             except Exception as e:
                 self.disable(f"the decoding kernel raised {type(e).__name__}: {e}")
-        return model.causal_tssa_step(w_t, temp, pos_bias, state, return_pi, pi_mode)
+        return model.causal_tssa_step(w_t, temp, bias_t, state, pi_mode)
 
 
 _OPS = {}  # impl -> FusedOps: one per process, so each warns at most once

@@ -14,9 +14,10 @@ import time
 
 import torch
 
+import kernels
 import model
 
-TRITON = model.tssa_ops("triton")
+TRITON = kernels.ops_for("triton")
 
 
 def inputs(B, H, T, p, seed=0, device="cuda"):

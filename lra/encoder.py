@@ -46,7 +46,6 @@ class LRAConfig:
     two_tower: bool = False  # retrieval: two documents, one shared encoder
     bias: bool = True
     layer_scale_init: float | None = None  # None: no layer scale
-    tssa_impl: str = "torch"  # "torch" (model.py's maths) | "cpu" | "triton" (opt-in fused kernels)
     drop_path: float = 0.0  # (model.Block reads these three as well)
     ln_eps: float = 1e-5
 

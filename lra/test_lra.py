@@ -340,7 +340,7 @@ def test_masked_tssa_statistics_leave_padding_out(impl):
     """The operator itself (model.tssa with a mask): Pi and the second moments are those of
     the real tokens alone, whatever follows them; padded tokens get Pi = 0 and output 0, and
     no gradient flows from real outputs into padded inputs."""
-    tssa = __import__("model").tssa_ops(impl).tssa
+    tssa = __import__("kernels").ops_for(impl).tssa
 
     torch.manual_seed(0)
     H, p, lengths = 3, 4, [6, 19]

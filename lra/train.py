@@ -43,7 +43,7 @@ import trainkit as tk
 from lra.data import TASKS, get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
 from model import configure_adamw
-from model import TSSA_IMPLS as _TSSA_IMPLS  # (a leading _: not a setting)
+import kernels
 from train import get_lr
 
 # -----------------------------------------------------------------------------
@@ -112,7 +112,7 @@ def check_settings(C):
                            "seed"),
              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
              choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
-                      "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": _TSSA_IMPLS,
+                      "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
                       "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     tk.require(C.norm == "post" or int(C.mlp_hidden / C.n_embd * C.n_embd) == C.mlp_hidden,
@@ -133,7 +133,7 @@ def model_config(C):
                      max_len=min(C.max_len or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
                      n_layer=C.n_layer, n_head=C.n_head, n_embd=C.n_embd, mlp_hidden=C.mlp_hidden,
                      dropout=C.dropout, attn=C.attn, pi=C.pi, norm=C.norm, bias=C.bias,
-                     layer_scale_init=C.layer_scale_init or None, tssa_impl=C.tssa_impl)  # 0: none
+                     layer_scale_init=C.layer_scale_init or None)  # 0: none
 
 
 def count_params(C):
@@ -256,7 +256,7 @@ def main(argv):
 
         # ---------------------------------------------------------------------
         # model, optimizer and precision, fresh or exactly as the checkpoint left them
-        model = LRAClassifier(mconf).to(device)
+        model = kernels.use(LRAClassifier(mconf), C.tssa_impl).to(device)
         raw_model = model  # the plain module: parameters, checkpoints
         device_type = "cuda" if device.startswith("cuda") else "cpu"
         optimizer = configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)

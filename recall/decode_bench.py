@@ -59,13 +59,13 @@ def measure(name, T_, C):
     prompt = torch.randint(0, 107, (C.batch_size, T_))
     times = []
     for _ in range(C.repeats):
-        states = [b.attn.init_state(C.batch_size) for b in m.blocks]
-        logits = m.forward_with_state(prompt, states, 0)
-        size = state_bytes(states)
+        state = m.init_state(C.batch_size)
+        logits = m.prefill(prompt, state)
+        size = state_bytes(state.layers)
         t0 = time.perf_counter()
         for t in range(C.steps):
-            tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1) greedy
-            logits = m.forward_with_state(tok, states, T_ + t)
+            tok = logits.argmax(-1, keepdim=True)  # (B, 1) greedy
+            logits = m.step(tok, state)
         times.append((time.perf_counter() - t0) / C.steps)
     return dict(variant=name, T=T_, ms_per_token=round(1000 * statistics.median(times), 3),
                 state_bytes_after_prompt=size, state_bytes_per_sequence=size // C.batch_size,

@@ -199,7 +199,7 @@ def accuracy(model, task, C, T, n=None):
     right = total = 0
     for x, y in task.eval_batches(n or C.eval_examples, 256, T, C.seed):
         x, y = x.to(C.device), y.to(C.device)
-        logits, _ = model(x, y)
+        logits, _ = model(x)
         scored = y != -1
         right += (logits.argmax(-1)[scored] == y[scored]).sum().item()
         total += scored.sum().item()

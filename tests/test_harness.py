@@ -143,7 +143,7 @@ def direct_loglikelihood(model, ids, n_cont, n_vocab):
     """log P of the last n_cont ids given the ones before (the last T + 1 ids), and whether each
     is the argmax over the real vocabulary: one forward pass, float32."""
     ids = ids[-(T + 1):]
-    logits, _ = model(torch.tensor([ids[:-1]]), torch.tensor([ids[1:]]))
+    logits, _ = model(torch.tensor([ids[:-1]]))
     logp = logits[0].log_softmax(-1)[-n_cont:]  # (n_cont, V)
     target = torch.tensor(ids[-n_cont:])
     return logp.gather(1, target[:, None]).sum().item(), bool((logp[:, :n_vocab].argmax(-1) == target).all())

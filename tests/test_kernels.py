@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import model  # noqa: E402
+import kernels  # noqa: E402
 from kernels import cpu, fused  # noqa: E402
 from kernels.cpu import CKernels  # noqa: E402
 
@@ -88,7 +89,7 @@ def outputs_and_grads(fn, w, temp, pos_bias, grad_out, with_bias=True):
 def compare(impl, w, temp, pos_bias, g, causal=True, mask=None, tol=FP32_TOL):
     """The fused path of tssa_impl=impl against tssa_impl="torch": every result within tol,
     and the fused path really ran (its autograd node)."""
-    fast_ops, ref_ops = model.tssa_ops(impl), model.tssa_ops("torch")
+    fast_ops, ref_ops = kernels.ops_for(impl), kernels.ops_for("torch")
     if causal:
         call = lambda ops: lambda: ops.causal_tssa(w, temp, pos_bias, return_pi=True)
     else:
@@ -290,7 +291,7 @@ def test_all_zero_input_is_finite(impl):
     w = torch.zeros(1, 3, 40, 8, requires_grad=True)
     temp = torch.ones(3, requires_grad=True)
     bias = torch.zeros(3, 40, requires_grad=True)
-    ops = OracleOps() if impl == "triton" else model.tssa_ops(impl)  # Triton: its oracle here
+    ops = OracleOps() if impl == "triton" else kernels.ops_for(impl)  # Triton: its oracle here
     out, pi = ops.causal_tssa(w, temp, bias, return_pi=True)
     assert out.grad_fn.name() == "FusedTSSABackward"
     out.backward(torch.randn_like(out))
@@ -305,10 +306,10 @@ def test_all_zero_input_is_finite(impl):
 # the setting: what runs where
 
 
-def tiny_gpt(**kw):
+def tiny_gpt(tssa_impl="torch", **kw):
     torch.manual_seed(0)
     cfg = model.GPTConfig(block_size=64, vocab_size=97, n_layer=2, n_head=3, n_embd=48, layer_scale_init=0.5, **kw)
-    return model.GPT(cfg)
+    return kernels.use(model.GPT(cfg), tssa_impl)
 
 
 @needs_c
@@ -329,13 +330,10 @@ def test_setting_picks_the_implementation_and_the_reference_where_kernels_do_not
 def test_pi_comes_back_detached_from_every_implementation(impl):
     """Pi is an estimate held fixed (MATH.md §2.4): returned without a gradient path by every
     implementation (the Triton kernels: see the interpreter cases); out keeps its gradients."""
-    ops = model.tssa_ops(impl)
+    ops = kernels.ops_for(impl)
     w, temp, pos_bias, _ = make_inputs(1, 3, 20, 8)
     for out, pi in (ops.causal_tssa(w, temp, pos_bias, return_pi=True), ops.tssa(w, temp, return_pi=True)):
         assert out.requires_grad and not pi.requires_grad
-    state = model.TSSAState.zeros(1, 3, 8)
-    *_, pi = ops.causal_tssa_step(w[:, :, 0], temp, pos_bias, state, return_pi=True)
-    assert not pi.requires_grad
 
 
 @pytest.mark.parametrize("impl,device", FUSED)
@@ -364,7 +362,7 @@ def test_vit_with_cpu_kernels_matches_reference(monkeypatch):
     cfg = dict(patch_size=8, n_layer=2, n_head=2, n_embd=16, num_classes=5)
     torch.manual_seed(0)
     ref_model = model.ToSTViT(model.ViTConfig(**cfg))
-    fast_model = model.ToSTViT(model.ViTConfig(**cfg, tssa_impl="cpu"))
+    fast_model = kernels.use(model.ToSTViT(model.ViTConfig(**cfg)), "cpu")
     fast_model.load_state_dict(ref_model.state_dict())
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     calls, forward = [], CKernels.forward
@@ -387,17 +385,19 @@ def test_fused_step_equals_reference_step():
     g = torch.Generator().manual_seed(0)
     temp, pos_bias = 0.5 + torch.rand(H, generator=g), torch.randn(H, T_bias, generator=g)
     fused_state, ref_state = model.TSSAState.zeros(B, H, p), model.TSSAState.zeros(B, H, p)
-    step = model.tssa_ops("cpu").causal_tssa_step
+    step = kernels.ops_for("cpu").causal_tssa_step
     for t in range(T_bias + 3):  # past the end of the bias: the last one is reused
         w_t = torch.randn(B, H, p, generator=g)
         w_t[0, 0, :5] *= 1e-7 if t < 2 else 1.0  # sums of squares under the floor at first
-        out_f, _, pi_f = step(w_t, temp, pos_bias, fused_state, return_pi=True)
-        out_r, _, pi_r = model.causal_tssa_step(w_t, temp, pos_bias, ref_state, return_pi=True)
+        bias_t = pos_bias[:, min(t, T_bias - 1)]
+        pi_f, pi_r = -fused_state.sum_pi.clone(), -ref_state.sum_pi.clone()  # Pi: what the step adds
+        out_f = step(w_t, temp, bias_t, fused_state)
+        out_r = model.causal_tssa_step(w_t, temp, bias_t, ref_state)
+        pi_f, pi_r = pi_f + fused_state.sum_pi, pi_r + ref_state.sum_pi
         assert rel_rms(out_f, out_r) < FP32_TOL and rel_rms(pi_f, pi_r) < FP32_TOL
     for a, b in zip((fused_state.sum_sq, fused_state.sum_pi_sq, fused_state.sum_pi),
                     (ref_state.sum_sq, ref_state.sum_pi_sq, ref_state.sum_pi)):
         assert rel_rms(a, b) < FP32_TOL
-    assert fused_state.pos == ref_state.pos == T_bias + 3
 
 
 @pytest.mark.parametrize("impl,device", FUSED)
@@ -416,7 +416,7 @@ def test_generation_same_tokens_fused_and_reference(impl, device):
 def fresh_ops(monkeypatch, impl):
     """The ops of a process that has not tried impl's kernels yet."""
     monkeypatch.setattr(fused, "_OPS", {})
-    return model.tssa_ops(impl)
+    return kernels.ops_for(impl)
 
 
 def check_fallback(ops, match, calls=2):
@@ -491,12 +491,12 @@ def test_decoding_step_failure_falls_back_to_the_reference_step(monkeypatch):
     monkeypatch.setattr(CKernels, "step", staticmethod(broken))
     step = fresh_ops(monkeypatch, "cpu").causal_tssa_step
     g = torch.Generator().manual_seed(3)
-    temp, pos_bias, w_t = torch.ones(3), torch.zeros(3, 4), torch.randn(2, 3, 8, generator=g)
+    temp, bias_t, w_t = torch.ones(3), torch.zeros(3), torch.randn(2, 3, 8, generator=g)
     s1, s2 = model.TSSAState.zeros(2, 3, 8), model.TSSAState.zeros(2, 3, 8)
     with pytest.warns(RuntimeWarning, match="simulated step failure"):
-        out, _ = step(w_t, temp, pos_bias, s1)
-    ref, _ = model.causal_tssa_step(w_t, temp, pos_bias, s2)
-    assert torch.equal(out, ref) and s1.pos == s2.pos == 1 and torch.equal(s1.sum_sq, s2.sum_sq)
+        out = step(w_t, temp, bias_t, s1)
+    ref = model.causal_tssa_step(w_t, temp, bias_t, s2)
+    assert torch.equal(out, ref) and torch.equal(s1.sum_sq, s2.sum_sq)
 
 
 BUILD_SCRIPT = "from kernels import cpu; print(cpu.c_library()._name)"
@@ -582,7 +582,7 @@ def run_triton_case(B, H, T, p, dtype, causal, seed, masked=False, layout="model
         mask = torch.ones(B, T, dtype=torch.bool)
         mask[0, T // 2:] = False
     leaves = [t.to(device).requires_grad_() for t in (w, temp, bias)]
-    ops = model.tssa_ops("triton")
+    ops = kernels.ops_for("triton")
     saved = triton_tssa.BLOCK_T, model.PI_NORM_EPS, model.STAT_EPS
     triton_tssa.BLOCK_T = block_t
     model.PI_NORM_EPS, model.STAT_EPS = guards or saved[1:]
@@ -633,24 +633,27 @@ def run_triton_steps(device="cpu"):
     state = model.TSSAState.zeros(B, H, p, device=device)
     steps[1][0, 0, :5] *= 1e-7  # sums of squares under the floor for the first tokens
     steps[0][0, 0, :5] *= 1e-7
-    step = model.tssa_ops("triton").causal_tssa_step
+    step = kernels.ops_for("triton").causal_tssa_step
+    outs, pis = [], []
     with warnings.catch_warnings():
         warnings.filterwarnings("error", "tssa_impl")  # a fallback to the reference would warn
-        outs = [step(w_t.to(device), temp.to(device), pos_bias.to(device), state, True) for w_t in steps]
-    return dict(temp=temp, pos_bias=pos_bias, steps=steps, out=[o.cpu() for o, _, _ in outs],
-                pi=[q.cpu() for _, _, q in outs],
-                state=(state.sum_sq.cpu(), state.sum_pi_sq.cpu(), state.sum_pi.cpu(), state.pos))
+        for t, w_t in enumerate(steps):
+            before = state.sum_pi.clone()
+            outs.append(step(w_t.to(device), temp.to(device), pos_bias[:, min(t, 3)].to(device), state).cpu())
+            pis.append((state.sum_pi - before).cpu())  # Pi: what the step adds
+    return dict(temp=temp, pos_bias=pos_bias, steps=steps, out=outs, pi=pis,
+                state=(state.sum_sq.cpu(), state.sum_pi_sq.cpu(), state.sum_pi.cpu()))
 
 
 def check_triton_steps(r):
     B, H, p = r["steps"][0].shape
     state = model.TSSAState.zeros(B, H, p)
-    for w_t, out_f, pi_f in zip(r["steps"], r["out"], r["pi"]):
-        out_r, _, pi_r = model.causal_tssa_step(w_t, r["temp"], r["pos_bias"], state, return_pi=True)
-        assert rel_rms(out_f, out_r) < FP32_TOL and rel_rms(pi_f, pi_r) < FP32_TOL
-    for got, want in zip(r["state"][:3], (state.sum_sq, state.sum_pi_sq, state.sum_pi)):
+    for t, (w_t, out_f, pi_f) in enumerate(zip(r["steps"], r["out"], r["pi"])):
+        before = state.sum_pi.clone()
+        out_r = model.causal_tssa_step(w_t, r["temp"], r["pos_bias"][:, min(t, 3)], state)
+        assert rel_rms(out_f, out_r) < FP32_TOL and rel_rms(pi_f, state.sum_pi - before) < FP32_TOL
+    for got, want in zip(r["state"], (state.sum_sq, state.sum_pi_sq, state.sum_pi)):
         assert rel_rms(got, want) < FP32_TOL
-    assert r["state"][3] == state.pos == len(r["steps"])
 
 
 TRITON_SCRIPT = textwrap.dedent("""
@@ -701,7 +704,7 @@ def test_triton_step_on_cuda_matches_reference():
 
 COMPILE_MODEL_SCRIPT = textwrap.dedent("""
     import warnings
-    import torch, torch._dynamo, model
+    import torch, torch._dynamo, model, kernels
     from kernels import fused, triton_tssa
     assert triton_tssa.INTERPRET
     fused.PROBE_ON_CPU = True  # the start-up probe of the custom operators runs too (T=16: not counted)
@@ -710,7 +713,7 @@ COMPILE_MODEL_SCRIPT = textwrap.dedent("""
     forward = triton_tssa.TritonKernels.forward.__func__
     triton_tssa.TritonKernels.forward = classmethod(lambda cls, *a: calls.append(a[0].shape[2] == 64) or forward(cls, *a))
     torch.manual_seed(0)
-    m = model.GPT(model.GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32, tssa_impl="triton"))
+    m = kernels.use(model.GPT(model.GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)), "triton")
     idx = torch.randint(0, 50, (2, 64))
     _, loss = m(idx, idx)
     loss.backward()

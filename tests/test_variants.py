@@ -63,12 +63,13 @@ def test_decoding_state_gives_the_parallel_logits(name):
     idx = torch.randint(0, 40, (2, 90))
     assert idx.shape[1] > LINEAR_CHUNK
     with torch.no_grad():
-        parallel, _ = m(idx, idx)  # (B, T, V): every position
-        states = [b.attn.init_state(2) for b in m.blocks]
-        steps = [m.forward_with_state(idx[:, :7], states, 0)]
-        steps += [m.forward_with_state(idx[:, t:t + 1], states, t) for t in range(7, 90)]
+        parallel, _ = m(idx)  # (B, T, V): every position
+        state = m.init_state(2)
+        steps = [m.prefill(idx[:, :7], state)]
+        steps += [m.step(idx[:, t:t + 1], state) for t in range(7, 90)]
     # float64 throughout; the two forms sum in different orders: agree to rounding (1e-10 on O(1) logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), parallel[:, 6:], rtol=0, atol=1e-10)
+    torch.testing.assert_close(torch.stack(steps, dim=1), parallel[:, 6:], rtol=0, atol=1e-10)
+    assert state.pos == 90
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -97,21 +98,21 @@ def test_hybrid_layout_and_state_kinds():
     m = tiny_gpt(n_layer=6, attn="tssa", hybrid_every=3)
     kinds = [type(b.attn) for b in m.blocks]
     assert kinds == [TSSA, TSSA, SoftmaxAttention, TSSA, TSSA, SoftmaxAttention]  # (i + 1) % 3 == 0
-    states = [b.attn.init_state(1) for b in m.blocks]
-    m.forward_with_state(torch.zeros(1, 10, dtype=torch.long), states, 0)
-    # KV caches (growing with the context) for the softmax blocks only
-    assert [type(s).__name__ for s in states] == ["TSSAState", "TSSAState", "KVCache"] * 2
-    assert states[2].length == 10
+    state = m.init_state(1)
+    m.prefill(torch.zeros(1, 10, dtype=torch.long), state)
+    # KV caches (of block_size tokens) for the softmax blocks only
+    assert [type(s).__name__ for s in state.layers] == ["TSSAState", "TSSAState", "KVCache"] * 2
+    assert state.pos == 10 and state.layers[2].k.shape[2] == m.config.block_size
 
 
 def test_linear_state_has_constant_size():
     m = tiny_gpt(attn="linear")
-    states = [b.attn.init_state(3) for b in m.blocks]
-    before = [s.nbytes() for s in states]
-    m.forward_with_state(torch.zeros(3, 50, dtype=torch.long), states, 0)
+    state = m.init_state(3)
+    before = [s.nbytes() for s in state.layers]
+    m.prefill(torch.zeros(3, 50, dtype=torch.long), state)
     H, p = 2, 8
-    assert [s.nbytes() for s in states] == before == [3 * (H * p * p + H * p) * 8] * 3  # float64 here
-    assert states[0].pos == 50
+    assert [s.nbytes() for s in state.layers] == before == [3 * (H * p * p + H * p) * 8] * 3  # float64 here
+    assert state.pos == 50
 
 
 # -----------------------------------------------------------------------------
@@ -144,11 +145,13 @@ def test_short_conv_is_a_causal_depthwise_convolution_and_starts_as_identity():
     torch.manual_seed(2)
     attn = TSSA(cfg, causal=True).double()
     x = torch.randn(2, 10, 6, dtype=torch.float64)
-    y, _ = attn.conv(x)
+    y = attn.conv(x)
     assert torch.equal(y, x)  # identity at initialisation: the variant starts as the paper's TSSA
     with torch.no_grad():
         attn.conv.weight.normal_()
-    y, past = attn.conv(x)
+    state = attn.init_state(2, torch.zeros((), dtype=torch.long))
+    y = attn.conv(x, state)
+    past = state.conv
     a = attn.conv.weight  # (C, k): column k - 1 multiplies x_t, column k - 1 - j multiplies x_{t-j}
     ref = torch.stack([sum(a[:, 2 - j] * x[:, t - j] for j in range(3) if t - j >= 0) for t in range(10)], dim=1)
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)

@@ -81,7 +81,7 @@ def test_class_attention_block_follows_the_xcit_equations():
     y = ln(torch.cat([cls, patches], 1), 2)  # LN2 on the residual stream, every token
     mlp = F.gelu(y[:, :1] @ P["mlp.c_fc.weight"].T + P["mlp.c_fc.bias"]) @ P["mlp.c_proj.weight"].T + P["mlp.c_proj.bias"]
     expected = torch.cat([y[:, :1] + g2 * mlp, 2 * y[:, 1:]], 1)  # patches leave doubled
-    got, _ = blk.double()(x)
+    got = blk.double()(x)
     # float64 both sides; 1e-10 leaves room for the different order of the sums
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
@@ -390,7 +390,8 @@ def test_inspect_rvar_equals_compression_objective_on_the_same_tensors(trained, 
         view = vit_train.View(src, T, train=False)
         x = (torch.stack([view[i][0] for i in rec["indices"]]).float() / 255 - 0.5) / 0.5  # shapes normalisation
         with torch.no_grad():
-            _, maps = model(x, return_maps=True)
+            maps = {}
+            model(x, record=maps)
             before, after = [], []
             for block, m in zip(model.blocks, maps["layers"]):
                 B, N, C = m["z"].shape
