@@ -100,7 +100,7 @@ def main(argv):
         if C.max_tokens:
             tokens = tokens[:C.max_tokens + 1]
         model = GPT(GPTConfig(**ckpt["model_args"]))
-        model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+        model.load_state_dict(ckpt["model"])
         model.to(device).eval()
         T = model.config.block_size
         stride = C.stride or T

@@ -117,7 +117,7 @@ class NanoToSTLM(LM):
         self.batch_size = as_int("batch_size", 8 if batch_size in (None, "auto") else batch_size)
         tk.require(self.batch_size >= 1, f"batch_size must be at least 1, got {self.batch_size}")
         self.model = kernels.use(GPT(GPTConfig(**ckpt["model_args"])), tssa_impl)
-        self.model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+        self.model.load_state_dict(ckpt["model"])
         self.model.to(self._device).eval()
         self.T = self.model.config.block_size
         self.stride = as_int("stride", stride) or self.T

@@ -74,7 +74,7 @@ def main(argv):
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)
     model = GPT(GPTConfig(**ckpt["model_args"]))
-    model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+    model.load_state_dict(ckpt["model"])
     kernels.use(model, C.tssa_impl).to(dev).eval()
     if C.compile:
         model = torch.compile(model)

@@ -111,25 +111,6 @@ def check_settings(C):
     tk.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
 
 
-def get_lr(it, C):
-    """Linear warmup over warmup_iters, then decay to min_lr at lr_decay_iters (0: max_iters)
-    by a cosine, a straight line, or not at all ("constant"). "invsqrt" (lra/configs/listops_*)
-    decays as 1 / sqrt(it) from the end of the warmup, never below min_lr, and ignores
-    lr_decay_iters. The three trainers use it."""
-    if it < C.warmup_iters:
-        return C.learning_rate * (it + 1) / (C.warmup_iters + 1)
-    decay_iters = C.lr_decay_iters or C.max_iters
-    if C.lr_schedule == "constant":
-        return C.learning_rate
-    if C.lr_schedule == "invsqrt":
-        return max(C.min_lr, C.learning_rate * math.sqrt(max(C.warmup_iters, 1) / max(it, 1)))
-    if it >= decay_iters:
-        return C.min_lr
-    ratio = (it - C.warmup_iters) / max(decay_iters - C.warmup_iters, 1)  # 0 -> 1
-    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio)) if C.lr_schedule == "cosine" else 1.0 - ratio  # 1 -> 0
-    return C.min_lr + coeff * (C.learning_rate - C.min_lr)
-
-
 def open_dataset(data_dir, dataset, splits, min_tokens):
     """meta.json and the given splits of <data_dir>/<dataset>, checked: the sizes meta.json
     records, more than min_tokens tokens each. Damage is one line with the command that re-prepares."""
@@ -232,12 +213,11 @@ def main(argv):
         ckpt = None
         if C.init_from == "resume":
             ckpt = tk.load_checkpoint(ckpt_path, "language")
-            tk.check_resume(ckpt, C, given, MODEL_KEYS + ("seed", "dataset"), ckpt_path)
+            tk.check_resume(ckpt, C, given, ("dataset",), ckpt_path)
+            tk.resume_settings(ckpt, C, given, MODEL_KEYS + ("seed",), ckpt_path)
             if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
                 raise tk.UserError(f"{ckpt_path} was trained with another tokenizer than dataset {C.dataset!r}'s: "
                                    "resume it on its own dataset, or start a new run with --out_dir=<new folder>")
-            for key in MODEL_KEYS + ("seed",):  # what the checkpoint was, this run is
-                setattr(C, key, ckpt["config"].get(key, DEFAULTS[key]))  # (checkpoints before a key: its default)
             if ckpt["iter_num"] >= C.max_iters:
                 say(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
                     f"raise --max_iters to train it further, or sample from it: python sample.py --out_dir={C.out_dir}")
@@ -259,7 +239,7 @@ def main(argv):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss = 0, float("inf")
         if ckpt is not None:
-            model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+            model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
@@ -299,7 +279,7 @@ def main(argv):
         resumed_at = iter_num if C.init_from == "resume" else None
         t_start, mfu, stop_at = time.time(), None, C.max_iters
         while True:
-            lr = get_lr(iter_num, C)
+            lr = tk.get_lr(iter_num, C)
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
@@ -316,7 +296,7 @@ def main(argv):
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
                     if d.is_master:
                         tk.save_checkpoint(dict(
-                            kind="language", model=tk.clean_state_dict(raw_model.state_dict()),
+                            kind="language", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, tokenizer=tokenizer), ckpt_path)

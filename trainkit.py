@@ -15,6 +15,7 @@ the preparation scripts, bench.py, ...), kept here so that each script reads as 
   atomic_write       write a file through a temp file and a rename: all or nothing
   save_checkpoint / load_checkpoint / check_resume   checkpoints of a known kind
   non_finite         the one error of a non-finite loss (what is left, advice that would help)
+  get_lr             the learning-rate schedule of the three trainers
   rng_state / gather_rng_states / restore_rng        every RNG of every rank, for exact resume
 
 Conventions of the three trainers:
@@ -42,6 +43,7 @@ import signal
 import sys
 import traceback
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -380,20 +382,14 @@ def save_checkpoint(obj, path):
         torch.save(obj, f)
 
 
-def checkpoint_kind(ckpt):
-    """"language" (train.py), "vit" (vit_train.py) or "lra" (lra/train.py)."""
-    if "kind" in ckpt:
-        return ckpt["kind"]
-    args = ckpt.get("model_args", {})  # checkpoints written before the kind was recorded
-    return "lra" if "max_len" in args else "vit" if "img_size" in args else "language" if "vocab_size" in args else "?"
-
-
 KIND_MAKER = {"language": "train.py", "vit": "vit_train.py", "lra": "lra/train.py"}
+CKPT_FIELDS = ("kind", "model", "model_args", "config", "iter_num")  # what every checkpoint of this version holds
+KIND_FIELDS = {"language": ("tokenizer",), "vit": (), "lra": ()}
 
 
 def load_checkpoint(path, kind):
-    """A checkpoint of `kind`, loaded onto the CPU. A missing, damaged or other-kind file is
-    a UserError naming it."""
+    """A checkpoint of `kind`, loaded onto the CPU. A missing, damaged or other-kind file, or
+    one without the fields this version writes, is a UserError naming it."""
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
@@ -401,14 +397,30 @@ def load_checkpoint(path, kind):
                         f"{KIND_MAKER[kind]} wrote, or train one first")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        found = checkpoint_kind(ckpt)
+        fields = set(ckpt)
     except Exception as e:  # zip errors, EOF, unpickling errors, not a dict: a damaged file
         raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): "
                         "the file is truncated or corrupt; delete it, or start a new run in another out_dir") from None
-    if found != kind:
-        raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER.get(found, 'another program')}), "
+    found = ckpt.get("kind")
+    if found in KIND_MAKER and found != kind:
+        raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER[found]}), "
                         f"not {'an' if kind == 'lra' else 'a'} {kind} one: give a checkpoint that {KIND_MAKER[kind]} wrote")
+    missing = [f for f in CKPT_FIELDS + KIND_FIELDS[kind] if f not in fields]
+    if missing:
+        raise UserError(f"{path} was not written by this version of {KIND_MAKER[kind]} (it lacks {', '.join(missing)}): "
+                        f"train a new one with {KIND_MAKER[kind]}")
     return ckpt
+
+
+def model_config(config_cls, ckpt, path):
+    """config_cls(**ckpt["model_args"]), or one line if the checkpoint's architecture fields are
+    not this version's (written by an older version)."""
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(ckpt["model_args"]) - known)
+    if unknown:
+        raise UserError(f"{path} was written by another version of nanoToST (model_args {', '.join(unknown)} are "
+                        f"not {config_cls.__name__} fields): train a new one with this version")
+    return config_cls(**ckpt["model_args"])
 
 
 def check_resume(ckpt, C, given, keys, path):
@@ -422,6 +434,37 @@ def check_resume(ckpt, C, given, keys, path):
                         "or start a new run with --out_dir=<new folder>")
 
 
+def get_lr(it, C):
+    """Linear warmup over warmup_iters, then decay to min_lr at lr_decay_iters (0: max_iters)
+    by a cosine, a straight line, or not at all ("constant"). "invsqrt" (lra/configs/listops_*)
+    decays as 1 / sqrt(it) from the end of the warmup, never below min_lr, and ignores
+    lr_decay_iters. The three trainers use it."""
+    if it < C.warmup_iters:
+        return C.learning_rate * (it + 1) / (C.warmup_iters + 1)
+    decay_iters = C.lr_decay_iters or C.max_iters
+    if C.lr_schedule == "constant":
+        return C.learning_rate
+    if C.lr_schedule == "invsqrt":
+        return max(C.min_lr, C.learning_rate * math.sqrt(max(C.warmup_iters, 1) / max(it, 1)))
+    if it >= decay_iters:
+        return C.min_lr
+    ratio = (it - C.warmup_iters) / max(decay_iters - C.warmup_iters, 1)  # 0 -> 1
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio)) if C.lr_schedule == "cosine" else 1.0 - ratio  # 1 -> 0
+    return C.min_lr + coeff * (C.learning_rate - C.min_lr)
+
+
+def resume_settings(ckpt, C, given, keys, path):
+    """A resumed run is the checkpoint's run: refuse settings given that differ from it
+    (check_resume), then take the checkpoint's values of `keys` (architecture, seed, data)."""
+    check_resume(ckpt, C, given, keys, path)
+    missing = [k for k in keys if k not in ckpt["config"]]
+    if missing:
+        raise UserError(f"{path} was written by another version of nanoToST (its settings lack {', '.join(missing)}): "
+                        "start a new run with --out_dir=<new folder>")
+    for key in keys:
+        setattr(C, key, ckpt["config"][key])
+
+
 def non_finite(what, ckpt_path, C, dtype):
     """The error of a non-finite loss (`what`: which loss, where, what was not done): what is
     left, and only advice that would change something."""
@@ -429,17 +472,6 @@ def non_finite(what, ckpt_path, C, dtype):
     return UserError(f"non-finite {what}; {where}. Try a lower --learning_rate"
                      + (", --grad_clip=1.0" if C.grad_clip == 0 else "")
                      + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
-
-
-def clean_state_dict(state_dict):
-    """Strip the wrapper prefixes older checkpoints carry ('_orig_mod.', 'module.')."""
-    out = {}
-    for key, value in state_dict.items():
-        for prefix in ("_orig_mod.", "module."):
-            while key.startswith(prefix):
-                key = key[len(prefix):]
-        out[key] = value
-    return out
 
 
 # -----------------------------------------------------------------------------

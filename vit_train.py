@@ -45,7 +45,6 @@ from PIL import Image
 import trainkit as tk
 from model import ToSTViT, ViTConfig
 import kernels
-from train import get_lr
 
 # -----------------------------------------------------------------------------
 # settings
@@ -92,7 +91,7 @@ attn = "tssa"  # "tssa" | "softmax" | "linear" (baselines at the same size)
 pi = "softmax"  # "softmax" | "uniform" (ablation)
 n_cls_layers = 2
 tssa_impl = "torch"
-# AdamW, learning-rate schedule (train.py's get_lr: warmup, then decay to min_lr at lr_decay_iters)
+# AdamW, learning-rate schedule (trainkit's get_lr: warmup, then decay to min_lr at lr_decay_iters)
 batch_size = 128  # images per process per micro-step
 gradient_accumulation_steps = 1  # micro-steps per optimizer step over all processes
 max_iters = 5000
@@ -518,7 +517,7 @@ def to_input(images, dataset_name, dev):
 def model_from_checkpoint(ckpt, **overrides):
     """Rebuild the model a checkpoint of this script holds (on the CPU)."""
     model = ToSTViT(ViTConfig(**{**ckpt["model_args"], **overrides}))
-    model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+    model.load_state_dict(ckpt["model"])
     return model
 
 
@@ -625,7 +624,7 @@ def main(argv):
                                   num_classes=ckpt["model_args"]["num_classes"] if ckpt else num_classes))
         kernels.use(model, C.tssa_impl)
         if ckpt is not None:
-            model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+            model.load_state_dict(ckpt["model"])
             if model.config.num_classes != num_classes:
                 model.reset_classifier(num_classes)
         model.to(device)
@@ -673,7 +672,7 @@ def main(argv):
         t_start = t_log = time.time()
         loss_sum, loss_steps = 0.0, 0  # training losses since the last evaluation
         while True:
-            lr = get_lr(iter_num, C)
+            lr = tk.get_lr(iter_num, C)
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
@@ -694,7 +693,7 @@ def main(argv):
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
                     if d.is_master:
                         tk.save_checkpoint(dict(
-                            kind="vit", model=tk.clean_state_dict(raw_model.state_dict()),
+                            kind="vit", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args={**model_args, "num_classes": num_classes}, iter_num=iter_num,
                             best_val_loss=best_loss, best_val_acc=best_acc, config=vars(C), rng=rng,

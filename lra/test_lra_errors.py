@@ -476,7 +476,7 @@ def test_a_damaged_cache_file_is_said_and_rebuilt(damage, listops, tmp_path):
 
 
 def test_invsqrt_schedule_and_layer_scale_zero_means_none():
-    from train import get_lr
+    from trainkit import get_lr
 
     C = SimpleNamespace(learning_rate=1e-3, min_lr=1e-5, warmup_iters=100, lr_decay_iters=0, max_iters=10**6,
                         lr_schedule="invsqrt")

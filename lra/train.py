@@ -44,7 +44,6 @@ from lra.data import TASKS, get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
 from model import configure_adamw
 import kernels
-from train import get_lr
 
 # -----------------------------------------------------------------------------
 # settings
@@ -264,7 +263,7 @@ def main(argv):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         start_iter, best_val_loss, best_val, test_at_best = 0, float("inf"), -1.0, None
         if ckpt is not None:
-            model.load_state_dict(tk.clean_state_dict(ckpt["model"]))
+            model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
@@ -304,7 +303,7 @@ def main(argv):
         result = {"n_params": n_params}
         t_start, train_loss = time.time(), None
         for it in range(start_iter, C.max_iters + 1):
-            lr = get_lr(it, C)
+            lr = tk.get_lr(it, C)
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
@@ -325,7 +324,7 @@ def main(argv):
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
                     if d.is_master:
                         tk.save_checkpoint(dict(
-                            kind="lra", model=tk.clean_state_dict(raw_model.state_dict()),
+                            kind="lra", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), model_args=asdict(mconf),
                             iter_num=it, best_val_loss=best_val_loss, best_val_acc=best_val,
                             test_acc_at_best_val=test_at_best, config=vars(C), rng=rng), ckpt_path)

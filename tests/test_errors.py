@@ -259,7 +259,7 @@ def test_resume_on_another_tokenizer_and_a_finished_run(trained, capsys):
                                           ("evaluate.py", ["--dataset=tiny_char"])])
 def test_a_checkpoint_of_another_kind_is_one_line(script, extra, kind, data):
     os.makedirs("out")
-    torch.save({"kind": kind, "model": {}, "model_args": {}}, "out/ckpt.pt")
+    torch.save({"kind": kind, "model": {}, "model_args": {}, "config": {}, "iter_num": 1}, "out/ckpt.pt")
     refused(script, *extra, "--out_dir=out", root=data, contains=[f"a {kind} checkpoint", "language"])
 
 

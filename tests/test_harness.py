@@ -66,7 +66,8 @@ def save_random_model(out_dir, tokenizer, attn, vocab_size, seed=0):
             if name.endswith("gamma"):
                 p.fill_(1.0)
     os.makedirs(out_dir, exist_ok=True)
-    tk.save_checkpoint(dict(model=model.state_dict(), model_args=args, iter_num=7, tokenizer=tokenizer),
+    tk.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=args, iter_num=7, config={},
+                            tokenizer=tokenizer),
                        os.path.join(out_dir, "ckpt.pt"))
     model.eval()
     return model

@@ -170,8 +170,8 @@ def test_sample_softmax_checkpoint(tiny_run, tmp_path, capsys):
     model = GPT(GPTConfig(**args))  # untrained: a random but fixed greedy path is enough here
     with torch.no_grad():  # spread the logits (init std 0.02 leaves near-ties that float rounding could flip)
         model.wte.weight.mul_(50)
-    tk.save_checkpoint(dict(model=model.state_dict(), model_args=args, iter_num=0, tokenizer=tiny["tokenizer"]),
-                       str(tmp_path / "ckpt.pt"))
+    tk.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=args, iter_num=0, config={},
+                            tokenizer=tiny["tokenizer"]), str(tmp_path / "ckpt.pt"))
     check_sample_greedy(str(tmp_path), "Return the", 30, capsys)
 
 
@@ -260,7 +260,8 @@ import io, sys, time, torch
 sys.path.insert(0, {repo!r})
 import trainkit as tk
 path = sys.argv[1]
-tk.save_checkpoint({{"kind": "language", "version": 0, "w": torch.zeros(2**20)}}, path)
+FIELDS = dict(model={{}}, model_args={{}}, config={{}}, iter_num=0, tokenizer={{}})  # what load_checkpoint asks for
+tk.save_checkpoint({{"kind": "language", "version": 0, "w": torch.zeros(2**20), **FIELDS}}, path)
 real_save = torch.save
 def torn_save(obj, f):  # write the first half of the bytes, then hang until killed
     buf = io.BytesIO()
@@ -270,7 +271,7 @@ def torn_save(obj, f):  # write the first half of the bytes, then hang until kil
     print("mid-save", flush=True)
     time.sleep(120)
 torch.save = torn_save
-tk.save_checkpoint({{"kind": "language", "version": 1, "w": torch.ones(2**20)}}, path)
+tk.save_checkpoint({{"kind": "language", "version": 1, "w": torch.ones(2**20), **FIELDS}}, path)
 """
 
 
@@ -290,7 +291,7 @@ def test_killed_save_leaves_a_loadable_checkpoint_and_the_next_save_cleans_up(tm
     assert torn == [f".ckpt.pt.tmp{proc.pid}"]  # the half-written new checkpoint, never renamed over the old one
     ckpt = tk.load_checkpoint(path, "language")
     assert ckpt["version"] == 0 and torch.equal(ckpt["w"], torch.zeros(2**20))
-    tk.save_checkpoint({"kind": "language", "version": 2}, path)
+    tk.save_checkpoint(dict(kind="language", version=2, model={}, model_args={}, config={}, iter_num=0, tokenizer={}), path)
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "saver.py"]  # the stale temp file is gone
     assert tk.load_checkpoint(path, "language")["version"] == 2
 
