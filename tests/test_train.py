@@ -496,8 +496,8 @@ def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**args)).eval()
     out = str(tmp_path / "out")
-    tk.save_checkpoint(dict(model=model.state_dict(), model_args=asdict(model.config), iter_num=0,
-                            tokenizer=dict(tokenizer="gpt2", vocab_size=50257)), os.path.join(out, "ckpt.pt"))
+    tk.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=asdict(model.config), iter_num=0,
+                            config={}, tokenizer=dict(tokenizer="gpt2", vocab_size=50257)), os.path.join(out, "ckpt.pt"))
     common = ["--dataset=wikitext2", f"--data_dir={data}", f"--out_dir={out}", "--device=cpu"]
     code, _, err = call_main(evaluate, *common, capsys=capsys)  # the default split is val: not in an evaluation set
     assert code == 1 and "has no val split (it has: test)" in err
