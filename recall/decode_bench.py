@@ -8,7 +8,7 @@ depend on their values. Prints a table and writes JSON.
     python recall/decode_bench.py                               # T = 128, 1024, 4096; one thread
     python recall/decode_bench.py --T=128,1024 --steps=100 --out=results/variants_cpu.json
 
-Each case: a prefill of T tokens through forward_with_state (parallel), then `steps` tokens
+Each case: a prefill of T tokens through GPT.prefill (parallel), then `steps` tokens
 one at a time; the median over `repeats` of the per-token time. The state bytes are what
 the model carries after the prefill (KV caches grow with T; TSSA and linear attention do not).
 """
