@@ -36,7 +36,7 @@ import torch
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
 import trainkit as tk
-import vit_train
+import vit_data
 from model import split_heads, compression_objective
 
 # -----------------------------------------------------------------------------
@@ -90,7 +90,7 @@ def rvar_over(model, view, indices, dataset_name, bs, dev):
     before, after = [], []
     for i in range(0, len(indices), bs):
         x = torch.stack([view[j][0] for j in indices[i:i + bs]])
-        b, a, _ = rvar_before_after(model, vit_train.to_input(x, dataset_name, dev))
+        b, a, _ = rvar_before_after(model, vit_data.to_input(x, dataset_name, dev))
         before.append(b.cpu()), after.append(a.cpu())
     before, after = torch.cat(before).double(), torch.cat(after).double()  # (n, L)
     return {"indices": indices, "before": before.mean(0).tolist(), "after": after.mean(0).tolist(),
@@ -143,7 +143,8 @@ def rvar_figure(rvar, title):
         right.bar([l + offset for l in layers], [a - b for a, b in zip(r["after"], r["before"])], width=0.4,
                   color=colour, label=split)
     right.axhline(0, color="black", linewidth=0.8)
-    left.set(title="R_var by layer", xlabel="ToST layer", ylabel=f"R_var (mean of {len(rvar['val']['indices'])} images)")
+    n = len(rvar["val"]["indices"])
+    left.set(title="R_var by layer", xlabel="ToST layer", ylabel=f"R_var (mean of {n} images)")
     right.set(title="after - before (below 0: the step lowered R_var)", xlabel="ToST layer", ylabel="change in R_var")
     for ax in (left, right):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -167,10 +168,10 @@ def shown_images(C, T, S):
         if not paths:
             raise tk.UserError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in {C.images}: give --images=<a folder "
                                "of pictures>, or leave it out to show the val split")
-        pics = [vit_train.center_crop(vit_train.load_image(p), S, T.eval_crop_pct) for p in paths]
+        pics = [vit_data.center_crop(vit_data.load_image(p), S, T.eval_crop_pct) for p in paths]
         return torch.stack(pics), paths, [None] * len(paths)
-    val = vit_train.build_sources(T)[1]
-    view = vit_train.View(val, T, train=False)
+    val = vit_data.build_sources(T)[1]
+    view = vit_data.View(val, T, train=False)
     idx = range(min(C.n_show, len(val)))
     return torch.stack([view[i][0] for i in idx]), [f"val[{i}]" for i in idx], [val.labels[i] for i in idx]
 
@@ -187,14 +188,14 @@ def main(argv):
                f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
     if not os.path.isfile(path):
         raise tk.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
-    ck = tk.load_checkpoint(path, "vit")
-    model = vit_train.model_from_checkpoint(ck).to(dev).eval()
-    T = SimpleNamespace(**{**vit_train.DEFAULTS, **ck["config"], "img_size": model.config.img_size})
+    model, ck = vit_data.load_vit_model(path, device=dev)
+    model.eval()
+    T = SimpleNamespace(**{**ck["config"], "img_size": model.config.img_size})  # the run's data settings
     S, H, L, is_tost = model.config.img_size, model.config.n_head, model.config.n_layer, model.config.attn == "tssa"
     chosen = layer_numbers(C.layers) or sorted({1, (L + 1) // 2, L})
     tk.require(all(1 <= l <= L for l in chosen), f"layers {chosen} out of range: this model has layers 1..{L}")
     shown, sources, truth = shown_images(C, T, S)
-    x = vit_train.to_input(shown, T.dataset, dev)
+    x = vit_data.to_input(shown, T.dataset, dev)
     if is_tost:
         before, after, maps = rvar_before_after(model, x)
     else:  # a softmax baseline has no Pi and no R_var: class attention only
@@ -215,8 +216,9 @@ def main(argv):
         picture = shown[i].permute(1, 2, 0).numpy()
         if is_tost:
             rows = [maps["layers"][l - 1]["pi"][i].view(H, Hp, Wp).cpu().numpy() for l in chosen]
-            pictures[f"pi_{i:02d}.png"] = map_figure(picture, rows, [f"layer {l}" for l in chosen],
-                                                     f"Pi (membership of each patch in each head's group); {title}", "Pi", 1.0)
+            pictures[f"pi_{i:02d}.png"] = map_figure(
+                picture, rows, [f"layer {l}" for l in chosen],
+                f"Pi (membership of each patch in each head's group); {title}", "Pi", 1.0)
             entry["rvar_before"], entry["rvar_after"] = before[i].tolist(), after[i].tolist()
         attn = maps["cls_attn"][0][i].view(H, Hp, Wp).cpu().numpy()
         pictures[f"cls_attn_{i:02d}.png"] = map_figure(picture, [attn], ["class attention, layer 1"],
@@ -225,9 +227,9 @@ def main(argv):
         report["images"].append(entry)
     if is_tost:  # Figure 4a on train and val images, a fixed subset of each
         report["rvar"] = {}
-        for split, src in zip(("train", "val"), vit_train.build_sources(T)):
+        for split, src in zip(("train", "val"), vit_data.build_sources(T)):
             indices = torch.randperm(len(src), generator=torch.Generator().manual_seed(0))[:C.n_rvar].tolist()
-            view = vit_train.View(src, T, train=False)
+            view = vit_data.View(src, T, train=False)
             report["rvar"][split] = rvar_over(model, view, indices, T.dataset, C.batch_size, dev)
         pictures["rvar.png"] = rvar_figure(report["rvar"], f"{path}: {L} ToST layers, iteration {ck.get('iter_num')}")
         print("R_var after each layer's step (val):", " ".join(f"{v:.4g}" for v in report["rvar"]["val"]["after"]))

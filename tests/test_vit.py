@@ -1,10 +1,11 @@
 """
-Tests of ToST-ViT as released and of the vision scripts (vit_train.py, vit_inspect.py): the
-class-attention block against its equations written out, the same stochastic depth in every
-block, the Fourier positions; a small ToST learns the built-in shapes; resume is exact; two gloo
-processes match one; image folders are read with Pillow; fine-tuning swaps the head; the
-pictures are written and the R_var numbers equal compression_objective on the same tensors.
-The paper recipe through timm runs only where timm imports (skipped otherwise). CPU, offline.
+Tests of ToST-ViT as released and of the vision code (vit_train.py, vit_data.py,
+vit_inspect.py): the class-attention block against its equations written out, the same
+stochastic depth in every block, the Fourier positions; a small ToST learns the built-in
+shapes; resume is exact; max_time stops a run; two gloo processes match one; image folders are
+read with Pillow; fine-tuning swaps the head; the pictures are written and the R_var numbers
+equal compression_objective on the same tensors. The paper recipe through timm runs only where
+timm imports (skipped otherwise). CPU, offline.
 
     python -m pytest -q tests/test_vit.py
 """
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import trainkit
+import vit_data
 import vit_inspect
 import vit_train
 from model import VIT_PRESETS, ClassAttentionBlock, ToSTViT, ViTConfig, compression_objective
@@ -45,6 +47,15 @@ TINY = ["--shapes_source_size=16", "--img_size=16", "--patch_size=4", "--n_layer
 def settings(**changes):
     """vit_train's settings, as main() holds them, with `changes`."""
     return SimpleNamespace(**{**vit_train.DEFAULTS, **changes})
+
+
+def train(argv):
+    """vit_train.main(argv), then out_dir's lock released as run_cli releases it (the next run
+    in this process may claim the same out_dir)."""
+    try:
+        return vit_train.main(argv)
+    finally:
+        trainkit.release_out_dir([a for a in argv if a.startswith("--out_dir=")][-1][len("--out_dir="):])
 
 
 def read_log(out_dir):
@@ -113,7 +124,7 @@ def test_released_drop_path_eps_and_positions():
 def trained(tmp_path_factory):
     """A tiny ToST trained 300 steps on shapes (its out_dir)."""
     out = str(tmp_path_factory.mktemp("vit_tiny"))
-    vit_train.main(TINY + [f"--out_dir={out}", "--max_iters=300", "--eval_interval=300", "--log_interval=50",
+    train(TINY + [f"--out_dir={out}", "--max_iters=300", "--eval_interval=300", "--log_interval=50",
                            "--learning_rate=1e-3", "--warmup_iters=20"])
     return out
 
@@ -145,14 +156,23 @@ def losses(out):
 
 def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    vit_train.main(RANDOM + [f"--out_dir={a}", "--max_iters=8"])
-    vit_train.main(RANDOM + [f"--out_dir={b}", "--max_iters=5"])
-    vit_train.main(RANDOM + [f"--out_dir={b}", "--max_iters=8", "--init_from=resume"])
+    train(RANDOM + [f"--out_dir={a}", "--max_iters=8"])
+    train(RANDOM + [f"--out_dir={b}", "--max_iters=5"])
+    train(RANDOM + [f"--out_dir={b}", "--max_iters=8", "--init_from=resume"])
     assert [i for i, _ in losses(a)] == list(range(9))
     assert losses(a) == losses(b)  # bit-identical on CPU fp32: same ops, same order, same data
     sd_a = trainkit.load_checkpoint(os.path.join(a, "ckpt.pt"), "vit")["model"]
     sd_b = trainkit.load_checkpoint(os.path.join(b, "ckpt.pt"), "vit")["model"]
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
+
+
+def test_max_time_evaluates_saves_and_stops(tmp_path):
+    """As train.py: once max_time has passed (here at once), the run evaluates, saves and stops
+    at the next iteration."""
+    out = str(tmp_path / "out")
+    train(RANDOM + [f"--out_dir={out}", "--max_iters=8", "--eval_interval=100", "--max_time=1e-9"])
+    assert [i for i, _ in losses(out)] == [0, 1]
+    assert trainkit.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == 1
 
 
 def test_two_gloo_processes_match_one_with_two_micro_steps(tmp_path):
@@ -163,7 +183,7 @@ def test_two_gloo_processes_match_one_with_two_micro_steps(tmp_path):
     common = RANDOM + ["--max_iters=3", "--gradient_accumulation_steps=2", "--num_threads=1", "--dropout=0",
                        "--drop_path=0"]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    vit_train.main(common + [f"--out_dir={one}"])
+    train(common + [f"--out_dir={one}"])
     p = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "vit_train.py"), *common,
                         f"--out_dir={two}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -182,14 +202,14 @@ def test_two_gloo_processes_match_one_with_two_micro_steps(tmp_path):
 def test_finetune_replaces_the_head_and_keeps_the_body(trained, tmp_path):
     src = trainkit.load_checkpoint(os.path.join(trained, "ckpt.pt"), "vit")
     out = str(tmp_path / "ft")
-    vit_train.main(TINY + [f"--out_dir={out}", "--init_from=finetune", f"--finetune_from={trained}/ckpt.pt",
+    train(TINY + [f"--out_dir={out}", "--init_from=finetune", f"--finetune_from={trained}/ckpt.pt",
                            "--shapes_num_classes=6", "--max_iters=0"])
     ft = trainkit.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")
     assert ft["model_args"]["num_classes"] == 6 and ft["model"]["head.weight"].shape == (6, 64)
     body = [k for k in src["model"] if not k.startswith("head.")]
     assert body and all(torch.equal(src["model"][k], ft["model"][k]) for k in body)
     with pytest.raises(trainkit.UserError, match="finetune"):  # resuming with other classes: refused
-        vit_train.main(TINY + [f"--out_dir={trained}", "--init_from=resume", "--shapes_num_classes=6",
+        train(TINY + [f"--out_dir={trained}", "--init_from=resume", "--shapes_num_classes=6",
                                "--max_iters=0"])
 
 
@@ -240,7 +260,7 @@ def test_image_folder_loader_reads_a_tree_of_pngs(tmp_path):
     classes = ["cat", "dog", "zebra"]
     written = write_tree(str(tmp_path / "train"), classes, 4, rng)
     written.update(write_tree(str(tmp_path / "val"), ["dog", "zebra"], 2, rng))  # a subset of classes
-    train, val = vit_train.folder_sources(str(tmp_path), 0.1)
+    train, val = vit_data.folder_sources(str(tmp_path), 0.1)
     assert train.classes == classes and val.classes == classes
     assert len(train) == 12 and len(val) == 4
     for src in (train, val):
@@ -251,7 +271,7 @@ def test_image_folder_loader_reads_a_tree_of_pngs(tmp_path):
             assert torch.equal(img, written[path]), path  # PNG is lossless: decoded exactly
     flat = str(tmp_path / "flat")  # one tree: the last val_fraction of each class is held out
     write_tree(flat, ["a", "b"], 10, rng)
-    train, val = vit_train.folder_sources(flat, 0.2)
+    train, val = vit_data.folder_sources(flat, 0.2)
     assert len(train) == 16 and len(val) == 4
     assert [os.path.basename(p) for p in val.items] == ["008.png", "009.png"] * 2
 
@@ -261,7 +281,7 @@ def test_training_on_an_image_folder(tmp_path):
     write_tree(str(tmp_path / "data" / "train"), ["a", "b"], 8, rng, size=(16, 16))
     write_tree(str(tmp_path / "data" / "val"), ["a", "b"], 2, rng, size=(16, 16))
     out = str(tmp_path / "out")
-    vit_train.main(["--dataset=folder", f"--data_dir={tmp_path / 'data'}", f"--out_dir={out}", "--img_size=16",
+    train(["--dataset=folder", f"--data_dir={tmp_path / 'data'}", f"--out_dir={out}", "--img_size=16",
                     "--patch_size=4", "--n_layer=1", "--n_head=2", "--n_embd=16", "--batch_size=8", "--max_iters=2",
                     "--eval_interval=2", "--crop_scale=(0.5, 1.0)", "--dtype=float32", "--device=cpu"])
     ck = trainkit.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")
@@ -269,23 +289,23 @@ def test_training_on_an_image_folder(tmp_path):
 
 
 def test_shapes_dataset_is_deterministic_and_balanced():
-    x1, y1 = vit_train.make_shapes(200, 16, 10, seed=3)
-    x2, y2 = vit_train.make_shapes(200, 16, 10, seed=3)
+    x1, y1 = vit_data.make_shapes(200, 16, 10, seed=3)
+    x2, y2 = vit_data.make_shapes(200, 16, 10, seed=3)
     assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    assert not torch.equal(x1, vit_train.make_shapes(200, 16, 10, seed=4)[0])
+    assert not torch.equal(x1, vit_data.make_shapes(200, 16, 10, seed=4)[0])
     assert torch.bincount(y1).tolist() == [20] * 10
     assert x1.shape == (200, 3, 16, 16) and x1.dtype == torch.uint8
     assert x1.float().std((1, 2, 3)).min() > 5  # every image has content
 
 
 def test_train_batches_cover_epochs_resume_and_do_not_depend_on_world_size():
-    one = iter(vit_train.TrainBatches(20, 4, 0, 1, seed=5))
+    one = iter(vit_data.TrainBatches(20, 4, 0, 1, seed=5))
     first = [next(one) for _ in range(12)]
     assert sorted(i for b in first[:5] for _, _, i in b) == list(range(20))  # an epoch sees every image once
     assert {e for b in first[5:10] for e, _, _ in b} == {1}
-    later = iter(vit_train.TrainBatches(20, 4, 0, 1, seed=5, start=7))
+    later = iter(vit_data.TrainBatches(20, 4, 0, 1, seed=5, start=7))
     assert [next(later) for _ in range(5)] == first[7:12]  # starting at step 7 = skipping 7
-    ranks = [iter(vit_train.TrainBatches(20, 4, r, 2, seed=5)) for r in (0, 1)]
+    ranks = [iter(vit_data.TrainBatches(20, 4, r, 2, seed=5)) for r in (0, 1)]
     two = [next(ranks[m % 2]) for m in range(4)]  # global micro-batch m is rank m % 2's
     assert two == first[:4]
 
@@ -298,15 +318,15 @@ def test_mixup_and_cutmix_targets_match_the_mixed_images():
     rng = np.random.default_rng(0)
     B, K = 6, 5
     x = torch.arange(B, dtype=torch.float32).view(B, 1, 1, 1).expand(B, 3, 8, 8).contiguous()
-    target = vit_train.smooth_targets(torch.arange(B) % K, K, 0.1)
+    target = vit_data.smooth_targets(torch.arange(B) % K, K, 0.1)
     assert torch.allclose(target.sum(1), torch.ones(B))  # rows are distributions
-    xm, tm, lam = vit_train.mix_batch(x, target, rng, mixup_alpha=0.0, cutmix_alpha=1.0, prob=1.0)
+    xm, tm, lam = vit_data.mix_batch(x, target, rng, mixup_alpha=0.0, cutmix_alpha=1.0, prob=1.0)
     own = (xm == x).float().mean((1, 2, 3))  # share of each image's own pixels
     assert torch.allclose(own[:2], torch.full((2,), lam))
     assert torch.allclose(tm, lam * target + (1 - lam) * target.flip(0))
-    xm, tm, lam = vit_train.mix_batch(x, target, rng, mixup_alpha=0.8, cutmix_alpha=0.0, prob=1.0)
+    xm, tm, lam = vit_data.mix_batch(x, target, rng, mixup_alpha=0.8, cutmix_alpha=0.0, prob=1.0)
     assert torch.allclose(xm[:, 0, 0, 0], lam * x[:, 0, 0, 0] + (1 - lam) * x.flip(0)[:, 0, 0, 0])
-    xm, tm, lam = vit_train.mix_batch(x, target, rng, mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0)
+    xm, tm, lam = vit_data.mix_batch(x, target, rng, mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0)
     assert lam == 1.0 and xm is x and tm is target  # switched off
 
 
@@ -314,11 +334,11 @@ def test_random_resized_crops_stay_inside_and_depend_only_on_the_key():
     rng = np.random.default_rng(0)
     for H, W in [(32, 32), (20, 50), (50, 20)]:
         for _ in range(200):
-            top, left, h, w = vit_train.random_resized_crop_box(H, W, (0.25, 1.0), rng)
+            top, left, h, w = vit_data.random_resized_crop_box(H, W, (0.25, 1.0), rng)
             assert 0 <= top and top + h <= H and 0 <= left and left + w <= W and h > 0 and w > 0
             assert h * w >= 0.2 * H * W  # 0.25 less the rounding of h and w on these small images
-    src = vit_train.Source(*vit_train.make_shapes(4, 32, 10, 0), vit_train.SHAPES)
-    view = vit_train.View(src, settings(img_size=24, crop_scale=(0.3, 1.0)), train=True)
+    src = vit_data.Source(*vit_data.make_shapes(4, 32, 10, 0), vit_data.SHAPES)
+    view = vit_data.View(src, settings(img_size=24, crop_scale=(0.3, 1.0)), train=True)
     assert view[(0, 1, 1)][0].shape == (3, 24, 24)
     assert torch.equal(view[(0, 1, 1)][0], view[(0, 1, 1)][0])
     assert not torch.equal(view[(0, 1, 1)][0], view[(1, 1, 1)][0])  # the same image in the next epoch
@@ -334,7 +354,7 @@ def test_paper_recipe_through_timm(tmp_path):
     exactly."""
     pytest.importorskip("timm", reason="timm is an optional extra (pip install timm); not installed here")
     try:
-        train_tf, eval_tf = vit_train.timm_transforms(settings(img_size=32, dataset="shapes"))
+        train_tf, eval_tf = vit_data.timm_transforms(settings(img_size=32, dataset="shapes"))
     except trainkit.UserError as e:  # timm <= 1.0.31 with Pillow >= 13 (README): say so, do not hide it
         pytest.skip(str(e))
     text = repr(train_tf)
@@ -344,13 +364,13 @@ def test_paper_recipe_through_timm(tmp_path):
             "--n_layer=1", "--n_head=2", "--n_embd=16", "--batch_size=8", "--eval_interval=1", "--dtype=float32",
             "--device=cpu", "--warmup_iters=1", "--lr_decay_iters=4"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    vit_train.main(args + [f"--out_dir={a}", "--max_iters=4"])
-    vit_train.main(args + [f"--out_dir={b}", "--max_iters=2"])
-    vit_train.main(args + [f"--out_dir={b}", "--max_iters=4", "--init_from=resume"])
+    train(args + [f"--out_dir={a}", "--max_iters=4"])
+    train(args + [f"--out_dir={b}", "--max_iters=2"])
+    train(args + [f"--out_dir={b}", "--max_iters=4", "--init_from=resume"])
     assert [i for i, _ in losses(a)] == [0, 1, 2, 3, 4]
     assert all(math.isfinite(l) for _, l in losses(a)[1:])
     assert losses(a) == losses(b)
-    batches = vit_train.TrainBatches(32, 8, 0, 1, seed=0, repeats=3)  # timm's RepeatAugSampler
+    batches = vit_data.TrainBatches(32, 8, 0, 1, seed=0, repeats=3)  # timm's RepeatAugSampler
     keys = [i for b in [next(iter(batches))] for _, _, i in b]
     assert len(set(keys)) < len(keys)  # copies of an image in one epoch
 
@@ -377,17 +397,17 @@ def test_inspect_writes_the_pictures(inspected):
             assert im.format == "PNG" and im.width > 300 and im.height > 150, (name, im.size)
             # not a blank canvas: matplotlib drew something
             assert np.asarray(im.convert("L")).std() > 10, name
-    assert all(e["true"] in vit_train.SHAPES for e in report["images"])
+    assert all(e["true"] in vit_data.SHAPES for e in report["images"])
 
 
 def test_inspect_rvar_equals_compression_objective_on_the_same_tensors(trained, inspected):
     _, report = inspected
-    ck = trainkit.load_checkpoint(os.path.join(trained, "ckpt.pt"), "vit")
-    model = vit_train.model_from_checkpoint(ck).eval()
+    model, ck = vit_data.load_vit_model(os.path.join(trained, "ckpt.pt"))
+    model.eval()
     T = settings(**ck["config"])
-    for split, src in zip(("train", "val"), vit_train.build_sources(T)):
+    for split, src in zip(("train", "val"), vit_data.build_sources(T)):
         rec = report["rvar"][split]
-        view = vit_train.View(src, T, train=False)
+        view = vit_data.View(src, T, train=False)
         x = (torch.stack([view[i][0] for i in rec["indices"]]).float() / 255 - 0.5) / 0.5  # shapes normalisation
         with torch.no_grad():
             maps = {}
@@ -434,7 +454,7 @@ def test_inspect_on_a_folder_of_images(trained, tmp_path):
                                "--layers=2", "--n_rvar=4"])
     assert [e["source"] for e in report["images"]] == [str(folder / f"p{i}.png") for i in range(3)]
     assert report["layers_shown"] == [2]
-    assert all(e["true"] is None and e["predicted"] in vit_train.SHAPES[:4] for e in report["images"])
+    assert all(e["true"] is None and e["predicted"] in vit_data.SHAPES[:4] for e in report["images"])
     assert all(os.path.isfile(os.path.join(out, f"pi_{i:02d}.png")) for i in range(3))
     with pytest.raises(trainkit.ConfigError, match="out of range"):
         vit_inspect.main([f"--ckpt={trained}/ckpt.pt", f"--out_dir={out}", "--layers=3"])
@@ -448,5 +468,5 @@ def test_new_run_refuses_an_out_dir_that_holds_a_checkpoint(tmp_path):
     (out / "ckpt.pt").write_bytes(b"an earlier run")
     (out / "log.jsonl").write_text('{"iter": 0}\n')
     with pytest.raises(trainkit.UserError, match="init_from=resume"):
-        vit_train.main(["--shapes_train_size=32", "--shapes_val_size=8", "--device=cpu", f"--out_dir={out}"])
+        train(["--shapes_train_size=32", "--shapes_val_size=8", "--device=cpu", f"--out_dir={out}"])
     assert (out / "ckpt.pt").read_bytes() == b"an earlier run" and (out / "log.jsonl").read_text() == '{"iter": 0}\n'

@@ -115,7 +115,10 @@ def write_pngs(folder, n, size=12, seed=0):
 def vit_run(tmp_path_factory):
     """A tiny ToST trained 2 steps (checkpoint at iters 0 and 2): its out_dir."""
     out = str(tmp_path_factory.mktemp("vit") / "out")
-    vit_train.main(TINY + [f"--out_dir={out}", "--max_iters=2", "--eval_interval=2"])
+    try:
+        vit_train.main(TINY + [f"--out_dir={out}", "--max_iters=2", "--eval_interval=2"])
+    finally:  # as run_cli does: the lock goes with the run
+        tk.release_out_dir(out)
     return out
 
 
