@@ -542,7 +542,8 @@ class ConvPatchEmbed(nn.Module):
         chans = [in_chans] + [n_embd // 2 ** (n - 1 - i) for i in range(n)]
         layers = []
         for i in range(n):
-            layers += [nn.Conv2d(chans[i], chans[i + 1], 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(chans[i + 1])]
+            conv = nn.Conv2d(chans[i], chans[i + 1], 3, stride=2, padding=1, bias=False)
+            layers += [conv, nn.BatchNorm2d(chans[i + 1])]
             if i < n - 1:
                 layers.append(nn.GELU())
         self.proj = nn.Sequential(*layers)
