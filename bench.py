@@ -1,13 +1,33 @@
 """
-bench.py: speed and memory of TSSA (readable reference and fused fast path) against softmax
-attention through F.scaled_dot_product_attention, on CPU or CUDA. Prints tables and writes
-JSON (bench_results.json unless --out=...).
+bench.py: speed and memory of TSSA (readable reference and fused fast paths) against softmax
+attention through F.scaled_dot_product_attention, on CPU or CUDA. Two modes:
 
+THE REPORT (--report): one fixed protocol for a GPU, the source of SPEED.md's GPU tables.
+    python bench.py --report                         # every section; results/<gpu>.json on CUDA
+    python bench.py --report --budget_s=540          # what fits in 9 minutes; run it again to continue
+    python bench.py --report --sections=op,decode    # these sections again (the others kept)
+    python bench.py --report --device=cpu --quick    # a smoke run of every section (tiny shapes, seconds)
+    python results/speed_tables.py                   # SPEED.md's GPU tables from the committed JSON
+Sections (SECTIONS below; each in its own process under a time limit, --section_s to change):
+meta, gpu_check_accuracy, gpu_check_determinism (python -m kernels.gpu_check), op (TSSA fwd+bwd
+vs SDPA with FlashAttention-2 and cuDNN forced, B=1 at T, and the training shape B=16 T=1K; GPU
+busy time and kernels per call from torch.profiler), decode (per token, 1K..64K, ToST and GPT-2
+with its static KV cache, eager and CUDA graph), train_tost / train_gpt2_flash /
+train_gpt2_cudnn / train_tost_triton (the compiled training step at 4K..64K, equal tokens per
+step), main_job (train.py, config/tost_owt.py, main_iters iterations on synthetic tokens:
+tokens/s, MFU). Each section writes its rows as it goes; one that hangs is stopped at its limit
+and recorded as timed_out with the rows it measured, and the next section runs. The parent
+merges the sections into one JSON after each (results/<gpu>.json for a full CUDA report;
+out-bench/cpu-report.json or out-bench/<gpu>-quick.json for a CPU or quick one, never a
+committed path) and, run again with sections=all, runs only the sections not yet done. A quick
+report runs every section at the tiniest shapes; rows a device cannot run (Triton, FlashAttention,
+cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says more.
+
+THE SUITES (without --report): tables for any device and shape, JSON to bench_results.json.
     python bench.py --quick=1                        # a few minutes: operator + decode, T = 1K, 4K, 16K
     python bench.py                                  # everything this device can do, T = 1K .. 64K
     python bench.py --suites=op --impls=torch,cpu,sdpa --T=16384 --modes=fwdbwd --threads=2
     python bench.py --device=cuda --dtype=bfloat16 --suites=op,decode,model,model_decode
-
 Suites (--suites, comma separated):
   op            the attention operator alone, (B, H, T, p) inputs: forward and forward+backward
   decode        one generated token at context T: TSSA recurrent step vs SDPA over a KV cache
@@ -25,7 +45,8 @@ allocated before the case (CUDA allocator peak; on CPU the sampled growth of the
 For TSSA rows, GB/s is the memory floor (bytes a perfect kernel must move: forward reads w and
 writes out = 2 C values per token, forward+backward also reads w and dL/dout and writes dL/dw
 = 5 C values per token; 10 C bytes in bf16) divided by the time, and "x floor" is the time over
-the floor's time at the machine's measured copy bandwidth.
+the floor's time at the machine's measured copy bandwidth. A case whose estimated time exceeds
+max_case_s is a row saying "skipped" (and the summary counts them).
 
 Every setting is checked before anything runs (a mistake is one line, nothing written). A case
 that raises is a row saying FAILED (and is counted in the summary); a run in which no case ran
@@ -35,6 +56,7 @@ exits with status 1, its rows still written. The JSON is written whole or not at
 import ctypes
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -53,9 +75,9 @@ dtype = "auto"  # "auto" (bfloat16 on cuda, float32 on cpu) | "float32" | "bfloa
 suites = "op,decode,model,model_decode"
 impls = "auto"  # "auto" = torch,cpu,sdpa on cpu and torch,triton,sdpa on cuda; add "compiled" for torch.compile
 modes = "fwd,fwdbwd"
-T = "1024,2048,4096,8192,16384,32768,65536"  # sequence lengths / decode contexts
-model_T = "auto"  # whole-model lengths: "auto" = 1024,2048,4096,8192 on cuda, 1024 on cpu
-decode_T = "auto"  # whole-model decode contexts: "auto" = T on cuda, up to 16384 on cpu
+T = "1024,2048,4096,8192,16384,32768,65536"  # sequence lengths / decode contexts (report: the operator's, at B)
+model_T = "auto"  # whole-model lengths: "auto" = 1K..8K on cuda, 1K on cpu (report: 4K, 16K, 64K, 8K, 32K)
+decode_T = "auto"  # whole-model decode contexts: "auto" = T on cuda, up to 16K on cpu (report: 1K, 64K, 4K, 16K)
 B = 1
 H = 12
 p = 64
@@ -65,8 +87,15 @@ repeats = 5
 warmup = 1
 decode_steps = 50  # tokens per decode timing
 max_case_s = 60.0  # skip a case whose estimated run time (from the previous T) is longer
-quick = False  # a short run: T = 1K, 4K, 16K, suites op and decode, 3 repeats
-out = "bench_results.json"
+quick = False  # a short run: suites: T = 1K, 4K, 16K, op and decode, 3 repeats; report: the tiniest shapes
+out = "auto"  # "auto": bench_results.json (suites); results/<gpu>.json, or out-bench/ for a CPU / quick report
+# the report (--report)
+report = False  # run the report's sections (each its own process, time-limited) into one JSON
+sections = "all"  # report: the sections to run; "all" runs those not yet done in the JSON at out
+section_s = ""  # report: time limits, seconds: "" each section's own, "300" every one, "op:200,decode:90"
+budget_s = 0.0  # report: seconds for this whole command (0: no limit); sections that no longer fit wait
+train_tokens = 65536  # report: tokens per training step (batch = train_tokens / T)
+main_iters = 200  # report: iterations of the main job
 # -----------------------------------------------------------------------------
 DEFAULTS = tk.config_defaults(globals())  # the settings above
 SUITES = ("op", "decode", "model", "model_decode", "vit")
@@ -95,13 +124,18 @@ def names(key, text, allowed):
 def check_settings(C):
     """Every setting, checked before any work (a refusal measures and writes nothing). Returns
     the lists the comma-separated settings hold (None where "auto")."""
-    tk.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps"), non_negative=("warmup", "threads"),
-             positive=("max_case_s",))
+    tk.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
+             non_negative=("warmup", "threads", "budget_s"), positive=("max_case_s",))
     plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
                 impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
                 model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
                 decode_T=None if C.decode_T == "auto" else lengths("decode_T", C.decode_T))
     tk.require(C.out, "out must name the results file, e.g. --out=bench_results.json")
+    if C.sections != "all":
+        names("sections", C.sections, tuple(SECTIONS))
+    section_limits(C, list(SECTIONS))
+    if C.out == "auto":
+        return plan
     if os.path.isdir(C.out):
         raise tk.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
     folder = os.path.dirname(os.path.abspath(C.out))
@@ -418,7 +452,8 @@ def run_suite(C, suite, impl_list, mode_list, T_list, results, bw):
                     power = (1 if per_call else 2) if impl == "sdpa" else (0 if per_call else 1)
                     est_s = ms0 * (T_ / T0) ** power * (C.repeats + C.warmup) / 1e3
                     if est_s > C.max_case_s:
-                        rec.update(note=f"skipped: estimated {est_s:.0f} s > max_case_s")
+                        rec.update(note=f"skipped: estimated {est_s:.0f} s > max_case_s={C.max_case_s:g}",
+                                   max_case_s=C.max_case_s)
                         results.append(rec)
                         print_row(rec)
                         continue
@@ -470,6 +505,17 @@ def did_not_run(results):
     return [r for r in results if r.get("note", "").startswith(("FAILED", "out of memory"))]
 
 
+def ratio_words(ours, theirs, name):
+    """ours vs theirs (times: smaller is faster) the way it reads: "2.0x faster than NAME",
+    "3.3x slower than NAME" (never "0.3x faster"), "as fast as NAME" within 5%."""
+    if ours <= 0 or theirs <= 0:
+        return f"not comparable with {name}"
+    r = theirs / ours
+    if abs(r - 1) < 0.05:
+        return f"as fast as {name}"
+    return f"{r:.1f}x faster than {name}" if r > 1 else f"{1 / r:.1f}x slower than {name}"
+
+
 def summary(results):
     """Ratios the issue's targets are stated in, where both sides were measured; first, how
     many cases did not run."""
@@ -484,6 +530,10 @@ def summary(results):
     if failed:
         lines.append(f"{len(failed)} of {len(results)} cases did not run (the FAILED / out of memory rows above); "
                      f"the first: {failed[0]['suite']} {failed[0]['impl']} T={failed[0]['T']}: {failed[0]['note']}")
+    skipped = [r for r in results if r.get("note", "").startswith("skipped")]
+    if skipped:
+        lines.append(f"{len(skipped)} cases were skipped by max_case_s={skipped[0].get('max_case_s')} (estimated "
+                     "to run longer; the 'skipped' rows above): raise --max_case_s to run them")
     tost = [i for i in ("cpu", "triton", "compiled", "torch") if any(r["impl"] == i for r in results)]
     for T_ in sorted({r["T"] for r in results}):
         for mode in ("fwd", "fwdbwd"):
@@ -492,8 +542,8 @@ def summary(results):
             for impl in tost:
                 f, _ = ms("op", impl, mode, T_)
                 if f and (s or (ref and impl != "torch")):
-                    vs = [f"{ref / f:.1f}x faster than torch"] if ref and impl != "torch" else []
-                    vs += [f"{s / f:.1f}x faster than SDPA"] if s else []
+                    vs = [ratio_words(f, ref, "torch")] if ref and impl != "torch" else []
+                    vs += [ratio_words(f, s, "SDPA")] if s else []
                     lines.append(f"op {mode} T={T_}: {impl} {f:.2f} ms, " + ", ".join(vs))
         for suite, mode in (("model", "step"), ("model_decode", "step")):
             s, sm = ms(suite, "sdpa", mode, T_)
@@ -501,7 +551,8 @@ def summary(results):
                 f, fm = ms(suite, impl, mode, T_)
                 if f and s:
                     mem = f", peak memory {fm / sm:.2f}x" if fm and sm else ""
-                    lines.append(f"{suite} T={T_}: ToST ({impl}) {f:.1f} ms vs GPT-2 {s:.1f} ms = {f / s:.2f}x time{mem}")
+                    lines.append(f"{suite} T={T_}: ToST ({impl}) {f:.1f} ms vs GPT-2 {s:.1f} ms = {f / s:.2f}x the "
+                                 f"time, {ratio_words(f, s, 'GPT-2')}{mem}")
     return lines
 
 
@@ -517,14 +568,830 @@ def write_results(path, obj):
         raise OSError(e.errno, e.strerror or "could not write", path) from e
 
 
+# -----------------------------------------------------------------------------
+# the report (--report): one fixed protocol for a GPU, in sections. Each section runs in its own
+# process (forked from a clean server process that never touches CUDA) with a time limit; it
+# writes its rows to a part file after every row (atomically), so a section killed at its limit
+# keeps what it measured. The parent merges the parts into one JSON after every section (a
+# parent killed in turn loses only the section in flight) and, run again, runs only what is
+# missing. results/speed_tables.py renders SPEED.md's GPU tables from that JSON.
+
+REPORT_SCHEMA = "nanotost-bench-report/1"
+# name: (time limit in seconds, what it measures). Run in this order (the report's priorities).
+SECTIONS = {
+    "meta": (60, "device, driver, CUDA, torch, Triton, cuDNN, git commit, date"),
+    "gpu_check_accuracy": (150, "python -m kernels.gpu_check accuracy: Triton vs float64, beside model.py's error"),
+    "gpu_check_determinism": (60, "python -m kernels.gpu_check determinism: two fwd+bwd runs bit for bit"),
+    "op": (300, "the TSSA operator fwd+bwd vs SDPA (FlashAttention-2 and cuDNN forced), GPU time, launches"),
+    "decode": (240, "per-token decoding 1K..64K: ToST and GPT-2 (static KV cache), eager and CUDA graph"),
+    "train_tost": (420, "ToST-Base training step (compiled, tssa_impl=torch) at 4K..64K"),
+    "train_gpt2_flash": (420, "GPT-2 Base training step (compiled, SDPA forced to FlashAttention-2) at 4K..64K"),
+    "train_gpt2_cudnn": (420, "GPT-2 Base training step (compiled, SDPA forced to cuDNN attention) at 4K..64K"),
+    "main_job": (420, "200 iterations of config/tost_owt.py (synthetic GPT-2 tokens): tokens/s, MFU"),
+    "train_tost_triton": (420, "ToST-Base training step (compiled, tssa_impl=triton) at 4K..64K"),
+}
+DONE = ("ok", "skipped", "failed")  # a section in one of these states is not run again unless named
+TRAINING_SHAPE = (16, 1024)  # (B, T) of the operator at the main job's micro-batch (ToST-Base: 16 x 1K)
+QUICK = dict(T="64,128", model_T="64", decode_T="32,64", H=2, p=16, repeats=2, warmup=0, decode_steps=4,
+             train_tokens=128, main_iters=3)  # a smoke run of every code path, seconds on a CPU
+TINY = dict(n_layer=1, n_head=2, n_embd=32)  # the models of a quick report
+PRESETS = {"tost": "tost-base", "gpt2": "gpt2"}
+SKIP = {  # why a row does not run on this device
+    "triton": "the Triton kernels run on CUDA (tests/test_kernels.py runs them under Triton's CPU interpreter)",
+    "compiled": "torch.compile rows run on CUDA only (on the CPU a compile per shape outlasts the run)",
+    "flash": "FlashAttention-2 is a CUDA kernel",
+    "cudnn": "cuDNN attention is a CUDA kernel",
+    "captured": "a CUDA graph needs CUDA",
+    "gpu_check": "kernels/gpu_check.py checks the Triton kernels on a CUDA GPU",
+}
+
+
+def slug(name):
+    """A device name as a file name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split()) or "device"
+
+
+def now_iso():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def source_digest():
+    """sha256 over the code that the figures depend on (bench.py, model.py, train.py, trainkit.py,
+    kernels/, the two main configs), to tie a report to a commit where no git checkout travels:
+    `python -c "import bench; print(bench.source_digest())"` at a commit gives the same hex."""
+    import glob
+    import hashlib
+    root = os.path.dirname(os.path.abspath(__file__))
+    files = ["bench.py", "model.py", "train.py", "trainkit.py", "config/tost_owt.py", "config/gpt2_owt.py"]
+    files += sorted(os.path.relpath(f, root) for pattern in ("kernels/*.py", "kernels/*.c")
+                    for f in glob.glob(os.path.join(root, pattern)))
+    h = hashlib.sha256()
+    for name in files:
+        path = os.path.join(root, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                h.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:16]
+
+
+def _run_text(cmd, cwd=None, timeout=20):
+    """stdout of a small command, stripped, or None where it cannot run."""
+    import subprocess
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def collect_meta(C):
+    """What a figure depends on besides the code: device, driver, versions, commit, date, load."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    cuda = C.device.startswith("cuda")
+    commit = _run_text(["git", "rev-parse", "HEAD"], cwd=root)
+    dirty = bool(_run_text(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)) if commit else None
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001 (any import failure: no Triton here)
+        triton_version = None
+    cpu = None
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    meta = dict(
+        date=now_iso(), device=C.device, dtype=C.dtype, quick=C.quick, python=sys.version.split()[0],
+        torch=torch.__version__, cuda=torch.version.cuda, triton=triton_version,
+        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        commit=commit or os.environ.get("NANOTOST_COMMIT"),
+        commit_from="git" if commit else ("NANOTOST_COMMIT" if os.environ.get("NANOTOST_COMMIT") else None),
+        dirty=dirty, source_sha256=source_digest(), cpu=cpu, cpu_threads=torch.get_num_threads(),
+        load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
+    if cuda:
+        props = torch.cuda.get_device_properties(C.device)
+        driver = _run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        meta.update(name=props.name, gpu=props.name, capability=f"{props.major}.{props.minor}",
+                    gpu_memory_gib=round(props.total_memory / 2**30, 1), sm_count=props.multi_processor_count,
+                    driver=driver.splitlines()[0] if driver else None)
+    else:
+        meta.update(name="cpu", gpu=None, driver=None)
+    meta["slug"] = slug(meta["name"])
+    return meta
+
+
+def quick_defaults(C, given):
+    """A quick report: the tiniest shapes and models (TINY), every code path in seconds."""
+    if C.quick:
+        for key, value in QUICK.items():
+            if key not in given:
+                setattr(C, key, value)
+
+
+class Part:
+    """One section's results as its process measures them: rows (each printed and written to
+    the part file at once, atomically), the time left before the parent's limit."""
+
+    def __init__(self, name, path, C, limit_s, previous=()):
+        self.name, self.path, self.C = name, path, C
+        # the rows an earlier run of this section measured before budget_s cut it (same code): kept
+        self.previous = {row_key(r): r for r in previous if r.get("status") not in ("not_run", "running")}
+        self.cuda = C.device.startswith("cuda")
+        self.deadline = time.time() + limit_s
+        self.reserve_s = 0.0 if C.quick else 15.0  # time kept for the last write
+        self.longest_row_s = 0.0
+        self.data = dict(section=name, status="running", started=now_iso(), rows=[])
+        self.write()
+
+    def write(self):
+        with tk.atomic_write(self.path, "w") as f:
+            json.dump(self.data, f, indent=1)
+
+    def row(self, **row):
+        row.setdefault("status", "ok")
+        self.data["rows"].append(row)
+        print(format_report_row(self.name, row), flush=True)
+        self.write()
+        return row
+
+    def time_left(self):
+        return self.deadline - time.time()
+
+    def attempt(self, key, work):
+        """Measure one row: work() -> dict of measurements. Out of memory and errors are rows that
+        say so; a row that would not fit in the section's remaining time is recorded as not run; a
+        row an earlier, cut run of the section measured is kept."""
+        old = self.previous.get(row_key(key))
+        if old is not None:
+            return self.row(**dict(old, kept_from=old.get("kept_from") or self.previous_started))
+        if self.time_left() < self.reserve_s + 1.5 * self.longest_row_s:
+            return self.row(**key, status="not_run", reason=f"the section's time limit was nearly spent "
+                                                              f"({self.time_left():.0f} s left)")
+        t0 = time.time()
+        try:
+            got = work()
+        except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+            got = dict(status="oom", reason=f"out of memory ({type(e).__name__})")
+        except Exception as e:  # noqa: BLE001 (a measured failure is a row, and the section goes on)
+            got = dict(status="failed", reason=f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:300]}")
+        finally:
+            self.longest_row_s = max(self.longest_row_s, time.time() - t0)
+            free_memory(self.C)
+        return self.row(**key, **got)
+
+    def finish(self, status, **info):
+        self.data.update(status=status, finished=now_iso(), **info)
+        self.write()
+
+
+def free_memory(C):
+    import gc
+    gc.collect()
+    if C.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def format_report_row(section, r):
+    keys = [k for k in ("arch", "impl", "backend", "mode", "B", "T") if k in r]
+    what = " ".join(f"{k}={r[k]}" for k in keys)
+    if r["status"] != "ok":
+        return f"  {section:<22} {what:<44} {r['status']}: {r.get('reason', '')}"
+    vals = [f"{k} {r[k]:.4g}" for k in ("ms", "gpu_ms", "kernels", "peak_mb", "tokens_per_s", "mfu")
+            if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+    extra = [f"{k}={r[k]}" for k in ("backend_ran",) if r.get(k)]
+    return f"  {section:<22} {what:<44} " + ", ".join(vals + extra)
+
+
+def measure_ms(fn, C, n_calls=None):
+    """Median ms per call of fn and the per-repeat values. CUDA: CUDA events around n back-to-back
+    calls (n chosen so a repeat lasts ~20 ms: launch gaps included, as a training loop sees them);
+    CPU: wall time of single calls (timed)."""
+    if not C.device.startswith("cuda"):
+        ms, all_ms, _ = timed(fn, C.repeats, C.warmup, C)
+        return ms, all_ms
+    for _ in range(C.warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    one_ms = (time.perf_counter() - t0) * 1e3
+    n = n_calls or max(1, min(200, int(20.0 / max(one_ms, 1e-3))))
+    times = []
+    for _ in range(C.repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    return sorted(times)[len(times) // 2], times
+
+
+def device_activity(events, calls):
+    """From torch.profiler's events: GPU busy ms per call (the sum of the device-side kernel,
+    memcpy and memset durations), kernels launched per call, and the top kernels by time."""
+    from torch.autograd import DeviceType
+    on_gpu = [e for e in events if e.device_type == DeviceType.CUDA]
+    by_name = {}
+    for e in on_gpu:
+        n, us = by_name.get(e.name, (0, 0.0))
+        by_name[e.name] = (n + 1, us + (e.time_range.end - e.time_range.start))
+    kernels = [e for e in on_gpu if not e.name.startswith(("Memcpy", "Memset"))]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:6]
+    return dict(gpu_ms=sum(us for _, us in by_name.values()) / 1e3 / calls, kernels=len(kernels) / calls,
+                memops=(len(on_gpu) - len(kernels)) / calls,
+                top_kernels=[[name[:120], n / calls, us / 1e3 / calls] for name, (n, us) in top])
+
+
+def profile_device(fn, C, calls=3):
+    """device_activity of `calls` runs of fn under torch.profiler (CUDA only; {} elsewhere)."""
+    if not C.device.startswith("cuda"):
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return device_activity(prof.events(), calls)
+
+
+def attention_ran(top_kernels):
+    """Which SDPA kernel ran, from the names of the kernels: cudnn, flash, efficient, or None."""
+    names = " ".join(name.lower() for name, *_ in top_kernels or [])
+    for backend, marks in (("cudnn", ("cudnn",)), ("flash", ("flash",)), ("efficient", ("fmha", "efficient"))):
+        if any(m in names for m in marks):
+            return backend
+    return None
+
+
+def forced(backend):
+    """A context forcing SDPA's backend ('flash', 'cudnn', 'efficient', 'math'); 'default' forces none."""
+    from contextlib import nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    choice = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+              "math": "MATH"}.get(backend)
+    return nullcontext() if choice is None else sdpa_kernel([getattr(SDPBackend, choice)])
+
+
+def measure_row(fn, C, profile_calls=3):
+    """The measurements of one row: the first call (compile / warm-up) in s, median ms per call,
+    GPU busy ms and kernels per call, peak memory (MB above what was allocated before)."""
+    import warnings
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:  # SDPA says why a forced backend cannot run
+        warnings.simplefilter("always")
+        try:
+            fn()
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except RuntimeError as e:
+            why = "; ".join(str(w.message).splitlines()[0] for w in caught[:2])
+            raise RuntimeError(f"{str(e).strip().splitlines()[0]}" + (f" ({why})" if why else "")) from e
+    sync(C)
+    first_s = time.perf_counter() - t0
+    ms, all_ms = measure_ms(fn, C)
+    row = dict(ms=ms, ms_all=all_ms, first_call_s=round(first_s, 3))
+    row.update(profile_device(fn, C, profile_calls))
+    with PeakMemory(C) as mem:
+        fn()
+    row["peak_mb"] = mem.mb
+    return row
+
+
+def plan_lengths(text, fallback):
+    return fallback if text == "auto" else [int(t) for t in text.split(",")]
+
+
+# ---- the sections. Each takes a Part and records rows; skipped rows say why.
+
+
+def section_meta(S):
+    S.data["meta"] = collect_meta(S.C)
+
+
+def section_gpu_check(S, mode):
+    """python -m kernels.gpu_check MODE <json>: its JSON is kept as it is written (rows: one per
+    accuracy row, or one for determinism); a failure is a row with the end of its output."""
+    import subprocess
+    if not S.cuda:
+        S.row(mode=mode, status="skipped", reason=SKIP["gpu_check"])
+        return
+    root = os.path.dirname(os.path.abspath(__file__))
+    out = S.path + f".{mode}.json"
+    try:
+        done = subprocess.run([sys.executable, "-m", "kernels.gpu_check", mode, out], cwd=root, capture_output=True,
+                              text=True, timeout=max(5.0, S.time_left() - 5))
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stdout or b"")[-1500:]
+        S.row(mode=mode, status="failed", reason="kernels/gpu_check.py did not finish in the section's time",
+              output_tail=tail.decode(errors="replace") if isinstance(tail, bytes) else tail)
+        return
+    if done.returncode != 0 or not os.path.isfile(out):
+        S.row(mode=mode, status="failed", reason=f"kernels/gpu_check.py exited with {done.returncode}",
+              output_tail=(done.stdout + done.stderr)[-1500:])
+        return
+    with open(out) as f:
+        result = json.load(f)
+    S.data["result"] = result
+    rows = result.get("result")
+    for r in (rows if isinstance(rows, list) else [rows]):
+        S.row(**{"mode": mode, **(r if isinstance(r, dict) else dict(value=r))})
+
+
+def op_closure(C, impl, B, T_):
+    """fwd+bwd of one operator call at (B, H, T_, p): TSSA by impl, or SDPA with a forced backend."""
+    H, width = C.H, C.H * C.p
+    kw = dict(device=C.device, dtype=tk.DTYPES[C.dtype])
+    heads = lambda x: model.split_heads(x, H)  # noqa: E731 (the (B, H, T, p) views model.py hands over)
+    g = heads(torch.randn(B, T_, width, **kw))  # dL/dout, as it comes back through the output projection
+    if impl.startswith("sdpa"):
+        backend = impl.split("_", 1)[1] if "_" in impl else "default"
+        qkv = torch.randn(B, T_, 3 * width, **kw, requires_grad=True)  # c_attn's output
+        q, k, v = (heads(t) for t in qkv.chunk(3, dim=-1))
+
+        def run():
+            qkv.grad = None
+            with forced(backend):
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+        return run
+    x = torch.randn(B, T_, width, **kw, requires_grad=True)  # c_in's output
+    w = heads(x)
+    temp = torch.ones(H, device=C.device, requires_grad=True)
+    bias = (0.01 * torch.randn(H, T_, device=C.device)).requires_grad_()
+    ops = kernels.ops_for("torch" if impl == "compiled" else impl)
+    fn = ops.causal_tssa
+    if impl == "compiled":
+        torch._dynamo.reset()
+        fn = torch.compile(lambda w_, t_, b_: ops.causal_tssa(w_, t_, b_), dynamic=False)
+
+    def run():
+        x.grad = temp.grad = bias.grad = None
+        fn(w, temp, bias).backward(g)
+    return run
+
+
+def section_op(S):
+    C = S.C
+    lengths = plan_lengths(C.T, [])
+    shapes = [(C.B, t) for t in lengths] + ([TRAINING_SHAPE] if not C.quick else [(4, lengths[0])])
+    if not C.quick:  # the targets' shapes first, so that a cut section still has them
+        first = [(1, 16384), TRAINING_SHAPE]
+        shapes = [s for s in first if s in shapes] + [s for s in shapes if s not in first]
+    impls = ["triton", "compiled", "torch", "sdpa_flash", "sdpa_cudnn"] if S.cuda else \
+        ["cpu", "torch", "sdpa", "triton", "compiled", "sdpa_flash", "sdpa_cudnn"]
+    S.data.update(H=C.H, p=C.p, dtype=C.dtype, mode="fwdbwd", causal=True)
+    for B, T_ in shapes:
+        for impl in impls:
+            key = dict(impl=impl, B=B, T=T_)
+            why = None if S.cuda else SKIP.get(impl.replace("sdpa_", ""))
+            if why:
+                S.row(**key, status="skipped", reason=why)
+                continue
+
+            def work():
+                row = measure_row(op_closure(C, impl, B, T_), C)
+                if impl.startswith("sdpa"):
+                    row["backend_ran"] = attention_ran(row.get("top_kernels"))
+                if impl in ("cpu", "triton"):
+                    note = fallback_note(impl)
+                    if note:
+                        row.update(status="fell_back", reason=note)
+                return row
+            S.attempt(key, work)
+
+
+def build_gpt(C, arch, block_size, impl="torch"):
+    """ToST-Base (arch 'tost', TSSA by impl) or GPT-2 Base ('gpt2'); the TINY shape in a quick
+    report. GPT-2's vocabulary padded to 50304 as train.py pads it."""
+    over = dict(block_size=block_size, vocab_size=50304, **(TINY if C.quick else {}))
+    m = model.GPT.from_preset(PRESETS[arch], **over)
+    return kernels.use(m, impl) if arch == "tost" else m
+
+
+def section_decode(S):
+    """One token at a time after T tokens: ToST from its recurrent state, GPT-2 from a static KV
+    cache of T + a few tokens; bf16 weights on CUDA (model.to(dtype), no autocast: an inference
+    copy), eager and replayed as a CUDA graph (model.CapturedStep). The states are synthetic
+    (filled as if T tokens had been read): the cost does not depend on their values."""
+    C = S.C
+    dtype = tk.DTYPES[C.dtype]
+    steps = C.decode_steps
+    for T_ in plan_lengths(C.decode_T, [1024, 65536, 4096, 16384]):  # the two ends of the target first
+        for arch in ("tost", "gpt2"):
+            for mode in ("eager", "captured"):
+                key = dict(arch=arch, mode=mode, T=T_, B=1)
+                if mode == "captured" and not S.cuda:
+                    S.row(**key, status="skipped", reason=SKIP["captured"])
+                    continue
+                S.attempt(key, lambda: decode_row(C, arch, mode, T_, steps, dtype))
+
+
+def decode_row(C, arch, mode, T_, steps, dtype):
+    m = build_gpt(C, arch, T_ + steps + 8).to(C.device, dtype).eval()
+    state = m.init_state(1)
+    cfg = m.config
+    for s in state.layers:  # as if T_ tokens had been prefilled
+        if arch == "gpt2":
+            shape = (1, cfg.n_head, s.max_len, cfg.n_embd // cfg.n_head)
+            s.k, s.v = (torch.randn(shape, device=C.device, dtype=dtype) for _ in range(2))
+        else:
+            s.sum_sq.uniform_(1, 2).mul_(T_)
+            s.sum_pi_sq.uniform_(1, 2).mul_(T_ / cfg.n_head)
+            s.sum_pi.fill_(T_ / cfg.n_head)
+    tok = torch.randint(0, 50257, (1, 1), device=C.device)
+    step = model.CapturedStep(m, state) if mode == "captured" else (lambda t: m.step(t, state))
+
+    def tokens():  # `steps` tokens from context T_ (the position set back first: a device write)
+        state.pos.fill_(T_)
+        for _ in range(steps):
+            step(tok)
+    with torch.no_grad():
+        row = measure_row(tokens, C, profile_calls=1)
+    for k in ("ms", "gpu_ms", "kernels", "memops"):
+        if isinstance(row.get(k), float):
+            row[k] /= steps  # per token
+    row["ms_all"] = [t / steps for t in row["ms_all"]]
+    row["top_kernels"] = [[n, c / steps, t / steps] for n, c, t in row.get("top_kernels", [])]
+    row.update(state_mb=sum(s.nbytes() for s in state.layers) / 2**20, tokens_per_timing=steps, dtype=C.dtype)
+    return row
+
+
+def section_train(S, arch, impl=None, backend=None):
+    """The training step (forward, backward, AdamW) of ToST-Base or GPT-2 Base at each length,
+    the batch chosen so every row holds train_tokens tokens; compiled on CUDA (a fresh compile per
+    row: torch._dynamo.reset()), eager on the CPU. bf16 autocast, fused AdamW on CUDA."""
+    C = S.C
+    order = plan_lengths(C.model_T, [4096, 16384, 65536, 8192, 32768])  # targets first
+    S.data.update(train_tokens=C.train_tokens, compiled=S.cuda, dtype=C.dtype)
+    for T_ in order:
+        B = max(1, C.train_tokens // T_)
+        key = {k: v for k, v in dict(arch=arch, impl=impl, backend=backend, T=T_, B=B).items() if v is not None}
+        if arch == "tost" and impl == "triton" and not S.cuda:
+            S.row(**key, status="skipped", reason=SKIP["triton"])
+            continue
+        if backend in ("flash", "cudnn") and not S.cuda:
+            S.row(**key, status="skipped", reason=SKIP[backend])
+            if backend == "flash":  # the CPU still runs the step's code path, with SDPA's own choice
+                S.attempt(dict(key, backend="default"), lambda: train_row(C, arch, impl or "torch", "default", T_, B))
+            continue
+        S.attempt(key, lambda: train_row(C, arch, impl or "torch", backend, T_, B))
+
+
+def train_row(C, arch, impl, backend, T_, B):
+    cuda = C.device.startswith("cuda")
+    device_type = "cuda" if cuda else "cpu"
+    if cuda:
+        torch._dynamo.reset()
+    m = build_gpt(C, arch, T_, impl).to(C.device)
+    opt = m.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+    fwd = torch.compile(m) if cuda else m
+    idx = torch.randint(0, 50257, (B, T_), device=C.device)
+    tgt = torch.randint(0, 50257, (B, T_), device=C.device)
+    amp = C.dtype != "float32"
+    with forced(backend):
+        from torch.backends import cuda as sdp
+        flags = dict(flash=sdp.flash_sdp_enabled(), cudnn=sdp.cudnn_sdp_enabled(),
+                     efficient=sdp.mem_efficient_sdp_enabled(), math=sdp.math_sdp_enabled())
+
+    def step():
+        with forced(backend), torch.autocast(device_type, dtype=tk.DTYPES[C.dtype], enabled=amp):
+            _, loss = fwd(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    compile_error, t0 = None, time.perf_counter()
+    if cuda:  # a compile that fails (an Inductor bug) leaves an eager row that says so, not a gap
+        try:
+            step()
+            torch.cuda.synchronize()
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            compile_error = f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:300]}"
+            torch._dynamo.reset()
+            opt.zero_grad(set_to_none=True)
+            fwd = m
+    compile_s = round(time.perf_counter() - t0, 1) if cuda else None
+    row = measure_row(step, C, profile_calls=1)
+    row["compile_s"] = compile_s  # the first step, compile included (a failed compile: its time to fail)
+    if compile_error:
+        row.update(status="eager", reason=f"torch.compile failed ({compile_error}); measured eager")
+    row.update(tokens=B * T_, tokens_per_s=B * T_ / (row["ms"] / 1e3), compiled=cuda and not compile_error,
+               tssa_impl=impl if arch == "tost" else None, preset="tiny" if C.quick else PRESETS[arch],
+               params_m=round(m.get_num_params() / 1e6, 2))
+    if cuda:
+        row["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20  # everything: weights, Adam, activations
+    row["peak_is"] = "all allocated at the step's peak" if cuda else "growth during the step (CPU, sampled)"
+    if arch == "gpt2":
+        row.update(backend_ran=attention_ran(row.get("top_kernels")), sdp_enabled=flags)
+    return row
+
+
+def section_main_job(S):
+    """train.py with config/tost_owt.py as each GPU of the recipe's 8 runs it (batch 12 x 5
+    micro-steps = 61,440 tokens per iteration), main_iters iterations, compiled on CUDA, on a
+    synthetic dataset written here (uniform random GPT-2 token ids; meta.json as
+    prepare_openwebtext.py writes it): throughput does not depend on the token values.
+    tokens/s and MFU are the medians of train.py's log.jsonl after the first iterations."""
+    import re
+    import shutil
+    import subprocess
+    import numpy as np
+    C = S.C
+    root = os.path.dirname(os.path.abspath(__file__))
+    work = S.path + ".main_job"
+    data = os.path.join(work, "data", "synthetic_gpt2")
+    os.makedirs(data, exist_ok=True)
+    counts = dict(train=1 << 12 if C.quick else 1 << 23, val=1 << 12 if C.quick else 1 << 20)
+    rng = np.random.default_rng(0)
+    for split, n in counts.items():
+        rng.integers(0, 50257, n, dtype=np.uint16).tofile(os.path.join(data, f"{split}.bin"))
+    with open(os.path.join(data, "meta.json"), "w") as f:
+        json.dump(dict(dataset="synthetic_gpt2", tokenizer="gpt2", vocab_size=50257, eot_token=50256,
+                       source="bench.py main_job: uniform random token ids (synthetic)", splits=counts), f, indent=1)
+    iters = C.main_iters
+    args = ["config/tost_owt.py", f"--data_dir={os.path.join(work, 'data')}", "--dataset=synthetic_gpt2",
+            f"--out_dir={os.path.join(work, 'out')}", f"--max_iters={iters}", f"--eval_interval={iters}",
+            "--eval_iters=1", "--log_interval=1", f"--device={C.device}", f"--dtype={C.dtype}",
+            f"--compile={S.cuda}", "--wandb_log=False"]
+    args += ["--gradient_accumulation_steps=5"] if not C.quick else \
+        ["--gradient_accumulation_steps=1", "--batch_size=2", "--block_size=32"] + \
+        [f"--{k}={v}" for k, v in TINY.items()]
+    shown = [a for a in args if not a.startswith(("--data_dir", "--out_dir"))]  # (temporary folders)
+    S.data.update(command="python train.py " + " ".join(shown),
+                  data="synthetic: uniform random GPT-2 token ids (throughput does not depend on their values)")
+    t0 = time.time()
+    with open(os.path.join(work, "train.log"), "w") as log:
+        try:
+            done = subprocess.run([sys.executable, "train.py"] + args, cwd=root, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=max(5.0, S.time_left() - 10))
+            rc = done.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    with open(os.path.join(work, "train.log")) as f:
+        tail_all = f.read()
+    tail = tail_all[-2000:]
+    records = []
+    path = os.path.join(work, "out", "log.jsonl")
+    if os.path.isfile(path):
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    steps = [r for r in records if r.get("tokens_per_s") is not None]
+    skip = 1 if C.quick else min(20, iters // 4)  # compile and warm-up
+    steady = [r for r in steps if r["iter"] >= skip]
+    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
+    mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
+    said = re.search(r"([\d,]+) tokens per iteration", tail_all)
+    row = dict(config="config/tost_owt.py", iters=iters, tokens_per_iter=int(said.group(1).replace(",", "")) if said
+               else None, wall_s=round(time.time() - t0, 1), iters_logged=len(steps), steady_from_iter=skip,
+               tokens_per_s=med([r["tokens_per_s"] for r in steady]), mfu=med(mfus),
+               tokens_per_s_all=[r["tokens_per_s"] for r in steps], compiled=S.cuda)
+    if rc != 0 or not steady:
+        why = "did not finish in the section's time" if rc == "timeout" else f"exit code {rc}"
+        row.update(status="failed", reason=f"train.py: {why}" + ("" if steady else "; no iterations logged"),
+                   output_tail=tail)
+    elif row["mfu"] is None:
+        row["mfu_note"] = "train.py reports MFU on CUDA only" if not S.cuda else "unknown device peak"
+    shutil.rmtree(work, ignore_errors=True)  # the checkpoint of a real model is ~1.3 GB
+    S.row(**row)
+
+
+SECTION_FUNCS = {
+    "meta": section_meta,
+    "gpu_check_accuracy": lambda S: section_gpu_check(S, "accuracy"),
+    "gpu_check_determinism": lambda S: section_gpu_check(S, "determinism"),
+    "op": section_op,
+    "decode": section_decode,
+    "train_tost": lambda S: section_train(S, "tost", impl="torch"),
+    "train_gpt2_flash": lambda S: section_train(S, "gpt2", backend="flash"),
+    "train_gpt2_cudnn": lambda S: section_train(S, "gpt2", backend="cudnn"),
+    "main_job": section_main_job,
+    "train_tost_triton": lambda S: section_train(S, "tost", impl="triton"),
+}
+
+
+def row_key(row):
+    """What identifies a row within its section (not its measurements)."""
+    return tuple((k, row.get(k)) for k in ("arch", "impl", "backend", "mode", "B", "T"))
+
+
+def run_section(name, C, path, limit_s, hang=False, previous=None):
+    """The body of one section's process: its own process group (the parent ends the whole group
+    at the limit, children such as train.py included), then the section, then the part's status."""
+    os.setsid()
+    C.device, C.dtype = tk.choose_device_dtype(C.device, C.dtype)
+    if C.threads:
+        torch.set_num_threads(C.threads)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as train.py
+    S = Part(name, path, C, limit_s, (previous or {}).get("rows", ()))
+    S.previous_started = (previous or {}).get("started")
+    try:
+        if hang:  # the test hook NANOTOST_BENCH_HANG=<section>: a section that never ends
+            time.sleep(10 ** 6)
+        SECTION_FUNCS[name](S)
+        rows = S.data["rows"]
+        whole = rows and all(r["status"] == "skipped" for r in rows)
+        cut = [r for r in rows if r["status"] == "not_run"]
+        if cut:
+            S.finish("timed_out", reason=f"its time limit came before {len(cut)} of {len(rows)} rows")
+        else:
+            S.finish("skipped" if whole else "ok", **({"reason": rows[0]["reason"]} if whole else {}))
+    except BaseException as e:
+        import traceback
+        S.finish("failed", reason=f"{type(e).__name__}: {str(e).strip()[:300]}",
+                 traceback=traceback.format_exc()[-3000:])
+        raise SystemExit(1) from None
+
+
+def section_limits(C, names):
+    """Each section's time limit in seconds: its own (SECTIONS), or section_s ("300" for all,
+    "op:200,decode:100" for some)."""
+    limits = {n: float(SECTIONS[n][0]) for n in names}
+    text = C.section_s.strip()
+    if not text:
+        return limits
+    for part in text.split(","):
+        key, sep, value = part.strip().rpartition(":")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        tk.require(seconds > 0 and (not sep or key in SECTIONS), f"section_s must be seconds ('300') or "
+                                                                 f"section:seconds pairs ('op:200,decode:100'), got "
+                                                                 f"{C.section_s!r}")
+        for n in ([key] if sep else names):
+            if n in limits:
+                limits[n] = seconds
+    return limits
+
+
+def run_child(ctx, name, C, tmp, limit_s, previous=None):
+    """Run one section in its own process with a time limit (previous: a part whose measured rows
+    it keeps). Returns its part: its rows, and its status (ok, skipped, failed, timed_out), wall
+    time and limit."""
+    import bench  # the module (not __main__): the forkserver's children import it by name
+    path = os.path.join(tmp, f"{name}.json")
+    hang = os.environ.get("NANOTOST_BENCH_HANG") == name
+    p = ctx.Process(target=bench.run_section, args=(name, C, path, limit_s, hang, previous), daemon=False)
+    t0 = time.time()
+    p.start()
+    p.join(limit_s)
+    timed_out = p.is_alive()
+    if timed_out:  # the section's whole process group: train.py, gpu_check, compile workers too
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):  # (no group: it had not called setsid yet)
+                if p.is_alive():
+                    p.kill()
+            p.join(5)
+    part = dict(section=name, status="failed", rows=[])
+    if os.path.isfile(path):
+        with open(path) as f:
+            part = json.load(f)
+    part.update(wall_s=round(time.time() - t0, 1), limit_s=limit_s)
+    if timed_out:
+        part.update(status="timed_out", reason=f"stopped at its time limit of {limit_s:.0f} s; the rows "
+                                               f"measured before are kept")
+    elif part.get("status") in ("running", "failed") and p.exitcode != 0 and not part.get("reason"):
+        part.update(status="failed", reason=f"its process ended with exit code {p.exitcode}")
+    return part
+
+
+def report_out(C, meta):
+    """The merged JSON's path: --out, or results/<gpu>.json for a full CUDA report, and under the
+    ignored out-bench/ for a CPU or quick report (a smoke run never writes a committed path)."""
+    if C.out != "auto":
+        return C.out
+    if meta["gpu"] and not C.quick:
+        return os.path.join("results", f"{meta['slug']}.json")
+    return os.path.join("out-bench", "cpu-report.json" if not meta["gpu"] else f"{meta['slug']}-quick.json")
+
+
+def load_report(path, meta):
+    """The report already at path (to continue), or a new one; one of another device or kind
+    (quick or full) is refused."""
+    if not os.path.isfile(path):
+        return dict(schema=REPORT_SCHEMA, meta=meta, runs=[], sections={})
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        old_meta = old["meta"]
+        old["sections"].items()  # noqa: B018 (must be a mapping)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise tk.UserError(f"{path} is not a report of bench.py ({type(e).__name__}); choose another --out") from None
+    if (old_meta.get("slug"), bool(old_meta.get("quick"))) != (meta["slug"], bool(meta["quick"])):
+        raise tk.UserError(f"{path} holds a {'quick ' if old_meta.get('quick') else ''}report of "
+                           f"{old_meta.get('name')!r}, not of this {'quick ' if meta['quick'] else ''}run on "
+                           f"{meta['name']!r}: choose another --out")
+    return old
+
+
+def is_done(part):
+    """A section that a new run (sections=all) does not repeat: done, or timed out at its own
+    limit (not cut short by budget_s)."""
+    if not part:
+        return False
+    return part.get("status") in DONE or (part.get("status") == "timed_out" and not part.get("cut_by_budget"))
+
+
+def run_report(C):
+    """--report: the sections in their own processes, merged into one JSON (module comment above)."""
+    import multiprocessing
+    import shutil
+    import subprocess
+    import tempfile
+    chosen = list(SECTIONS) if C.sections == "all" else C.sections.split(",")
+    limits = section_limits(C, list(SECTIONS))
+    C.device, _ = tk.choose_device_dtype(C.device, "float32")  # checks the device; no CUDA here (the sections')
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["bench"])
+    t_start = time.time()
+    tmp = tempfile.mkdtemp(prefix="nanotost-report-")
+    try:
+        meta_part = run_child(ctx, "meta", C, tmp, limits["meta"])
+        meta = meta_part.get("meta")
+        if meta_part["status"] != "ok" or not meta:
+            raise tk.UserError(f"the meta section {meta_part['status']}: {meta_part.get('reason', '')}")
+        out = report_out(C, meta)
+        merged = load_report(out, meta)
+        merged["meta"] = meta
+        merged["sections"]["meta"] = meta_part
+        run = dict(started=meta["date"], commit=meta["commit"], source_sha256=meta["source_sha256"],
+                   argv=C.argv, sections=[])
+        merged["runs"].append(run)
+        print(f"report on {meta['name']} ({C.device}, {meta['dtype']}), torch {meta['torch']}, commit "
+              f"{(meta['commit'] or 'unknown')[:10]}: {out}", flush=True)
+        for name in [n for n in SECTIONS if n in chosen and n != "meta"]:
+            old = merged["sections"].get(name)
+            if C.sections == "all" and is_done(old):
+                print(f"[{name}] kept from {out} ({old['status']}, run {old.get('started', '?')}); name it in "
+                      f"--sections to run it again", flush=True)
+                continue
+            limit = limits[name]
+            left = C.budget_s - (time.time() - t_start) - 10 if C.budget_s else float("inf")
+            if left < min(limit, 60.0):
+                merged["sections"][name] = old if old and old.get("status") != "not_run" else dict(
+                    section=name, status="not_run", rows=[], reason=f"budget_s={C.budget_s:g} was spent before "
+                                                                     f"it could start; run the command again")
+                print(f"[{name}] not run: budget_s spent", flush=True)
+                continue
+            print(f"[{name}] {SECTIONS[name][1]} (limit {min(limit, left):.0f} s)", flush=True)
+            resume = C.sections == "all" and old and old.get("status") == "timed_out" and old.get("cut_by_budget") \
+                and old.get("source_sha256") == meta["source_sha256"]  # the rows it measured are kept
+            part = run_child(ctx, name, C, tmp, min(limit, left), old if resume else None)
+            part.update(cut_by_budget=left < limit, commit=meta["commit"], source_sha256=meta["source_sha256"])
+            merged["sections"][name] = part
+            run["sections"].append(name)
+            counts = {}
+            for r in part.get("rows", []):
+                counts[r["status"]] = counts.get(r["status"], 0) + 1
+            print(f"[{name}] {part['status']} in {part['wall_s']:.0f} s: " + (", ".join(
+                f"{n} {s}" for s, n in counts.items()) or "no rows") + (f" ({part['reason']})" if part.get("reason")
+                                                                       else ""), flush=True)
+            write_results(out, merged)
+        for name in SECTIONS:
+            merged["sections"].setdefault(name, dict(section=name, status="not_run", rows=[],
+                                                     reason="not in this run's --sections"))
+        run["finished"] = now_iso()
+        write_results(out, merged)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    missing = [n for n in SECTIONS if not is_done(merged["sections"][n])]
+    stopped = [n for n in SECTIONS if merged["sections"][n]["status"] in ("timed_out", "failed") and n not in missing]
+    print(f"\nwrote {out}", flush=True)
+    root = os.path.dirname(os.path.abspath(__file__))
+    shown = subprocess.run([sys.executable, os.path.join(root, "results", "speed_tables.py"), f"--report={out}",
+                            "--print"], capture_output=True, text=True)
+    print(shown.stdout + (f"(results/speed_tables.py failed: {shown.stderr.strip()[-500:]})" if shown.returncode
+                          else ""))
+    statuses = ", ".join(f"{n} {merged['sections'][n]['status']}" for n in SECTIONS)
+    print(f"sections: {statuses}")
+    if missing:
+        print(f"not complete: {', '.join(missing)}: the same command runs what is missing and keeps the rest")
+    if stopped:
+        print(f"timed out or failed: {', '.join(stopped)} (kept as they are; name them in --sections to run them "
+              f"again)")
+    return merged
+
+
 def main(argv):
-    argv = [a if a != "--quick" else "--quick=1" for a in argv]
+    argv = [a + "=1" if a in ("--quick", "--report") else a for a in argv]
     C, given = tk.configure(DEFAULTS, argv)
+    C.argv = list(argv)
+    if C.report:
+        quick_defaults(C, given)
+        check_settings(C)
+        return run_report(C)
     if C.quick:  # a short run; settings given explicitly still win
         for key, value in dict(T="1024,4096,16384", suites="op,decode", repeats=3).items():
             if key not in given:
                 setattr(C, key, value)
     plan = check_settings(C)
+    if C.out == "auto":
+        C.out = "bench_results.json"
     C.device, C.dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.threads:
         torch.set_num_threads(C.threads)
@@ -544,7 +1411,8 @@ def main(argv):
     lines = summary(results)
     if lines:
         print("\n" + "\n".join(lines))
-    meta = dict(device=name, dtype=C.dtype, copy_gbps=bw, torch=torch.__version__, config=vars(C),
+    meta = dict(device=name, dtype=C.dtype, copy_gbps=bw, torch=torch.__version__,
+                config={k: v for k, v in vars(C).items() if k != "argv"},
                 load_average=os.getloadavg() if hasattr(os, "getloadavg") else None)
     write_results(C.out, dict(meta=meta, results=results, summary=lines))
     print(f"\nwrote {C.out}")

@@ -1,0 +1,199 @@
+"""
+bench.py --report on the CPU (issue 25 item 4): a quick report at the tiniest shapes runs every
+section in its own process and merges them into one JSON; the rows a CPU cannot run (Triton,
+FlashAttention-2, cuDNN, CUDA graphs, gpu_check) are rows saying why; a section that hangs is
+stopped at its limit and recorded as timed out while the next section still runs; a second run
+runs only what is missing; results/speed_tables.py renders SPEED.md's tables from the JSON.
+Ratios read the way they are worded (issue 26).
+
+    python -m pytest -q tests/test_bench.py          # ~20 s on two cores
+"""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "results"))
+
+import bench  # noqa: E402
+import speed_tables  # noqa: E402
+import trainkit as tk  # noqa: E402
+
+TINIEST = ["--report=1", "--device=cpu", "--quick=1", "--T=32", "--model_T=16", "--decode_T=8", "--main_iters=2"]
+
+
+def run_report(argv, env=None):
+    """bench.main(argv) in this process as the command line runs it (tk.run_cli): (exit code or
+    message, what the parent printed). The sections' processes print to the real stdout."""
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()) as out:
+        mp.setattr(sys, "argv", ["bench.py"])
+        for key, value in (env or {}).items():
+            mp.setenv(key, value)
+        try:
+            tk.run_cli(bench.main, list(argv))
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def hung_report(tmp_path_factory):
+    """One quick report of every section in which `decode` hangs (stopped at its 2 s limit)."""
+    out = tmp_path_factory.mktemp("report") / "report.json"
+    code, stdout = run_report(TINIEST + [f"--out={out}", "--section_s=decode:2"],
+                              env=dict(NANOTOST_BENCH_HANG="decode"))
+    assert code == 0, stdout[-3000:]
+    with open(out) as f:
+        return dict(data=json.load(f), stdout=stdout, out=out)
+
+
+def test_every_section_is_recorded_and_a_hung_one_times_out_while_the_next_runs(hung_report):
+    data = hung_report["data"]
+    assert data["schema"] == bench.REPORT_SCHEMA
+    assert list(data["sections"]) == list(bench.SECTIONS)
+    meta = data["meta"]
+    for key in ("name", "date", "torch", "triton", "cudnn", "cuda", "driver", "commit", "source_sha256", "slug"):
+        assert key in meta, key
+    assert meta["name"] == "cpu" and meta["quick"] is True and meta["source_sha256"] == bench.source_digest()
+    s = data["sections"]
+    # decode hung: stopped at its limit, recorded; train_tost, after it, still ran
+    assert s["decode"]["status"] == "timed_out" and s["decode"]["limit_s"] == 2
+    assert "time limit of 2 s" in s["decode"]["reason"]
+    assert s["train_tost"]["status"] == "ok" and all(r["status"] == "ok" for r in s["train_tost"]["rows"])
+    assert [r["status"] for r in s["main_job"]["rows"]] == ["ok"]
+    job = s["main_job"]["rows"][0]
+    assert job["tokens_per_s"] > 0 and job["iters_logged"] == 2 and job["tokens_per_iter"] == 64
+    assert "synthetic" in s["main_job"]["data"]
+    for name, part in s.items():
+        assert part["status"] in ("ok", "skipped", "timed_out"), (name, part)
+        for r in part["rows"]:
+            assert r["status"] in ("ok", "skipped"), (name, r)
+            if r["status"] == "ok" and name != "main_job":
+                assert r["ms"] > 0 and len(r["ms_all"]) == 2
+    assert "[decode] timed_out" in hung_report["stdout"] and "timed out or failed: decode" in hung_report["stdout"]
+
+
+def test_the_rows_a_cpu_cannot_run_say_why(hung_report):
+    s = hung_report["data"]["sections"]
+    op = {(r["impl"], r["B"], r["T"]): r for r in s["op"]["rows"]}
+    assert {impl for impl, _, _ in op} == {"cpu", "torch", "sdpa", "triton", "compiled", "sdpa_flash", "sdpa_cudnn"}
+    assert {(B, T) for _, B, T in op} == {(1, 32), (4, 32)}
+    for impl, word in (("triton", "CUDA"), ("compiled", "CUDA"), ("sdpa_flash", "FlashAttention-2"),
+                       ("sdpa_cudnn", "cuDNN")):
+        assert op[(impl, 1, 32)]["status"] == "skipped" and word in op[(impl, 1, 32)]["reason"]
+    for impl in ("cpu", "torch", "sdpa"):
+        assert op[(impl, 1, 32)]["status"] == "ok" and op[(impl, 1, 32)].get("gpu_ms") is None
+    for name, word in (("gpu_check_accuracy", "CUDA GPU"), ("gpu_check_determinism", "CUDA GPU"),
+                       ("train_gpt2_cudnn", "cuDNN"), ("train_tost_triton", "Triton")):
+        assert s[name]["status"] == "skipped" and word in s[name]["reason"], name
+    flash = s["train_gpt2_flash"]["rows"]
+    assert [(r["backend"], r["status"]) for r in flash] == [("flash", "skipped"), ("default", "ok")]
+
+
+def test_a_named_section_runs_again_and_the_rest_is_kept(hung_report):
+    before = hung_report["data"]
+    code, out = run_report(TINIEST + [f"--out={hung_report['out']}", "--sections=decode"])
+    assert code == 0, out
+    with open(hung_report["out"]) as f:
+        after = json.load(f)
+    assert after["sections"]["decode"]["status"] == "ok"  # the section that hung, run again
+    assert [r["status"] for r in after["sections"]["decode"]["rows"]] == ["ok", "skipped"] * 2
+    for name in ("op", "train_tost", "main_job"):  # kept as they were
+        assert after["sections"][name] == before["sections"][name], name
+    assert len(after["runs"]) == 2 and after["runs"][1]["sections"] == ["decode"]
+    # sections=all runs only what is not done: here nothing (but the meta section, every time)
+    code, out = run_report(TINIEST + [f"--out={hung_report['out']}"])
+    assert code == 0 and "[op] kept from" in out and "not complete" not in out, out
+    with open(hung_report["out"]) as f:
+        assert json.load(f)["runs"][2]["sections"] == []
+
+
+def test_the_tables_render_from_the_report(hung_report, tmp_path):
+    doc = tmp_path / "SPEED.md"
+    blocks = "".join(f"\n<!-- table: {name} -->\nold\n<!-- /table -->\n" for name in speed_tables.TABLES)
+    doc.write_text("# speed\n" + blocks)
+    run = lambda *a: subprocess.run([sys.executable, os.path.join(REPO, "results", "speed_tables.py"),  # noqa: E731
+                                     f"--report={hung_report['out']}", f"--doc={doc}", *a],
+                                    capture_output=True, text=True)
+    p = run("--check")
+    assert p.returncode == 1 and "gpu_op" in p.stderr
+    assert run().returncode == 0
+    text = doc.read_text()
+    assert run("--check").returncode == 0
+    assert "old" not in text and "| B=1, T=32 |" in text and "FlashAttention-2 is a CUDA kernel" in text
+    assert "Section `gpu_check_accuracy` was skipped" in text and "n/a (a quick report)" in text
+    missing = subprocess.run([sys.executable, os.path.join(REPO, "results", "speed_tables.py"),
+                              f"--report={tmp_path / 'none.json'}", f"--doc={doc}"], capture_output=True, text=True)
+    assert missing.returncode == 0 and "No GPU report is committed yet" in doc.read_text()
+
+
+def test_settings_are_checked_before_anything_runs(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for argv, words in ((["--sections=op,nope"], "sections: unknown 'nope'"),
+                        (["--section_s=op:x"], "section_s must be seconds"),
+                        (["--section_s=nope:3"], "section_s must be seconds"),
+                        (["--budget_s=-1"], "budget_s must not be negative")):
+        code, _ = run_report(["--report=1", "--device=cpu"] + argv)
+        assert isinstance(code, str) and code.startswith("bench.py: ") and words in code, (argv, code)
+    assert os.listdir(tmp_path) == []
+
+
+def test_another_devices_report_is_not_overwritten(tmp_path):
+    path = tmp_path / "r.json"
+    h100 = dict(slug="nvidia-h100-80gb-hbm3", quick=False, name="NVIDIA H100 80GB HBM3")
+    path.write_text(json.dumps(dict(schema=bench.REPORT_SCHEMA, meta=h100, sections={})))
+    with pytest.raises(tk.UserError, match="NVIDIA H100.*choose another --out"):
+        bench.load_report(str(path), dict(slug="cpu", quick=True, name="cpu"))
+    assert bench.load_report(str(path), h100)["meta"] == h100  # the same device continues it
+    assert bench.report_out(SimpleNamespace(out="auto", quick=False), dict(h100, gpu="x")) == \
+        os.path.join("results", "nvidia-h100-80gb-hbm3.json")
+    for quick, gpu, where in ((True, "x", "nvidia-h100-80gb-hbm3-quick.json"), (False, None, "cpu-report.json")):
+        assert bench.report_out(SimpleNamespace(out="auto", quick=quick), dict(h100, gpu=gpu)) == \
+            os.path.join("out-bench", where)
+
+
+def test_ratios_read_the_way_they_are_worded():
+    for words in (bench.ratio_words, speed_tables.ratio_words):
+        assert words(1.0, 3.3, "SDPA") == "3.3x faster than SDPA"
+        assert words(3.3, 1.0, "SDPA") == "3.3x slower than SDPA"
+        assert words(1.0, 1.02, "SDPA") == "as fast as SDPA"
+
+
+def test_device_activity_sums_kernels_from_profiler_events():
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def ev(i, name, us, dev=DeviceType.CUDA):
+        return FunctionEvent(id=i, name=name, thread=0, start_us=10 * i, end_us=10 * i + us, device_type=dev)
+    events = [ev(0, "aten::mm", 5, DeviceType.CPU), ev(1, "gemm", 4), ev(2, "gemm", 4), ev(3, "flash_fwd", 2),
+              ev(4, "Memset (Device)", 1)]
+    got = bench.device_activity(events, calls=2)
+    assert got["gpu_ms"] == pytest.approx(11 / 1e3 / 2) and got["kernels"] == 1.5 and got["memops"] == 0.5
+    assert got["top_kernels"][0] == ["gemm", 1.0, pytest.approx(4 / 1e3)]
+    assert bench.attention_ran(got["top_kernels"]) == "flash"
+    assert bench.attention_ran([["cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 1, 1]]) == "cudnn"
+    assert bench.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_a_section_cut_by_budget_keeps_its_measured_rows(tmp_path):
+    C = SimpleNamespace(device="cpu", quick=True)
+    old = [dict(arch="tost", impl="torch", T=16, B=8, status="ok", ms=1.0), dict(arch="tost", impl="torch", T=32, B=4,
+                                                                                 status="not_run", reason="time")]
+    S = bench.Part("train_tost", str(tmp_path / "part.json"), C, 60, old)
+    S.previous_started = "earlier"
+    kept = S.attempt(dict(arch="tost", impl="torch", T=16, B=8), lambda: pytest.fail("measured again"))
+    assert kept["ms"] == 1.0 and kept["kept_from"] == "earlier"
+    assert S.attempt(dict(arch="tost", impl="torch", T=32, B=4), lambda: dict(ms=2.0))["ms"] == 2.0
+    late = bench.Part("op", str(tmp_path / "late.json"), C, -1)  # no time left: a row that says so
+    assert late.attempt(dict(impl="torch", B=1, T=8), lambda: pytest.fail("ran"))["status"] == "not_run"
+    with open(tmp_path / "part.json") as f:
+        assert [r["ms"] for r in json.load(f)["rows"]] == [1.0, 2.0]  # written as it goes
