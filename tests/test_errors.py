@@ -85,7 +85,8 @@ def data(tmp_path, monkeypatch):
     counts = {"train": 4000, "val": 1000}
     for split, n in counts.items():
         rng.integers(0, 20, n).astype(np.uint16).tofile(folder / f"{split}.bin")
-    meta = dict(dataset="tiny_char", tokenizer="char", vocab_size=20, chars="abcdefghijklmnopqrst", splits=counts)
+    meta = dict(dataset="tiny_char", tokenizer="char", vocab_size=20, chars="abcdefghijklmnopqrst", splits=counts,
+                command="python prepare_char.py --input=tiny.txt --name=tiny_char")
     (folder / "meta.json").write_text(json.dumps(meta))
     return tmp_path
 
@@ -311,7 +312,12 @@ DAMAGE = {"odd_byte_count": _truncate, "size_against_meta": _short_val, "id_outs
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 @pytest.mark.parametrize("script", ["train.py", "evaluate.py"])
 def test_damaged_prepared_data_names_the_command_that_re_prepares(script, damage, trained):
-    """(The val split is damaged: both scripts read it.)"""
+    """(The val split is damaged: both scripts read it.) The command is the one meta.json
+    records, with --force; where meta.json cannot be read, the one a dataset of its name needs."""
     DAMAGE[damage](trained / "data" / "tiny_char")
     args = ["--out_dir=new", *TINY, "--max_iters=2"] if script == "train.py" else ["--out_dir=out", "--dataset=tiny_char"]
-    refused(script, *args, root=trained, contains=["prepare it again: python prepare_char.py --input=<text file> --name=tiny_char --force"])
+    if damage in ("unreadable_meta", "meta_missing_keys"):
+        redo = "python prepare_char.py --input=<text file> --name=tiny_char --force"
+    else:  # quoted from meta.json
+        redo = "python prepare_char.py --input=tiny.txt --name=tiny_char --force"
+    refused(script, *args, root=trained, contains=[f"prepare it again: {redo}"])
