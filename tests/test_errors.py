@@ -153,8 +153,8 @@ LANGUAGE_BAD_VALUES = [
     ("train.py", "--n_embd=30"), ("train.py", "--min_lr=1.0"), ("train.py", "--beta2=1.0"),
     ("train.py", "--block_size=100000"), ("train.py", "--gradient_accumulation_steps=0"),
     ("sample.py", "--num_samples=0"), ("sample.py", "--temperature=-1"), ("sample.py", "--top_k=-5"),
-    ("sample.py", "--max_new_tokens=-1"), ("evaluate.py", "--batch_size=0"), ("evaluate.py", "--stride=-1"),
-    ("evaluate.py", "--split=holdout"),
+    ("sample.py", "--max_new_tokens=-1"), ("sample.py", "--decode=graph"), ("evaluate.py", "--batch_size=0"),
+    ("evaluate.py", "--stride=-1"), ("evaluate.py", "--split=holdout"), ("evaluate.py", "--tssa_impl=cuda"),
 ]
 
 
@@ -249,6 +249,14 @@ def test_resume_on_another_tokenizer_and_a_finished_run(trained, capsys):
     assert call("train.py", *TINY, "--out_dir=out", "--max_iters=4", "--init_from=auto")[0] == 0
     assert "already reached max_iters=4" in capsys.readouterr().out
     assert listing(trained) == before
+
+
+def test_a_resume_without_dataset_reads_the_checkpoints(trained):
+    """The checkpoint is read before the data: a resume opens the dataset it was trained on
+    (tiny_char), not the default one (openwebtext, which is not prepared here)."""
+    argv = [a for a in TINY if not a.startswith("--dataset")]
+    assert call("train.py", *argv, "--out_dir=out", "--max_iters=6", "--eval_interval=2", "--init_from=resume")[0] == 0
+    assert tk.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == 6
 
 
 # -----------------------------------------------------------------------------
