@@ -4,12 +4,13 @@ checkpoint as the model "nanotost" (lm_eval_adapter.py registers it; an optional
 `pip install lm-eval==0.4.13`):
 
     python lm_harness.py --model nanotost --model_args out_dir=out-tost-owt --tasks lambada_openai --batch_size 8
-    python lm_harness.py --model nanotost --model_args out_dir=out-pydocs-char-tost,device=cpu --tasks my_task.yaml
+    python lm_harness.py --model nanotost --model_args out_dir=out-pydocs-char-tost --tasks my_task.yaml --device cpu
 
-lm-eval's device defaults to cuda:0: add --device cpu on a machine without a GPU. The `lm_eval`
-command alone does not know "nanotost" (any program that imports lm_eval_adapter first does).
-The shorter way in, which also appends the metrics to out_dir/eval.jsonl:
-python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
+lm-eval's --device defaults to cuda:0 and reaches the model itself (so not in --model_args too).
+The `lm_eval` command alone does not know "nanotost" (a program that imports lm_eval_adapter
+first does). The shorter way in, which also appends the metrics to out_dir/eval.jsonl:
+
+    python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
 """
 
 import trainkit as tk
