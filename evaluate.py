@@ -12,7 +12,7 @@ process scores its share of the windows; the result (one line, and one record ap
 out_dir/eval.jsonl) does not depend on the number of processes.
 
 With --harness=<tasks> the checkpoint is scored by EleutherAI's lm-evaluation-harness instead
-(lm_harness.py; an optional extra, pip install lm-eval==0.4.13), on its tasks or task YAML files:
+(lm_eval_adapter.py; an optional extra, pip install lm-eval==0.4.13), on its tasks or task YAML files:
 
     python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
 """
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+import kernels
+import textdata as td
 import trainkit as tk
-from model import GPT, GPTConfig
-from train import open_dataset
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
@@ -41,34 +41,23 @@ batch_size = 8  # windows per forward pass
 device = "auto"
 dtype = "auto"
 num_threads = 0
+tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 harness = ""  # lm-eval tasks instead of a split: names or task YAML files, comma-separated
 harness_limit = 0  # at most this many documents per harness task (0: all)
 # -----------------------------------------------------------------------------
 
 
-def windows(n_tokens, T, stride):
-    """(start, skip) of windows of up to T tokens that score each of the n_tokens - 1
-    predictions of a stream exactly once: a window starts every `stride` tokens and its first
-    `skip` predictions were scored by an earlier window (with more context)."""
-    out, done, start = [], 0, 0  # predictions [0, done) are scored
-    while done < n_tokens - 1:
-        out.append((start, done - start))
-        done = min(start + T, n_tokens - 1)
-        start += stride
-    return out
-
-
 def run_harness(C):
-    """--harness: lm-eval's tasks on the checkpoint, in one process (lm_harness.py); prints
+    """--harness: lm-eval's tasks on the checkpoint, in one process (lm_eval_adapter.py); prints
     lm-eval's table and appends the metrics to out_dir/eval.jsonl."""
     tk.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
-    import lm_harness  # without lm-eval: a one-line UserError that says how to install it
+    import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
 
     specs = [spec.strip() for spec in C.harness.split(",") if spec.strip()]
-    lm = lm_harness.NanoToSTLM(out_dir=C.out_dir, device=C.device, dtype=C.dtype,
-                               batch_size=C.batch_size, stride=C.stride)
+    lm = lm_eval_adapter.NanoToSTLM(out_dir=C.out_dir, device=C.device, dtype=C.dtype, batch_size=C.batch_size,
+                                    stride=C.stride, tssa_impl=C.tssa_impl)
     t0 = time.time()
-    results, table = lm_harness.run_tasks(lm, specs, C.harness_limit)
+    results, table = lm_eval_adapter.run_tasks(lm, specs, C.harness_limit)
     print(table)
     print(f"lm-eval {', '.join(specs)}: {time.time() - t0:.1f}s")
     metrics = {task: {k: v for k, v in values.items() if isinstance(v, (int, float))}
@@ -82,7 +71,8 @@ def run_harness(C):
 @torch.no_grad()
 def main(argv):
     C, _ = tk.configure(tk.config_defaults(globals()), argv)
-    tk.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads", "harness_limit"))
+    tk.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads", "harness_limit"),
+             choices={"tssa_impl": kernels.IMPLS})
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
@@ -91,17 +81,12 @@ def main(argv):
     with tk.distributed(device) as dist:  # under torchrun: this rank's GPU
         device = dist.device
         ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-        ckpt = tk.load_checkpoint(ckpt_path, "language")
-        folder, meta = open_dataset(C.data_dir, C.dataset, (C.split,), 1)
-        if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
-            raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({ckpt['tokenizer']['tokenizer']}, "
-                               f"{ckpt['tokenizer'].get('dataset')}) than {C.dataset!r} uses ({meta['tokenizer']})")
+        model, ckpt = td.load_language_model(ckpt_path, device, C.tssa_impl)
+        folder, meta = td.open_dataset(C.data_dir, C.dataset, (C.split,), 1)
+        td.check_tokenizer(ckpt, meta, ckpt_path, C.dataset, "score it on data prepared with its tokenizer")
         tokens = np.memmap(os.path.join(folder, f"{C.split}.bin"), dtype=np.uint16, mode="r")
         if C.max_tokens:
             tokens = tokens[:C.max_tokens + 1]
-        model = GPT(GPTConfig(**ckpt["model_args"]))
-        model.load_state_dict(ckpt["model"])
-        model.to(device).eval()
         T = model.config.block_size
         stride = C.stride or T
         tk.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
@@ -110,7 +95,7 @@ def main(argv):
 
         t0 = time.time()
         total = torch.zeros(2, dtype=torch.float64, device=dist.device)  # (sum of losses, tokens scored)
-        mine = windows(len(tokens), T, stride)[dist.rank::dist.world_size]
+        mine = td.windows(len(tokens), T, stride)[dist.rank::dist.world_size]
         for i in range(0, len(mine), C.batch_size):
             x = np.zeros((len(mine[i:i + C.batch_size]), T), dtype=np.int64)  # (B, T)
             y = np.full_like(x, -1)  # -1: not scored (padding, or scored by an earlier window)

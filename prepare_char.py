@@ -9,9 +9,10 @@ The embedded corpus is the docstrings of the Python standard library this interp
 (modules, classes, functions, in sorted path order, duplicates dropped, up to 4M characters):
 every machine with Python has it, so the small CPU configs train with no download (another
 Python version gives a somewhat different corpus). The vocabulary is the sorted characters the
-text uses (token i is character i, kept in meta.json). The last 10% of the text is val.
-Output and meta.json as prepare_openwebtext.py writes them: all or nothing (a failed or killed
-run, --force included, leaves the old folder as it was); the same command again says "already
+text uses (token i is character i, kept in meta.json). val is --val_fraction (10%): the end of a file, or a
+seeded random tenth of the docstrings. Output as textdata.py describes it (meta.json keeps the
+command, which errors about the data quote), written all or nothing (a failed or killed run,
+--force included, leaves the old folder as it was); the same command again says "already
 prepared", and an edited --input file is refused (--force prepares it again).
 """
 
@@ -23,9 +24,8 @@ import sysconfig
 
 import numpy as np
 
+import textdata as td
 import trainkit as tk
-from prepare_openwebtext import (ArgumentParser, already_prepared, check_destination, check_text_file,
-                                 check_utf8, file_source, write_splits)
 
 
 def pydocs_docs(max_chars=4_000_000):
@@ -59,8 +59,8 @@ def pydocs_docs(max_chars=4_000_000):
 
 def parser():
     """The command line (one ArgumentParser: its mistakes are one line)."""
-    p = ArgumentParser(prog="prepare_char.py", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = td.ArgumentParser(prog="prepare_char.py", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", help="a UTF-8 text file (default: the embedded corpus)")
     p.add_argument("--name", help="output folder under data_dir (default: pydocs_char, or <file stem>_char)")
     p.add_argument("--data_dir", default="data")
@@ -74,18 +74,18 @@ def check_settings(args):
     tk.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
     tk.require(args.input != "", "--input must name a text file (leave it out for the embedded corpus)")
     if args.input:
-        check_text_file(args.input)
+        td.check_text_file(args.input)
     if args.name is None:
         args.name = os.path.splitext(os.path.basename(args.input))[0] + "_char" if args.input else "pydocs_char"
-    out_dir = check_destination(args.data_dir, args.name)
-    source = (file_source(args.input) if args.input
+    out_dir = td.check_destination(args.data_dir, args.name)
+    source = (td.file_source(args.input) if args.input
               else dict(stdlib=sysconfig.get_paths()["stdlib"], python=sys.version.split()[0]))
     return out_dir, source
 
 
 def read_text(path, val_fraction):
     """One text file: its last val_fraction is val. Returns {split: text}."""
-    check_utf8(path)
+    td.check_utf8(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     n_val = round(len(text) * val_fraction)
@@ -98,7 +98,7 @@ def read_text(path, val_fraction):
 def main(argv):
     args = parser().parse_args(argv)
     out_dir, source = check_settings(args)
-    if already_prepared(out_dir, source, args.force):
+    if td.already_prepared(out_dir, source, args.force):
         return
     if args.input:
         texts = read_text(args.input, args.val_fraction)
@@ -119,8 +119,8 @@ def main(argv):
 
     counts = {k: len(c) for k, c in codes.items()}
     meta = dict(dataset=args.name, tokenizer="char", vocab_size=len(vocab), chars="".join(map(chr, vocab)),
-                source=source)
-    write_splits(out_dir, counts, fill, meta)
+                source=source, command=td.command_line("prepare_char.py", argv))
+    td.write_splits(out_dir, counts, fill, meta)
 
 
 if __name__ == "__main__":

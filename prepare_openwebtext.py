@@ -10,7 +10,7 @@ local text / jsonl / parquet files. (Character level, and the embedded corpus: p
 
 Output in <data_dir>/<name>/: train.bin and val.bin (test.bin for an evaluation set), every
 token id of the split one after another as uint16, and meta.json (tokenizer, vocabulary size,
-token counts, where the text came from). Documents end with <|endoftext|>; a random
+token counts, where the text came from, this command). Documents end with <|endoftext|>; a random
 val_fraction of them is val (when there are too few documents, the last val_fraction of the
 tokens). Tokenisation runs in --num_proc processes (Hugging Face `datasets`), with progress
 bars; the Hub's files are cached in ~/.cache/huggingface.
@@ -20,239 +20,28 @@ renamed into it when complete, so a failed or killed run, --force included, leav
 folder as it was (--force needs room for the old and the new data until the swap). The same
 command again says "already prepared"; input that changed since (an edited file, another
 glob match) is refused: --force prepares it again, --name=<other> writes elsewhere.
-Every mistake is one line (trainkit.run_cli); the helpers here serve prepare_char.py too.
+Every mistake is one line (trainkit.run_cli). meta.json keeps the command, which errors about
+the data quote; the checks and the writing are textdata.py's, shared with prepare_char.py.
 """
 
 import argparse
-import codecs
-import errno
 import glob
 import json
 import os
-import re
-import shutil
 import sys
 
 import numpy as np
 from tqdm import tqdm
 
+import textdata as td
 import trainkit as tk
-
-# where each corpus lives on the Hub; join "eot": rows are documents; a string: rows are
-# pieces of one text (lines of articles), joined with it
-HUB = {
-    "openwebtext": dict(path="Skylion007/openwebtext", config=None, split="train", field="text", join="eot"),
-    "wikitext2": dict(path="Salesforce/wikitext", config="wikitext-2-raw-v1", split="test", field="text", join=""),
-    "lambada": dict(path="EleutherAI/lambada_openai", config="en", split="test", field="text", join="eot"),
-    "ptb": dict(path="ptb-text-only/ptb_text_only", config="penn_treebank", split="test", field="sentence",
-                join="\n", revision="refs/convert/parquet"),  # the original repository is a loading script
-}
-SPLIT_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # what a prepared folder holds
-
-# -----------------------------------------------------------------------------
-# shared with prepare_char.py: the command line, the checks before any work, the writing
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose mistakes are UserErrors (one line through run_cli, exit 1) rather than
-    a usage block and exit 2; --help still prints the options and exits 0."""
-
-    def error(self, message):
-        known = re.findall(r"--\w+", self.format_usage())
-        if message.startswith("unrecognized arguments: "):
-            given = message.split(": ", 1)[1].split()
-            raise tk.UserError(f"unknown option{'s' * (len(given) > 1)} {', '.join(map(repr, given))}; "
-                               f"the options: {', '.join(known)} (--help explains them)")
-        raise tk.UserError(f"{message} (--help explains the options)")
-
-
-def check_destination(data_dir, name):
-    """Refuse, before any work, a name that is not one folder name, a data_dir that is (or lies
-    under) a file, a target that is a file or holds files a preparation does not write, and a
-    place that cannot be written. Returns <data_dir>/<name>."""
-    tk.require(name and name not in (".", "..") and os.sep not in name and "/" not in name
-               and not name.startswith("."), f"--name must be a plain folder name (no '/', not starting "
-                                             f"with '.'), got {name!r}")
-    tk.require(data_dir, "--data_dir must not be empty")
-    out_dir = os.path.join(data_dir, name)
-    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-        raise tk.UserError(f"{out_dir} is a file, not a dataset folder: move it, or write elsewhere with "
-                           "--name=<other> or --data_dir=<folder>")
-    if os.path.isdir(out_dir):
-        foreign = sorted(f for f in os.listdir(out_dir) if f not in SPLIT_FILES and not f.endswith(".tmp"))
-        if foreign:  # replacing the folder would delete them
-            raise tk.UserError(f"{out_dir} holds files a preparation does not write ({', '.join(foreign[:3])}"
-                               f"{', ...' if len(foreign) > 3 else ''}): write elsewhere with --name=<other> "
-                               "or --data_dir=<folder>")
-    existing = os.path.abspath(data_dir)
-    while not os.path.lexists(existing):  # the first part of the path that exists
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise tk.UserError(f"{existing} is a file, so --data_dir={data_dir} cannot be a folder: "
-                           "choose another --data_dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise tk.UserError(f"{existing} is not writable (permission denied): choose another --data_dir "
-                           "or change its permissions")
-    return out_dir
-
-
-def file_source(path):
-    """What identifies an input file's content cheaply: its path, size and modification time."""
-    st = os.stat(path)
-    return dict(path=os.path.abspath(path), bytes=st.st_size, mtime=int(st.st_mtime))
-
-
-def already_prepared(out_dir, source, force):
-    """True when out_dir holds a complete preparation of `source` (said in one line). Removes
-    what killed runs left beside it first. A preparation of other input, or a damaged one, is
-    refused (without --force: that prepares again)."""
-    remove_stale(out_dir)
-    path = os.path.join(out_dir, "meta.json")
-    if force or not os.path.isfile(path):
-        return False
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-        splits = dict(meta["splits"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise tk.UserError(f"{path} is damaged ({type(e).__name__}): add --force to prepare it again") from None
-    if "source" in meta and meta["source"] != source:  # an edited file must not train on its old tokens
-        raise tk.UserError(f"{out_dir} was prepared from other input (another file, or an earlier version of "
-                           "this one): --force prepares it again, --name=<other> writes elsewhere")
-    for split, n in splits.items():
-        bin_path = os.path.join(out_dir, f"{split}.bin")
-        size = os.path.getsize(bin_path) if os.path.isfile(bin_path) else None
-        if size != 2 * n:
-            what = "missing" if size is None else f"{size:,} bytes where meta.json says {n:,} uint16 tokens"
-            raise tk.UserError(f"{bin_path} is {what}: add --force to prepare it again")
-    print(f"{out_dir} is already prepared (--force prepares it again, --name=<other> writes elsewhere)")
-    return True
-
-
-def check_text_file(path):
-    """Refuse what is not a non-empty text file, saying what it is instead."""
-    if os.path.isdir(path):
-        raise tk.UserError(f"{path} is a folder, not a text file: give --input a file")
-    if not os.path.isfile(path):
-        raise tk.UserError(f"{path} not found: check the path given to --input")
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    if not head:
-        raise tk.UserError(f"{path} is empty: there is nothing to prepare")
-    if head[:2] == b"\x1f\x8b" or head[:4] in (b"PK\x03\x04", b"BZh9") or head[:6] == b"\xfd7zXZ\x00":
-        raise tk.UserError(f"{path} is a compressed archive, not text: unpack it first (gunzip, unzip, ...)")
-    if b"\x00" in head:
-        raise tk.UserError(f"{path} holds NUL bytes: a binary file (or UTF-16 text), not UTF-8 text; give a "
-                           "text file (UTF-16 converts with iconv -f utf-16 -t utf-8)")
-
-
-def check_utf8(path, chunk=1 << 24):
-    """Refuse a file that is not UTF-8 throughout, naming the line and byte of the first fault."""
-    decoder, offset, lines = codecs.getincrementaldecoder("utf-8")(), 0, 1
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk)
-            try:
-                decoder.decode(block, final=not block)
-            except UnicodeDecodeError as e:
-                at = offset + max(e.start, 0)
-                line = lines + block[:max(e.start, 0)].count(b"\n")
-                raise tk.UserError(f"{path}:{line}: not UTF-8 text (byte {at}: {block[e.start:e.start + 4]!r}); "
-                                   "convert it from its encoding first, e.g. iconv -f <encoding> -t utf-8") from None
-            if not block:
-                return
-            offset, lines = offset + len(block), lines + block.count(b"\n")
-
-
-def _debris(out_dir):
-    """The .<name>.tmp<pid> / .<name>.old<pid> folders beside out_dir: [(path, tag, pid)]."""
-    parent, name = os.path.split(os.path.abspath(out_dir))
-    found = []
-    for entry in os.listdir(parent) if os.path.isdir(parent) else []:
-        rest = entry[len(name) + 2:] if entry.startswith(f".{name}.") else ""
-        if rest[:3] in ("tmp", "old") and rest[3:].isdigit():
-            found.append((os.path.join(parent, entry), rest[:3], int(rest[3:])))
-    return found
-
-
-def remove_stale(out_dir):
-    """Undo what a killed run left: its temp folder goes; the old data it had set aside for a
-    swap comes back if the swap did not happen (a kill -9 between the two renames)."""
-    for path, tag, pid in _debris(out_dir):
-        if pid == os.getpid() or tk.pid_alive(pid):
-            continue
-        if tag == "old" and not os.path.lexists(out_dir):
-            os.rename(path, out_dir)
-        else:
-            shutil.rmtree(path)
-
-
-def write_tokens(f, ids):
-    """Append token ids to a split file as uint16."""
-    f.write(np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
-
-
-def write_splits(out_dir, counts, fill, meta):
-    """Write <out_dir>/{split}.bin ({split: token count}) and meta.json, all or nothing: into a
-    temp folder beside out_dir, which then takes out_dir's place (an old out_dir is set aside
-    and deleted after). fill(write) writes the tokens, each split in order: write(split, ids)."""
-    parent, name = os.path.split(os.path.abspath(out_dir))
-    made, folder = [], parent  # the folders this call creates, removed again on failure
-    while not os.path.isdir(folder):
-        made.insert(0, folder)
-        folder = os.path.dirname(folder)
-    tmp, old = (os.path.join(parent, f".{name}.{tag}{os.getpid()}") for tag in ("tmp", "old"))
-    tk.on_interrupt(f"{out_dir} was left as it was" if os.path.lexists(out_dir) else "nothing was written")
-    where = os.path.dirname(out_dir) or "."  # what an error names: the folder written into, then out_dir
-    try:
-        os.makedirs(parent, exist_ok=True)
-        os.mkdir(tmp)
-        where = out_dir
-        files = {split: open(os.path.join(tmp, f"{split}.bin"), "wb") for split in counts}
-        try:
-            fill(lambda split, ids: write_tokens(files[split], ids))
-            for split, f in files.items():
-                f.flush()
-                os.fsync(f.fileno())
-                if f.tell() != 2 * counts[split]:  # a bug in fill, not the user's doing: a traceback
-                    raise RuntimeError(f"{split}.bin: {f.tell() // 2} tokens written, {counts[split]} counted")
-        finally:
-            for f in files.values():
-                f.close()
-        meta["splits"] = dict(counts)
-        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=1, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.lexists(out_dir):
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if os.path.lexists(old) and not os.path.lexists(out_dir):
-            os.rename(old, out_dir)
-        for folder in reversed(made):
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass
-        if isinstance(e, OSError) and (not e.filename or str(e.filename).startswith(tmp)):  # not the temp path
-            raise OSError(e.errno, e.strerror or os.strerror(e.errno or errno.EIO), where) from e
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    print(f"prepared {out_dir}: " + ", ".join(f"{s}.bin {n:,} tokens" for s, n in counts.items())
-          + f" ({meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']:,})")
-
-
-# -----------------------------------------------------------------------------
-# this script
 
 
 def parser():
     """The command line (one ArgumentParser: its mistakes are one line)."""
-    p = ArgumentParser(prog="prepare_openwebtext.py", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", help=f"named corpus on the Hub: {', '.join(HUB)} (default openwebtext)")
+    p = td.ArgumentParser(prog="prepare_openwebtext.py", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", help=f"named corpus on the Hub: {', '.join(td.HUB)} (default openwebtext)")
     p.add_argument("--input", action="append", help="local file or glob (repeatable): .txt, .jsonl/.json, .parquet")
     p.add_argument("--name", help="output folder under data_dir (default: the dataset, or the first file's stem)")
     p.add_argument("--data_dir", default="data")
@@ -289,8 +78,8 @@ def input_files(patterns):
 def check_settings(args):
     """Every option, checked before any work (a refusal writes nothing). Resolves the defaults
     that depend on others; returns (out_dir, files, kind, source)."""
-    if args.dataset is not None and args.dataset not in HUB:
-        raise tk.UserError(f"unknown --dataset {args.dataset!r}: this script prepares {', '.join(HUB)}; "
+    if args.dataset is not None and args.dataset not in td.HUB:
+        raise tk.UserError(f"unknown --dataset {args.dataset!r}: this script prepares {', '.join(td.HUB)}; "
                            f"your own files go with --input=<files> --name={args.dataset} "
                            "(characters: prepare_char.py --input=<file>)")
     tk.require(not (args.input and args.dataset), "give --dataset or --input, not both")
@@ -309,11 +98,11 @@ def check_settings(args):
     files, kind = input_files(args.input) if args.input else ([], None)
     if args.name is None:
         args.name = os.path.splitext(os.path.basename(files[0]))[0] if files else args.dataset
-    out_dir = check_destination(args.data_dir, args.name)
+    out_dir = td.check_destination(args.data_dir, args.name)
     if files:
-        source = [file_source(f) for f in files]
+        source = [td.file_source(f) for f in files]
     else:
-        spec = HUB[args.dataset]
+        spec = td.HUB[args.dataset]
         source = dict(hub=spec["path"], config=spec["config"], split=spec["split"], revision=spec.get("revision"))
     return out_dir, files, kind, source
 
@@ -331,8 +120,8 @@ def check_input_files(files, kind):
                 raise tk.UserError(f"{f} is not a parquet file (no PAR1 signature): check the file, or rename it "
                                    "if it holds text or jsonl")
         else:
-            check_text_file(f)
-            check_utf8(f)
+            td.check_text_file(f)
+            td.check_utf8(f)
 
 
 def _bad_json_record(path, field):
@@ -392,7 +181,7 @@ def bad_record(files, kind, field):
 
 
 def load_rows(args, files, kind):
-    """The text as a datasets.Dataset, its text column and how its rows join (see HUB)."""
+    """The text as a datasets.Dataset, its text column and how its rows join (see td.HUB)."""
     import datasets
 
     if files:
@@ -414,7 +203,7 @@ def load_rows(args, files, kind):
             raise tk.UserError(bad_record(files, kind, field) or f"the {field!r} field of {', '.join(files)} is "
                                "not text throughout: name the text's with --text_field")
         return ds, field, "eot"
-    spec = HUB[args.dataset]
+    spec = td.HUB[args.dataset]
     try:
         ds = datasets.load_dataset(spec["path"], spec["config"], split=spec["split"],
                                    revision=spec.get("revision"), num_proc=args.num_proc if args.num_proc > 1 else None)
@@ -441,7 +230,7 @@ def gpt2_encoding():
 def main(argv):
     args = parser().parse_args(argv)
     out_dir, files, kind, source = check_settings(args)
-    if already_prepared(out_dir, source, args.force):
+    if td.already_prepared(out_dir, source, args.force):
         return
     check_input_files(files, kind)
     ds, field, join = load_rows(args, files, kind)  # the data first: its errors say how to use local files
@@ -492,8 +281,9 @@ def main(argv):
                 pos, row = pos + len(flat), row + table.num_rows
                 bar.update(len(flat))
 
-    meta = dict(dataset=args.name, tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token=enc.eot_token, source=source)
-    write_splits(out_dir, counts, fill, meta)
+    meta = dict(dataset=args.name, tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token=enc.eot_token, source=source,
+                command=td.command_line("prepare_openwebtext.py", argv))
+    td.write_splits(out_dir, counts, fill, meta)
 
 
 if __name__ == "__main__":

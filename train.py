@@ -1,6 +1,7 @@
 """
 Train a ToST language model (or the GPT-2 softmax baseline), nanoGPT-style: read top to
-bottom, it is the whole story (settings, config, DDP, data, model, the loop).
+bottom, it is the whole story (settings, the checkpoint to continue, data, DDP, model,
+optimizer, the loop); trainkit.py holds the plumbing, textdata.py the data's format.
 
     python prepare_char.py && python train.py config/pydocs_char_tost.py   # CPU, a few minutes
     python train.py config/pydocs_char_tost.py --max_iters=500             # --key=value overrides
@@ -16,11 +17,11 @@ data on each node. CPU-only machines run the same commands on gloo.
 Data: <data_dir>/<dataset>/{train,val}.bin (uint16 token ids) + meta.json, written by
 prepare_openwebtext.py (GPT-2 BPE) or prepare_char.py (characters). Batches are a pure function
 of (seed, iteration, micro-batch index), so init_from="resume" continues exactly: the same
-losses as an uninterrupted run. out_dir/ckpt.pt is written atomically; evaluations and training
-losses go to out_dir/log.jsonl. Scoring a checkpoint on a whole split: evaluate.py.
+losses as an uninterrupted run, and a resume needs no --dataset (the checkpoint's is read).
+out_dir/ckpt.pt is written atomically; evaluations and training losses go to out_dir/log.jsonl.
+Scoring a checkpoint on a whole split: evaluate.py; sampling from it: sample.py.
 """
 
-import json
 import math
 import os
 import sys
@@ -33,8 +34,9 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import trainkit as tk
 import kernels
+import textdata as td
+import trainkit as tk
 from model import GPT, GPTConfig, estimate_mfu
 
 # -----------------------------------------------------------------------------
@@ -91,7 +93,7 @@ num_threads = 0  # torch CPU threads (0: torch's default)
 # -----------------------------------------------------------------------------
 DEFAULTS = tk.config_defaults(globals())  # the settings above (nothing defined below is one)
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "attn", "pi", "layer_scale_init",
-              "short_conv", "hybrid_every")
+              "short_conv", "hybrid_every")  # the architecture: a resume takes them from the checkpoint
 TRAIN, EVAL = 0, 1  # seed tags: training batches and evaluation batches never coincide
 
 
@@ -106,63 +108,14 @@ def check_settings(C):
                       "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
                       "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
     tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    tk.require(not C.short_conv or C.attn == "tssa", f"short_conv convolves the TSSA input: it needs attn=tssa, got {C.attn!r}")
+    tk.require(not C.short_conv or C.attn == "tssa",
+               f"short_conv convolves the TSSA input: it needs attn=tssa, got {C.attn!r}")
     tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     tk.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
 
 
-def open_dataset(data_dir, dataset, splits, min_tokens):
-    """meta.json and the given splits of <data_dir>/<dataset>, checked: the sizes meta.json
-    records, more than min_tokens tokens each. Damage is one line with the command that re-prepares."""
-    from prepare_openwebtext import HUB  # the corpora that script fetches by name
-
-    folder = os.path.join(data_dir, dataset)
-    f = " --force"
-    redo = ("python prepare_char.py" + f if dataset == "pydocs_char" else
-            f"python prepare_openwebtext.py --dataset={dataset}" + f if dataset in HUB else
-            f"python prepare_char.py --input=<text file> --name={dataset}{f} (or prepare_openwebtext.py "
-            f"--input=<files> --name={dataset}{f})")
-    path = os.path.join(folder, "meta.json")
-    if not os.path.isfile(path):
-        raise tk.UserError(f"dataset {dataset!r} is not prepared ({path} is missing): run {redo.replace(f, '')}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-        meta["vocab_size"], meta["tokenizer"], meta["splits"].items()  # noqa: B018 (the keys it must have)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise tk.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again: {redo}") from None
-    for split in splits:
-        path = os.path.join(folder, f"{split}.bin")
-        if split not in meta["splits"]:
-            raise tk.UserError(f"dataset {dataset!r} has no {split} split (it has: {', '.join(meta['splits'])})")
-        expected, size = meta["splits"][split], os.path.getsize(path) if os.path.isfile(path) else None
-        if size != 2 * expected:
-            what = "missing" if size is None else f"{size:,} bytes where meta.json says {expected:,} uint16 tokens"
-            raise tk.UserError(f"{path} is {what}: prepare it again: {redo}")
-        tk.require(expected > min_tokens, f"{path} has {expected:,} tokens, not more than block_size "
-                                          f"({min_tokens:,}): lower --block_size or prepare more text")
-    meta["redo"] = redo
-    return folder, meta
-
-
-def get_batch(folder, split, B, T, device, vocab_size, redo, *key):
-    """B random windows of T + 1 tokens of a split (a fresh memory map per call: numpy keeps a
-    long-lived map's pages), chosen by a generator seeded with `key` alone: the same batch on
-    any rank, before or after a resume. Returns x, y (B, T) int64 on the device, y = x shifted."""
-    data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=np.uint16, mode="r")
-    starts = np.random.default_rng(list(key)).integers(0, len(data) - T, size=B)
-    xy = np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64)  # (B, T + 1)
-    if xy.max() >= vocab_size:  # a damaged file; checked here, on the CPU, at no cost
-        raise tk.UserError(f"{folder}/{split}.bin holds token id {xy.max()}, outside the vocabulary "
-                           f"({vocab_size}): prepare it again: {redo}")
-    xy = torch.from_numpy(xy)
-    if device.startswith("cuda"):
-        xy = xy.pin_memory().to(device, non_blocking=True)
-    return xy[:, :-1], xy[:, 1:]
-
-
 @torch.no_grad()
-def estimate_loss(model, C, data, d, ctx):
+def estimate_loss(model, get_batch, C, d, ctx):
     """Mean loss over eval_iters fixed batches per split. Batch k is seeded by k alone and run by
     rank k % world_size: every rank works, and the result does not depend on the world size."""
     model.eval()
@@ -170,7 +123,7 @@ def estimate_loss(model, C, data, d, ctx):
     for code, split in enumerate(("train", "val")):
         total = torch.zeros(2, device=d.device)  # (sum of batch losses, number of batches)
         for k in range(d.rank, C.eval_iters, d.world_size):
-            x, y = get_batch(*data(split), C.seed, EVAL, code, k)
+            x, y = get_batch(split, C.seed, EVAL, code, k)
             with ctx:
                 _, loss = model(x, y)
             total += torch.stack([loss.float(), torch.ones((), device=d.device)])
@@ -183,7 +136,8 @@ def estimate_loss(model, C, data, d, ctx):
 
 def main(argv):
     # -------------------------------------------------------------------------
-    # settings: the globals above, then config files and --key=value, then checks
+    # settings: the globals above, then config files, then --key=value; every one is checked
+    # before any work, so a mistake costs one line now rather than a crash an hour in
     C, given = tk.configure(DEFAULTS, argv)
     check_settings(C)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
@@ -192,10 +146,40 @@ def main(argv):
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
     if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
         C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
-    folder, meta = open_dataset(C.data_dir, C.dataset, ("train", "val"), C.block_size)
 
     # -------------------------------------------------------------------------
-    # DDP from torchrun's environment (one process without torchrun)
+    # the checkpoint to continue, read before the data: a resumed run is the checkpoint's run, so
+    # its architecture, dataset and seed win (settings given that differ are refused)
+    ckpt = None
+    if C.init_from == "resume":
+        ckpt = tk.load_checkpoint(ckpt_path, "language")
+        tk.resume_settings(ckpt, C, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path)
+        if ckpt["iter_num"] >= C.max_iters:
+            print(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
+                  f"raise --max_iters to train it further, or sample from it: python sample.py --out_dir={C.out_dir}")
+            return None
+
+    # -------------------------------------------------------------------------
+    # the data, opened and checked before anything is written to out_dir: a missing or damaged
+    # split is one line that says how to prepare it again
+    folder, meta = td.open_dataset(C.data_dir, C.dataset, ("train", "val"), C.block_size)
+    if ckpt is not None:
+        td.check_tokenizer(ckpt, meta, ckpt_path, C.dataset,
+                           "resume it on its own dataset, or start a new run with --out_dir=<new folder>")
+    T = C.block_size
+
+    def get_batch(split, *key):
+        """batch_size random windows of a split -> x, y (B, T) on this rank's device, y = x shifted.
+        Where they start is drawn by a generator seeded with `key` alone (seed, TRAIN or EVAL, the
+        iteration, the micro-step counted over all ranks), never by a running RNG: a batch is the
+        same whichever rank draws it, on any number of processes, and a resumed run draws exactly
+        the batches the uninterrupted run would have (the same losses, bit for bit)."""
+        starts = np.random.default_rng(list(key)).integers(0, meta["splits"][split] - T, size=C.batch_size)
+        return td.read_batch(folder, split, starts, T, device, meta)
+
+    # -------------------------------------------------------------------------
+    # DDP: with torchrun every process trains a replica on its own micro-batches and the
+    # gradients are averaged, so N processes share each step's micro-batches (one without torchrun)
     with tk.distributed(device) as d:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
@@ -209,54 +193,45 @@ def main(argv):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
         # ---------------------------------------------------------------------
-        # the model: fresh, or the checkpoint's (whose architecture and seed win)
-        ckpt = None
-        if C.init_from == "resume":
-            ckpt = tk.load_checkpoint(ckpt_path, "language")
-            tk.check_resume(ckpt, C, given, ("dataset",), ckpt_path)
-            tk.resume_settings(ckpt, C, given, MODEL_KEYS + ("seed",), ckpt_path)
-            if (ckpt["tokenizer"]["tokenizer"], ckpt["tokenizer"].get("chars")) != (meta["tokenizer"], meta.get("chars")):
-                raise tk.UserError(f"{ckpt_path} was trained with another tokenizer than dataset {C.dataset!r}'s: "
-                                   "resume it on its own dataset, or start a new run with --out_dir=<new folder>")
-            if ckpt["iter_num"] >= C.max_iters:
-                say(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
-                    f"raise --max_iters to train it further, or sample from it: python sample.py --out_dir={C.out_dir}")
-                return None
-        model_args = dict(n_layer=C.n_layer, n_head=C.n_head, n_embd=C.n_embd, block_size=C.block_size,
-                          dropout=C.dropout, bias=C.bias, attn=C.attn, pi=C.pi,
-                          short_conv=C.short_conv, hybrid_every=C.hybrid_every,
-                          layer_scale_init=C.layer_scale_init or None,  # 0: none
-                          vocab_size=(meta["vocab_size"] + 63) // 64 * 64)  # GPT-2: 50257 -> 50304, faster
+        # the model, from MODEL_KEYS alone: a resumed run (whose keys came from the checkpoint)
+        # rebuilds the same shapes, and its weights are loaded below
+        model_args = {k: getattr(C, k) for k in MODEL_KEYS}
+        model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
+        model_args["vocab_size"] = (meta["vocab_size"] + 63) // 64 * 64  # GPT-2's 50257 -> 50304: faster matmuls
         model = kernels.use(GPT(GPTConfig(**model_args)), C.tssa_impl).to(device)
         raw_model = model  # the plain module: parameters, checkpoints, MFU
 
         # ---------------------------------------------------------------------
-        # optimizer and precision: autocast for the forward pass, a GradScaler for float16
-        optimizer = model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2),
-                                               "cuda" if device.startswith("cuda") else "cpu")
+        # optimizer and precision: autocast runs the matmuls in bfloat16 / float16 (fast) while the
+        # weights and the optimizer stay float32; float16 needs a GradScaler (small gradients underflow)
         device_type = "cuda" if device.startswith("cuda") else "cpu"
+        optimizer = model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
         ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss = 0, float("inf")
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
-            if ckpt.get("scaler"):
+            if ckpt["scaler"]:  # (empty when the run that saved it had no float16 scaler)
                 scaler.load_state_dict(ckpt["scaler"])
             iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
             tk.restore_rng(ckpt["rng"], d, say)
             say(f"resumed from {ckpt_path} at iter {iter_num}")
-            ckpt = None  # free the memory
+        ckpt = None  # free the memory
+
+        # ---------------------------------------------------------------------
+        # compile and DDP, last, around the loaded model; evaluation skips DDP (no gradients to average)
         if C.compile:
             say("compiling the model (takes a minute)...")
             model = torch.compile(model)
-        eval_model = model  # evaluation skips DDP (no gradients)
+        eval_model = model
         if d.ddp:
             model = DDP(model, device_ids=[d.local_rank] if device.startswith("cuda") else None,
                         find_unused_parameters=C.pi == "uniform")  # uniform Pi leaves temp unused
 
         # ---------------------------------------------------------------------
-        # logging
+        # logging: log.jsonl is what plots and tests read (a scratch run starts it afresh); wandb
+        # optionally; and an interrupt says what it leaves behind
         logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch")
         wandb = None
         if C.wandb_log and d.is_master:
@@ -265,17 +240,18 @@ def main(argv):
             except ImportError:
                 raise tk.UserError("wandb_log=True needs wandb: pip install wandb (or --wandb_log=False)") from None
             wandb.init(project=C.wandb_project, name=C.wandb_run_name, config=vars(C), resume="allow")
-        T = C.block_size
         tokens_per_iter = C.gradient_accumulation_steps * C.batch_size * T
         say(f"{C.attn} model: {raw_model.get_num_params() / 1e6:.2f}M parameters, {C.dataset} ({meta['tokenizer']} "
             f"tokenizer, vocabulary {meta['vocab_size']}), {d.world_size} process(es) on {device}, {dtype}, "
             f"{tokens_per_iter:,} tokens per iteration ({C.gradient_accumulation_steps} x {C.batch_size} x {T})")
-        tokenizer = {k: meta[k] for k in ("dataset", "tokenizer", "vocab_size", "chars", "eot_token") if k in meta}
-        data = lambda split: (folder, split, C.batch_size, T, device, meta["vocab_size"], meta["redo"])  # noqa: E731
-        tk.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
+        if C.init_from == "resume":
+            tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command and --init_from=resume")
+        else:
+            tk.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
         # ---------------------------------------------------------------------
-        # the training loop
+        # the training loop: the evaluation and the checkpoint come first in an iteration, so the
+        # iteration a run stops at (max_iters or max_time) is evaluated and saved before the break
         resumed_at = iter_num if C.init_from == "resume" else None
         t_start, mfu, stop_at = time.time(), None, C.max_iters
         while True:
@@ -285,7 +261,7 @@ def main(argv):
 
             # evaluate, log and checkpoint (not again at the iteration a resume starts from)
             if (iter_num % C.eval_interval == 0 or iter_num == stop_at) and iter_num != resumed_at:
-                losses = estimate_loss(eval_model, C, data, d, ctx)
+                losses = estimate_loss(eval_model, get_batch, C, d, ctx)
                 say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
                 logger.log(dict(iter=iter_num, lr=lr, train_loss=losses["train"], val_loss=losses["val"],
                                 time_s=round(time.time() - t_start, 3)))
@@ -299,7 +275,7 @@ def main(argv):
                             kind="language", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
-                            config=vars(C), rng=rng, tokenizer=tokenizer), ckpt_path)
+                            config=vars(C), rng=rng, tokenizer=td.tokenizer_info(meta)), ckpt_path)
                     tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
                                     f"and --init_from=resume")
                     say(f"saved {ckpt_path}")
@@ -311,7 +287,7 @@ def main(argv):
             t0 = time.time()
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
-                x, y = get_batch(*data("train"), C.seed, TRAIN, iter_num, d.rank * accum + micro)
+                x, y = get_batch("train", C.seed, TRAIN, iter_num, d.rank * accum + micro)
                 with model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
                     with ctx:
                         _, loss = model(x, y)
@@ -353,8 +329,6 @@ def main(argv):
                     say(f"max_time ({C.max_time:.0f}s) reached at iter {iter_num}")
         if wandb is not None:
             wandb.finish()
-        if d.is_master:
-            tk.release_out_dir(C.out_dir)
     return raw_model
 
 

@@ -1,33 +1,15 @@
 """
-Plumbing shared by the scripts (train.py, vit_train.py, lra/train.py, sample.py, evaluate.py,
-the preparation scripts, bench.py, ...), kept here so that each script reads as its story:
+Plumbing shared by the scripts (the three trainers, sample.py, evaluate.py, the preparation
+scripts, bench.py, ...), kept here so that each script reads as its story:
 
-  run_cli            the ONE error path: a mistake the user can fix (UserError), a file-system
-                     error, a config file that does not run, Ctrl-C / SIGTERM -> one line, exit 1
-                     (130 for an interrupt). Real bugs keep their traceback; NANOTOST_DEBUG=1
-                     shows the traceback of everything.
-  configure          nanoGPT-style settings: module globals, then config files, then --key=value
-  check              every setting that can be wrong on its own, checked in one call
-  distributed        `with distributed(device) as d:` DDP from torchrun's environment
-  choose_device_dtype the one device / precision chooser ("auto" everywhere)
-  claim_out_dir      a lock on out_dir (a second live run refuses; a killed run leaves none)
-                     and no scratch run over another run's checkpoint
-  atomic_write       write a file through a temp file and a rename: all or nothing
-  save_checkpoint / load_checkpoint / check_resume   checkpoints of a known kind
-  non_finite         the one error of a non-finite loss (what is left, advice that would help)
-  get_lr             the learning-rate schedule of the three trainers
-  rng_state / gather_rng_states / restore_rng        every RNG of every rank, for exact resume
-
-Conventions of the three trainers:
-  batch_size                   examples per process per micro-step
-  gradient_accumulation_steps  micro-steps per optimizer step over ALL processes together
-  checkpoint keys              kind, model, optimizer, scaler, model_args, iter_num,
-                               best_val_loss, config, rng (+ best_val_acc for classifiers)
-  log.jsonl keys               iter, lr, train_loss, val_loss, time_s (+ val_acc, tokens_per_s)
-  policies                     init_from scratch | resume | auto; lr_decay_iters=0 means max_iters;
-                               layer_scale_init=0 means none; a non-finite loss stops before
-                               the update; a resume on another number of processes starts the
-                               RNGs afresh (and says so); TF32 matmuls on CUDA
+  the one error path   run_cli: a mistake the user can fix (UserError), a file-system error, a
+                       config file that does not run, Ctrl-C / SIGTERM -> one line, exit 1 (130
+                       for an interrupt); real bugs keep their traceback (NANOTOST_DEBUG=1: all)
+  settings             configure (module globals, config files, --key=value), check, require
+  devices, processes   choose_device_dtype ("auto" everywhere), distributed (DDP from torchrun)
+  files, checkpoints   claim_out_dir (a lock that run_cli releases; no scratch run over a
+                       checkpoint), atomic_write, save_checkpoint / load_checkpoint, JsonlLogger
+  training             resume_settings, get_lr, non_finite, gather_rng_states / restore_rng
 """
 
 import ast
@@ -42,9 +24,9 @@ import random
 import signal
 import sys
 import traceback
-from contextlib import contextmanager
+from collections import namedtuple
+from contextlib import contextmanager, suppress
 import dataclasses
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -71,10 +53,6 @@ def on_interrupt(text):
     _on_interrupt[0] = text
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def _os_error_line(e):
     what = e.strerror or str(e)
     where = f" {e.filename!r}" if e.filename else ""
@@ -91,7 +69,7 @@ def run_cli(main, *args):
     name = "/".join(parts[-2:]) if parts[-2:-1] == ["lra"] else parts[-1]  # train.py, lra/train.py
     if os.environ.get("NANOTOST_DEBUG"):
         return main(*args)
-    old = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM (a scheduler, kill) ends as Ctrl-C does
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (a scheduler, kill) ends as Ctrl-C
     _on_interrupt[0] = "nothing was saved"
     try:
         return main(*args)
@@ -137,17 +115,11 @@ def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), choice
 # settings
 
 
-def _unknown_key(key, known):
-    hint = difflib.get_close_matches(key, known, n=3)
-    hint = f" Did you mean {', '.join(hint)}?" if hint else ""
-    return ConfigError(f"unknown setting {key!r}.{hint} Known settings: {', '.join(sorted(known))}")
-
-
 def coerce(key, value, default):
     """`value` (text from the command line, or a config file's object) as the type of
     `default`, or a ConfigError saying what was expected. Floats must be finite."""
     kind = type(default)
-    if isinstance(value, str) and default is not None and kind is not str:
+    if isinstance(value, str) and kind is not str:
         text = value.strip()
         try:
             if kind is bool:
@@ -162,16 +134,11 @@ def coerce(key, value, default):
                 value = ast.literal_eval(text)  # tuples, lists
         except (ValueError, SyntaxError, KeyError, OverflowError):
             pass
-    elif isinstance(value, str) and default is None:
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind in (tuple, list) and isinstance(value, (tuple, list)):
         value = kind(value)
-    if default is not None and (type(value) is not kind):
+    if type(value) is not kind:
         raise ConfigError(f"{key} expects {kind.__name__} (default {default!r}), got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
@@ -193,7 +160,8 @@ def _read_config_file(path):
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): a config file is Python source") from None
     except SyntaxError as e:
-        raise ConfigError(f"{path}:{e.lineno}: {e.msg}: a config file is Python source, one `key = value` a line") from None
+        raise ConfigError(f"{path}:{e.lineno}: {e.msg}: a config file is Python source, "
+                          "one `key = value` a line") from None
     except Exception as e:  # NameError, ImportError, ...: the line of the config file that raised
         line = next((fr.lineno for fr in reversed(traceback.extract_tb(e.__traceback__)) if fr.filename == path), "?")
         raise ConfigError(f"{path}:{line}: {type(e).__name__}: {e}") from None
@@ -220,7 +188,9 @@ def configure(defaults, argv):
             pairs = _read_config_file(arg)
         for key, value in pairs.items():
             if key not in defaults:
-                raise _unknown_key(key, defaults)
+                hint = difflib.get_close_matches(key, defaults, n=3)
+                hint = f" Did you mean {', '.join(hint)}?" if hint else ""
+                raise ConfigError(f"unknown setting {key!r}.{hint} Known settings: {', '.join(sorted(defaults))}")
             config[key] = coerce(key, value, defaults[key])
             given.add(key)
     return SimpleNamespace(**config), given
@@ -228,7 +198,7 @@ def configure(defaults, argv):
 
 def config_defaults(namespace):
     """The settings of a script: its module globals of plain types, not starting with _."""
-    plain = (int, float, bool, str, tuple, list, type(None))
+    plain = (int, float, bool, str, tuple, list)
     return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, plain)}
 
 
@@ -259,14 +229,7 @@ def choose_device_dtype(device, dtype):
     return device, dtype
 
 
-@dataclass
-class Dist:
-    ddp: bool
-    rank: int
-    local_rank: int
-    world_size: int
-    device: str
-    is_master: bool
+Dist = namedtuple("Dist", "ddp rank local_rank world_size device is_master")  # what `distributed` yields
 
 
 @contextmanager
@@ -306,7 +269,7 @@ def all_reduce_mean(tensor, d):
 
 
 # -----------------------------------------------------------------------------
-# files and checkpoints
+# files, checkpoints and logs
 
 _locks = {}  # out_dir -> its open descriptor, locked while this process lives
 
@@ -346,7 +309,8 @@ def atomic_write(path, mode="wb"):
     for entry in os.listdir(folder):
         head, sep, pid = entry.rpartition(".tmp")
         if sep and head == f".{name}" and pid.isdigit() and not pid_alive(int(pid)):
-            _remove(os.path.join(folder, entry))
+            with suppress(OSError):
+                os.remove(os.path.join(folder, entry))
     tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
     try:
         with open(tmp, mode) as f:
@@ -355,11 +319,13 @@ def atomic_write(path, mode="wb"):
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        _remove(tmp)
+        with suppress(OSError):
+            os.remove(tmp)
         raise
 
 
 def pid_alive(pid):
+    """Whether process `pid` is alive (signal 0 sends nothing: it only asks)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -367,13 +333,6 @@ def pid_alive(pid):
     except OSError:  # exists, owned by someone else
         return True
     return True
-
-
-def _remove(path):
-    try:
-        os.remove(path)
-    except OSError:
-        pass
 
 
 def save_checkpoint(obj, path):
@@ -399,16 +358,16 @@ def load_checkpoint(path, kind):
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         fields = set(ckpt)
     except Exception as e:  # zip errors, EOF, unpickling errors, not a dict: a damaged file
-        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): "
-                        "the file is truncated or corrupt; delete it, or start a new run in another out_dir") from None
+        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): the "
+                        "file is truncated or corrupt; delete it, or start a new run in another out_dir") from None
     found = ckpt.get("kind")
     if found in KIND_MAKER and found != kind:
-        raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER[found]}), "
-                        f"not {'an' if kind == 'lra' else 'a'} {kind} one: give a checkpoint that {KIND_MAKER[kind]} wrote")
+        raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER[found]}), not "
+                        f"{'an' if kind == 'lra' else 'a'} {kind} one: give a checkpoint that {KIND_MAKER[kind]} wrote")
     missing = [f for f in CKPT_FIELDS + KIND_FIELDS[kind] if f not in fields]
     if missing:
-        raise UserError(f"{path} was not written by this version of {KIND_MAKER[kind]} (it lacks {', '.join(missing)}): "
-                        f"train a new one with {KIND_MAKER[kind]}")
+        raise UserError(f"{path} was not written by this version of {KIND_MAKER[kind]} (it lacks "
+                        f"{', '.join(missing)}): train a new one with {KIND_MAKER[kind]}")
     return ckpt
 
 
@@ -423,15 +382,46 @@ def model_config(config_cls, ckpt, path):
     return config_cls(**ckpt["model_args"])
 
 
+class JsonlLogger:
+    """One JSON object per line appended to `path` (where enabled, e.g. on rank 0); fresh=True
+    starts a new file (a scratch run)."""
+
+    def __init__(self, path, enabled=True, fresh=False):
+        self.path, self.enabled = path, enabled
+        if enabled and fresh and os.path.exists(path):
+            os.remove(path)
+
+    def log(self, record):
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+# -----------------------------------------------------------------------------
+# training: resume, the learning-rate schedule, a non-finite loss, the RNGs
+
+
 def check_resume(ckpt, C, given, keys, path):
     """A resumed run keeps the checkpoint's architecture: refuse settings given on the command
     line or in a config file that differ from it (the `keys` of ckpt["config"])."""
-    old = ckpt.get("config", {})
+    old = ckpt["config"]
     differ = [k for k in keys if k in given and k in old and getattr(C, k) != old[k]]
     if differ:
         pairs = ", ".join(f"{k}={getattr(C, k)!r} (checkpoint: {old[k]!r})" for k in differ)
         raise UserError(f"{path} was trained with other settings: {pairs}; drop them to resume it, "
                         "or start a new run with --out_dir=<new folder>")
+
+
+def resume_settings(ckpt, C, given, keys, path):
+    """A resumed run is the checkpoint's run: refuse settings given that differ from it
+    (check_resume), then take the checkpoint's values of `keys` (architecture, seed, data)."""
+    check_resume(ckpt, C, given, keys, path)
+    missing = [k for k in keys if k not in ckpt["config"]]
+    if missing:
+        raise UserError(f"{path} was written by another version of nanoToST (its settings lack "
+                        f"{', '.join(missing)}): start a new run with --out_dir=<new folder>")
+    for key in keys:
+        setattr(C, key, ckpt["config"][key])
 
 
 def get_lr(it, C):
@@ -453,18 +443,6 @@ def get_lr(it, C):
     return C.min_lr + coeff * (C.learning_rate - C.min_lr)
 
 
-def resume_settings(ckpt, C, given, keys, path):
-    """A resumed run is the checkpoint's run: refuse settings given that differ from it
-    (check_resume), then take the checkpoint's values of `keys` (architecture, seed, data)."""
-    check_resume(ckpt, C, given, keys, path)
-    missing = [k for k in keys if k not in ckpt["config"]]
-    if missing:
-        raise UserError(f"{path} was written by another version of nanoToST (its settings lack {', '.join(missing)}): "
-                        "start a new run with --out_dir=<new folder>")
-    for key in keys:
-        setattr(C, key, ckpt["config"][key])
-
-
 def non_finite(what, ckpt_path, C, dtype):
     """The error of a non-finite loss (`what`: which loss, where, what was not done): what is
     left, and only advice that would change something."""
@@ -474,20 +452,11 @@ def non_finite(what, ckpt_path, C, dtype):
                      + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
 
 
-# -----------------------------------------------------------------------------
-# random number generators
-
-
-def rng_state():
+def gather_rng_states(d):
+    """Every rank's RNG state, a list indexed by rank (a collective: all ranks call it)."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def gather_rng_states(d):
-    """Every rank's RNG state, a list indexed by rank (a collective: all ranks call it)."""
-    state = rng_state()
     if not d.ddp:
         return [state]
     states = [None] * d.world_size
@@ -507,22 +476,3 @@ def restore_rng(states, d, say):
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# -----------------------------------------------------------------------------
-# logging
-
-
-class JsonlLogger:
-    """One JSON object per line appended to `path` (where enabled, e.g. on rank 0); fresh=True
-    starts a new file (a scratch run)."""
-
-    def __init__(self, path, enabled=True, fresh=False):
-        self.path, self.enabled = path, enabled
-        if enabled and fresh and os.path.exists(path):
-            os.remove(path)
-
-    def log(self, record):
-        if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")

@@ -106,7 +106,16 @@ def make_shapes(n, size=32, num_classes=10, seed=0):
 
 
 def rgb_tensor(im):
-    """A Pillow image -> uint8 (3, H, W), RGB."""
+    """A Pillow image -> uint8 (3, H, W), RGB. Greyscale deeper than 8 bits (16-bit PNGs open
+    as I;16 or I) is scaled from 0..65535 to 0..255: Pillow's convert("RGB") would clip it at
+    255, a white image. Float images (F) and integers outside 16 bits are refused (ValueError)."""
+    if im.mode == "I" or im.mode.startswith("I;16"):
+        grey = np.asarray(im, dtype=np.int64)  # (H, W)
+        if grey.size and (grey.min() < 0 or grey.max() > 65535):
+            raise ValueError(f"{im.mode} image with values outside 0..65535 (min {grey.min()}, max {grey.max()})")
+        im = Image.fromarray(((grey * 255 + 32767) // 65535).astype(np.uint8), mode="L")
+    elif im.mode == "F":
+        raise ValueError("32-bit float pixels (mode F) have no standard range; save it as an 8- or 16-bit image")
     return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1).contiguous()
 
 
@@ -124,12 +133,16 @@ def check_image(path):
     """Open `path` with Pillow and check what it can without decoding; anything else is named."""
     try:
         with Image.open(path) as im:
+            mode = im.mode
             im.verify()
     except Exception as e:  # UnidentifiedImageError, truncated or damaged data, decompression bombs, ...
         why = "not an image format Pillow knows" if isinstance(e, Image.UnidentifiedImageError) else \
             f"{type(e).__name__}: {' '.join(str(e).split())}"
         raise tk.UserError(f"{path} is not a readable image ({why}): remove it "
                            "(class folders hold only images)") from None
+    if mode == "F":
+        raise tk.UserError(f"{path} has 32-bit float pixels, which have no standard range: save it as an 8- or "
+                           "16-bit image, or remove it")
 
 
 class Source:

@@ -85,7 +85,8 @@ def data(tmp_path, monkeypatch):
     counts = {"train": 4000, "val": 1000}
     for split, n in counts.items():
         rng.integers(0, 20, n).astype(np.uint16).tofile(folder / f"{split}.bin")
-    meta = dict(dataset="tiny_char", tokenizer="char", vocab_size=20, chars="abcdefghijklmnopqrst", splits=counts)
+    meta = dict(dataset="tiny_char", tokenizer="char", vocab_size=20, chars="abcdefghijklmnopqrst", splits=counts,
+                command="python prepare_char.py --input=tiny.txt --name=tiny_char")
     (folder / "meta.json").write_text(json.dumps(meta))
     return tmp_path
 
@@ -152,8 +153,8 @@ LANGUAGE_BAD_VALUES = [
     ("train.py", "--n_embd=30"), ("train.py", "--min_lr=1.0"), ("train.py", "--beta2=1.0"),
     ("train.py", "--block_size=100000"), ("train.py", "--gradient_accumulation_steps=0"),
     ("sample.py", "--num_samples=0"), ("sample.py", "--temperature=-1"), ("sample.py", "--top_k=-5"),
-    ("sample.py", "--max_new_tokens=-1"), ("evaluate.py", "--batch_size=0"), ("evaluate.py", "--stride=-1"),
-    ("evaluate.py", "--split=holdout"),
+    ("sample.py", "--max_new_tokens=-1"), ("sample.py", "--decode=graph"), ("evaluate.py", "--batch_size=0"),
+    ("evaluate.py", "--stride=-1"), ("evaluate.py", "--split=holdout"), ("evaluate.py", "--tssa_impl=cuda"),
 ]
 
 
@@ -250,6 +251,14 @@ def test_resume_on_another_tokenizer_and_a_finished_run(trained, capsys):
     assert listing(trained) == before
 
 
+def test_a_resume_without_dataset_reads_the_checkpoints(trained):
+    """The checkpoint is read before the data: a resume opens the dataset it was trained on
+    (tiny_char), not the default one (openwebtext, which is not prepared here)."""
+    argv = [a for a in TINY if not a.startswith("--dataset")]
+    assert call("train.py", *argv, "--out_dir=out", "--max_iters=6", "--eval_interval=2", "--init_from=resume")[0] == 0
+    assert tk.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == 6
+
+
 # -----------------------------------------------------------------------------
 # 6. the wrong kind of checkpoint
 
@@ -311,7 +320,12 @@ DAMAGE = {"odd_byte_count": _truncate, "size_against_meta": _short_val, "id_outs
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 @pytest.mark.parametrize("script", ["train.py", "evaluate.py"])
 def test_damaged_prepared_data_names_the_command_that_re_prepares(script, damage, trained):
-    """(The val split is damaged: both scripts read it.)"""
+    """(The val split is damaged: both scripts read it.) The command is the one meta.json
+    records, with --force; where meta.json cannot be read, the one a dataset of its name needs."""
     DAMAGE[damage](trained / "data" / "tiny_char")
     args = ["--out_dir=new", *TINY, "--max_iters=2"] if script == "train.py" else ["--out_dir=out", "--dataset=tiny_char"]
-    refused(script, *args, root=trained, contains=["prepare it again: python prepare_char.py --input=<text file> --name=tiny_char --force"])
+    if damage in ("unreadable_meta", "meta_missing_keys"):
+        redo = "python prepare_char.py --input=<text file> --name=tiny_char --force"
+    else:  # quoted from meta.json
+        redo = "python prepare_char.py --input=tiny.txt --name=tiny_char --force"
+    refused(script, *args, root=trained, contains=[f"prepare it again: {redo}"])

@@ -1,5 +1,6 @@
 """
-Tests of lm_harness.py, the lm-evaluation-harness adapter, and evaluate.py --harness. CPU only,
+Tests of lm_eval_adapter.py, the lm-evaluation-harness adapter, evaluate.py --harness and
+lm_harness.py (lm-eval's command line with the adapter registered). CPU only,
 offline, tiny random models over a character vocabulary prepared by prepare_char.py.
 
     python -m pytest -q tests/test_harness.py
@@ -27,7 +28,7 @@ from test_train import REPO, TIKTOKEN_CACHE, call_main, greedy_by_full_forward, 
 
 import evaluate  # noqa: E402
 import prepare_char  # noqa: E402
-import sample  # noqa: E402
+import textdata as td  # noqa: E402
 import trainkit as tk  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -45,11 +46,11 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def harness():
-    """lm_harness, imported (lm-eval is an optional extra)."""
+    """lm_eval_adapter, imported (lm-eval is an optional extra)."""
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install lm-eval==0.4.13)")
-    import lm_harness
+    import lm_eval_adapter
 
-    return lm_harness
+    return lm_eval_adapter
 
 
 def save_random_model(out_dir, tokenizer, attn, vocab_size, seed=0):
@@ -87,7 +88,7 @@ def char(tmp_path_factory):
     models = {attn: save_random_model(str(root / attn), tokenizer, attn, meta["vocab_size"])
               for attn in ("tssa", "softmax")}
     val = np.fromfile(root / "data" / "docs_char" / "val.bin", dtype=np.uint16)
-    encode, decode = sample.load_tokenizer(meta)
+    encode, decode = td.load_tokenizer(meta)
     return dict(root=root, meta=meta, models=models, text=decode(val[:400].tolist()), encode=encode, decode=decode)
 
 
@@ -182,7 +183,7 @@ def test_gpt2_tokenizer_conditions_on_endoftext_and_moves_the_space(harness, tmp
     info = dict(dataset="owt", tokenizer="gpt2", vocab_size=50257)
     model = save_random_model(str(tmp_path), info, "tssa", 50304)  # vocab padded to a multiple of 64, as train.py
     lm = harness.NanoToSTLM(out_dir=str(tmp_path), device="cpu")
-    encode, _ = sample.load_tokenizer(info)
+    encode, _ = td.load_tokenizer(info)
     [a, b] = lm.loglikelihood(requests("loglikelihood", ("The cat sat on the", " mat"), ("The cat sat on the ", "mat")))
     assert a == b  # the trailing space of a context goes with the continuation: " mat" is one token
     [rolling] = lm.loglikelihood_rolling(requests("loglikelihood_rolling", "Hello world"))
@@ -316,7 +317,7 @@ def test_a_task_that_is_not_there_is_one_line(harness, char, tmp_path, capsys):
 def test_without_lm_eval_evaluate_harness_says_how_to_install(tmp_path, monkeypatch, capsys):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")] or ["lm_eval"]:
         monkeypatch.setitem(sys.modules, name, None)  # importing lm_eval now fails, as when it is not installed
-    monkeypatch.delitem(sys.modules, "lm_harness", raising=False)
+    monkeypatch.delitem(sys.modules, "lm_eval_adapter", raising=False)
     save_random_model(str(tmp_path), dict(dataset="x", tokenizer="char", vocab_size=3, chars="abc"), "tssa", 3)
     code, out, err = call_main(evaluate, f"--out_dir={tmp_path}", "--harness=lambada_openai", capsys=capsys)
     assert code == 1 and "pip install lm-eval==0.4.13" in err and len(err.strip().splitlines()) == 1

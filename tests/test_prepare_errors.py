@@ -33,6 +33,7 @@ sys.path.insert(0, REPO)
 import bench  # noqa: E402
 import prepare_char  # noqa: E402
 import prepare_openwebtext as prep  # noqa: E402
+import textdata as td  # noqa: E402
 import trainkit as tk  # noqa: E402
 from test_train import TIKTOKEN_CACHE, needs_bpe  # noqa: E402  (where the GPT-2 BPE files are)
 
@@ -120,8 +121,8 @@ def no_work(monkeypatch):
     def began(*args, **kwargs):
         raise AssertionError("work began before the settings were checked")
 
-    for module, name in ((bench, "copy_bandwidth"), (prep, "load_rows"), (prep, "write_splits"),
-                         (prepare_char, "pydocs_docs"), (prepare_char, "read_text"), (prepare_char, "write_splits")):
+    for module, name in ((bench, "copy_bandwidth"), (prep, "load_rows"), (td, "write_splits"),
+                         (prepare_char, "pydocs_docs"), (prepare_char, "read_text")):
         monkeypatch.setattr(module, name, began)
 
 
@@ -269,12 +270,12 @@ def test_places_that_cannot_be_written_are_refused(script, case, work, no_work, 
 
 def enospc_in_tokens(monkeypatch):
     """The disk fills while the tokens are written: half of them land, then ENOSPC."""
-    real = prep.write_tokens
+    real = td.write_tokens
 
     def write_tokens(f, ids):
         real(f, np.asarray(ids)[:len(ids) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(prep, "write_tokens", write_tokens)
+    monkeypatch.setattr(td, "write_tokens", write_tokens)
 
 
 def enospc_at_fsync(monkeypatch):
@@ -353,14 +354,14 @@ def crash_in_fill(monkeypatch):
         if len(calls) > 1:
             raise RuntimeError("simulated crash midway")
         f.write(np.asarray(ids, dtype=np.uint16).tobytes())
-    monkeypatch.setattr(prep, "write_tokens", write_tokens)
+    monkeypatch.setattr(td, "write_tokens", write_tokens)
 
 
 def ctrl_c_in_fill(monkeypatch):
     def write_tokens(f, ids):
         f.write(np.asarray(ids, dtype=np.uint16).tobytes())
         raise KeyboardInterrupt
-    monkeypatch.setattr(prep, "write_tokens", write_tokens)
+    monkeypatch.setattr(td, "write_tokens", write_tokens)
 
 
 def swap_fails(monkeypatch):
@@ -406,7 +407,7 @@ def test_force_is_all_or_nothing(fault, work, monkeypatch, capsys):
 KILLED = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
-    import prepare_char, prepare_openwebtext as prep
+    import prepare_char, textdata
 
     def write_tokens(f, ids):  # write half of the first split, then wait to be killed
         f.write(ids[:len(ids) // 2].astype("uint16").tobytes())
@@ -414,7 +415,7 @@ KILLED = textwrap.dedent("""
         print("writing", flush=True)
         time.sleep(60)
 
-    prep.write_tokens = write_tokens
+    textdata.write_tokens = write_tokens
     prepare_char.main(sys.argv[1:])
 """)
 
@@ -486,7 +487,7 @@ CHANGES = {"an edited input file": (edit_file, "was prepared from other input"),
 
 
 # prepare_char.py reads one file, not a glob; damage is found by code the two scripts share
-# (already_prepared): run through prepare_char.py, the faster
+# (textdata.already_prepared): run through prepare_char.py, the faster
 MISMATCHES = [pytest.param("prepare_char.py", change, id=f"prepare_char-{change}")
               for change in CHANGES if "glob" not in change] + \
              [pytest.param("prepare_openwebtext.py", change, id=f"prepare_openwebtext-{change}", marks=needs_bpe)

@@ -31,11 +31,12 @@ import evaluate  # noqa: E402
 import prepare_char  # noqa: E402
 import prepare_openwebtext as prep  # noqa: E402
 import sample  # noqa: E402
+import textdata as td  # noqa: E402
 import train  # noqa: E402
 import trainkit as tk  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
-TIKTOKEN_CACHE = os.path.join(REPO, "..", "shared", "tiktoken_cache")
+TIKTOKEN_CACHE = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(REPO, "..", "shared", "tiktoken_cache")
 needs_bpe = pytest.mark.skipif(not os.path.isdir(TIKTOKEN_CACHE),
                                reason="GPT-2 BPE files not available offline (set TIKTOKEN_CACHE_DIR)")
 
@@ -150,7 +151,7 @@ def check_sample_greedy(out_dir, prompt, n_new, capsys):
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(ckpt["model"])
     model.eval()
-    encode, decode = sample.load_tokenizer(ckpt["tokenizer"])
+    encode, decode = td.load_tokenizer(ckpt["tokenizer"])
     with torch.no_grad():
         expected = decode(greedy_by_full_forward(model, encode(prompt), n_new))
     assert samples[0].strip("\n") == expected == samples[1].strip("\n")
@@ -203,7 +204,7 @@ def test_evaluate_scores_the_whole_split(tiny_run, capsys):
 def test_eval_windows_score_every_prediction_once():
     for n, T, stride in [(10, 4, 4), (10, 4, 2), (100, 32, 7), (33, 32, 32), (5, 32, 16)]:
         scored = []
-        for start, skip in evaluate.windows(n, T, stride):
+        for start, skip in td.windows(n, T, stride):
             end = min(start + T, n - 1)
             scored += list(range(start + skip, end))  # prediction i: target token i + 1
             assert skip >= 0 and end > start + skip
@@ -392,7 +393,7 @@ def test_prepare_text_file_at_character_level(tmp_path):
     meta = read_meta(tmp_path / "zen_char")
     assert meta["dataset"] == "zen_char" and meta["chars"] == "".join(sorted(set(text)))
     ids = np.concatenate([np.fromfile(tmp_path / "zen_char" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
-    encode, decode = sample.load_tokenizer(meta)
+    encode, decode = td.load_tokenizer(meta)
     assert decode(ids.tolist()) == text and encode(text) == ids.tolist()
     assert meta["splits"]["val"] == round(0.1 * len(text))  # one text: val is its last 10%
     # an edited file is refused instead of silently training on the old tokens
@@ -400,7 +401,10 @@ def test_prepare_text_file_at_character_level(tmp_path):
     with pytest.raises(tk.UserError, match="earlier version"):
         prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
     prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}", "--force"])
-    assert "q" in read_meta(tmp_path / "zen_char")["chars"]
+    meta = read_meta(tmp_path / "zen_char")
+    assert "q" in meta["chars"]
+    # the command that prepared it, for errors to quote (--force left out: they add it)
+    assert meta["command"] == f"python prepare_char.py --input={src} --data_dir={tmp_path}"
 
 
 def test_prepare_fails_fast_offline(tmp_path):
@@ -466,7 +470,7 @@ def expected_stream(name, rows):
 @needs_bpe
 def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
     """WikiText-2, LAMBADA and PTB (Table 4 of the paper): the Hub repositories of
-    prepare_openwebtext.HUB are asked for their test split (a fake load_dataset stands in for
+    textdata.HUB are asked for their test split (a fake load_dataset stands in for
     the network), written whole as test.bin with GPT-2 BPE, and evaluate.py scores a GPT-2 BPE
     checkpoint on them: the loss equals a plain forward over the same windows."""
     import datasets
@@ -476,9 +480,9 @@ def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
     asked = []
 
     def fake_load_dataset(path, config=None, split=None, revision=None, **kw):
-        name = next(n for n, spec in prep.HUB.items() if spec["path"] == path)
+        name = next(n for n, spec in td.HUB.items() if spec["path"] == path)
         asked.append((name, config, split))
-        return datasets.Dataset.from_dict({prep.HUB[name]["field"]: FAKE_HUB_ROWS[name]})
+        return datasets.Dataset.from_dict({td.HUB[name]["field"]: FAKE_HUB_ROWS[name]})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     data = str(tmp_path / "data")
@@ -489,7 +493,7 @@ def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
         assert list(meta["splits"]) == ["test"] and meta["tokenizer"] == "gpt2"
         ids = np.fromfile(os.path.join(data, name, "test.bin"), dtype=np.uint16).tolist()
         assert enc.decode(ids) == expected_stream(name, rows)
-    assert asked == [(n, prep.HUB[n]["config"], "test") for n in FAKE_HUB_ROWS]
+    assert asked == [(n, td.HUB[n]["config"], "test") for n in FAKE_HUB_ROWS]
 
     # a tiny random GPT-2 BPE model, saved as train.py saves, scored on the WikiText-2 test split
     args = dict(block_size=8, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)

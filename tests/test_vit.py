@@ -470,3 +470,42 @@ def test_new_run_refuses_an_out_dir_that_holds_a_checkpoint(tmp_path):
     with pytest.raises(trainkit.UserError, match="init_from=resume"):
         train(["--shapes_train_size=32", "--shapes_val_size=8", "--device=cpu", f"--out_dir={out}"])
     assert (out / "ckpt.pt").read_bytes() == b"an earlier run" and (out / "log.jsonl").read_text() == '{"iter": 0}\n'
+
+
+# -----------------------------------------------------------------------------
+# image modes: every pixel format Pillow opens keeps its information, or is refused
+
+
+@pytest.mark.parametrize("mode", ["L", "I;16", "I", "RGB", "RGBA", "LA", "P", "CMYK", "1"])
+def test_every_image_mode_decodes_to_what_it_shows(mode, tmp_path):
+    """A horizontal grey ramp saved in each mode decodes to uint8 (3, H, W) whose grey levels
+    follow the ramp: deeper-than-8-bit greyscale (16-bit PNGs open as I;16 or I) is scaled from
+    0..65535 to 0..255, exactly (round half up), not clipped to white as convert("RGB") would."""
+    ramp = np.tile(np.linspace(0, 1, 32), (8, 1))  # (H, W) in [0, 1]
+    if mode in ("I;16", "I"):  # a 16-bit PNG; a 32-bit integer TIFF (PNG cannot hold mode I)
+        values = np.round(ramp * 65535).astype(np.uint16 if mode == "I;16" else np.int32)
+        im = Image.fromarray(values)
+        expected = (values.astype(np.int64) * 255 + 32767) // 65535
+    else:
+        im = Image.fromarray(np.round(ramp * 255).astype(np.uint8)).convert(mode)
+        expected = np.asarray(im.convert("L"), dtype=np.int64)
+    path = str(tmp_path / ("img.tif" if mode in ("CMYK", "I") else "img.png"))
+    im.save(path)
+    with Image.open(path) as back:
+        assert back.mode == mode  # the file holds the mode under test
+    got = vit_data.load_image(path)
+    assert got.dtype == torch.uint8 and got.shape == (3, 8, 32)
+    grey = got.double().mean(0).numpy()
+    if mode in ("I;16", "I"):
+        assert np.array_equal(got[0].numpy(), expected) and got.max() == 255  # the ramp, full range
+    elif mode != "1":  # (1-bit: a threshold of the ramp, dark then bright)
+        assert np.abs(grey - expected).max() <= 2  # the same grey levels (palette and CMYK round a little)
+    assert grey[:, 0].max() < grey[:, -1].min()  # dark on the left, bright on the right: no clipping
+
+
+def test_out_of_range_integer_pixels_are_refused(tmp_path):
+    im = Image.fromarray(np.full((4, 4), 70000, dtype=np.int32))
+    path = str(tmp_path / "big.tif")
+    im.save(path)
+    with pytest.raises(trainkit.UserError, match="outside 0..65535"):
+        vit_data.load_image(path)

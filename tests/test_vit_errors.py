@@ -279,6 +279,10 @@ def damage(root, case):
         data[60:70] = bytes(b ^ 0xFF for b in data[60:70])
         open(path, "wb").write(bytes(data))
         return top, f"{path} is not a readable image (SyntaxError: broken PNG file"
+    if case == "float pixels":
+        path = os.path.join(train, "cat", "02.tif")
+        Image.fromarray(np.random.default_rng(0).random((32, 32), dtype=np.float32)).save(path)
+        return top, f"{path} has 32-bit float pixels, which have no standard range"
     if case == "non-image file":
         path = os.path.join(train, "cat", "notes.txt")
         open(path, "w").write("cats are great\n")
@@ -312,7 +316,7 @@ def damage(root, case):
     return os.path.join(root, "nowhere"), f"data_dir={os.path.join(root, 'nowhere')!r} does not exist"
 
 
-@pytest.mark.parametrize("case", ["corrupt image", "damaged bytes", "non-image file", "empty class folder",
+@pytest.mark.parametrize("case", ["corrupt image", "damaged bytes", "float pixels", "non-image file", "empty class folder",
                                   "one class", "too few for val", "val class not in train", "val without train",
                                   "no class folders", "data_dir is a file", "data_dir missing"])
 def test_image_folder_faults_are_named(case, tmp_path, capsys):

@@ -1,0 +1,366 @@
+"""
+The language data: what the scripts that prepare text, train on it, sample from a model and
+score it share (prepare_char.py, prepare_openwebtext.py, train.py, sample.py, evaluate.py and
+lm_eval_adapter.py). A library: no script here, and it imports none.
+
+A prepared dataset is a folder <data_dir>/<name>/ holding
+  <split>.bin  every token id of the split, one after another, as uint16 (train and val; an
+               evaluation set has test only)
+  meta.json    dataset, tokenizer ("char" or "gpt2"), vocab_size, chars (the characters, token
+               i is character i) or eot_token (gpt2), splits {split: tokens}, source (what the
+               text came from) and command (the command that prepared it, which every error
+               about the data quotes to say how to prepare it again)
+
+Reading:   open_dataset (checked), read_batch, windows (evaluation), load_tokenizer,
+           tokenizer_info / check_tokenizer, load_language_model (a train.py checkpoint)
+Writing:   ArgumentParser, command_line, check_destination, check_text_file, check_utf8,
+           file_source, already_prepared, write_splits (all or nothing)
+"""
+
+import argparse
+import codecs
+import errno
+import json
+import os
+import re
+import shlex
+import shutil
+
+import numpy as np
+import torch
+
+import kernels
+import trainkit as tk
+from model import GPT, GPTConfig
+
+# the corpora prepare_openwebtext.py fetches by name: where each lives on the Hugging Face Hub.
+# join "eot": rows are documents; a string: rows are pieces of one text, joined with it
+HUB = {
+    "openwebtext": dict(path="Skylion007/openwebtext", config=None, split="train", field="text", join="eot"),
+    "wikitext2": dict(path="Salesforce/wikitext", config="wikitext-2-raw-v1", split="test", field="text", join=""),
+    "lambada": dict(path="EleutherAI/lambada_openai", config="en", split="test", field="text", join="eot"),
+    "ptb": dict(path="ptb-text-only/ptb_text_only", config="penn_treebank", split="test", field="sentence",
+                join="\n", revision="refs/convert/parquet"),  # the original repository is a loading script
+}
+SPLIT_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # what a prepared folder holds
+TOKENIZER_KEYS = ("dataset", "tokenizer", "vocab_size", "chars", "eot_token")  # what a checkpoint keeps
+
+# -----------------------------------------------------------------------------
+# reading a prepared dataset
+
+
+def guess_command(dataset, force=""):
+    """How a dataset of this name is prepared, for a folder whose meta.json cannot say."""
+    if dataset == "pydocs_char":
+        return "python prepare_char.py" + force
+    if dataset in HUB:
+        return f"python prepare_openwebtext.py --dataset={dataset}" + force
+    return (f"python prepare_char.py --input=<text file> --name={dataset}{force} "
+            f"(or prepare_openwebtext.py --input=<files> --name={dataset}{force})")
+
+
+def open_dataset(data_dir, dataset, splits, min_tokens):
+    """meta.json and the given splits of <data_dir>/<dataset>, checked: each split is there,
+    with the size meta.json records and more than min_tokens tokens. Returns (folder, meta);
+    meta["redo"] is the command that prepares it again (quoted from meta.json), for the errors
+    of whoever reads the tokens later. Any damage is one line with that command."""
+    folder = os.path.join(data_dir, dataset)
+    path = os.path.join(folder, "meta.json")
+    if not os.path.isfile(path):
+        raise tk.UserError(f"dataset {dataset!r} is not prepared ({path} is missing): run {guess_command(dataset)}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        meta["vocab_size"], meta["tokenizer"], meta["splits"].items(), meta["command"]  # noqa: B018 (must be there)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise tk.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again: "
+                           f"{guess_command(dataset, ' --force')}") from None
+    meta["redo"] = meta["command"] + " --force"
+    for split in splits:
+        path = os.path.join(folder, f"{split}.bin")
+        if split not in meta["splits"]:
+            raise tk.UserError(f"dataset {dataset!r} has no {split} split (it has: {', '.join(meta['splits'])})")
+        expected, size = meta["splits"][split], os.path.getsize(path) if os.path.isfile(path) else None
+        if size != 2 * expected:
+            what = "missing" if size is None else f"{size:,} bytes where meta.json says {expected:,} uint16 tokens"
+            raise tk.UserError(f"{path} is {what}: prepare it again: {meta['redo']}")
+        tk.require(expected > min_tokens, f"{path} has {expected:,} tokens, not more than block_size "
+                                          f"({min_tokens:,}): lower --block_size or prepare more text")
+    return folder, meta
+
+
+def read_batch(folder, split, starts, T, device, meta):
+    """The windows of T + 1 tokens of a split that begin at `starts` (B,) -> x, y (B, T) int64
+    on the device, y = x shifted by one. A fresh memory map per call (numpy keeps the pages of a
+    long-lived one in memory); token ids outside the vocabulary are a damaged file."""
+    data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=np.uint16, mode="r")
+    xy = np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64)  # (B, T + 1)
+    if xy.max() >= meta["vocab_size"]:  # checked here, on the CPU, at no cost
+        raise tk.UserError(f"{folder}/{split}.bin holds token id {xy.max()}, outside the vocabulary "
+                           f"({meta['vocab_size']}): prepare it again: {meta['redo']}")
+    xy = torch.from_numpy(xy)
+    if device.startswith("cuda"):
+        xy = xy.pin_memory().to(device, non_blocking=True)
+    return xy[:, :-1], xy[:, 1:]
+
+
+def windows(n_tokens, T, stride):
+    """(start, skip) of windows of up to T tokens that score each of the n_tokens - 1
+    predictions of a stream exactly once: a window starts every `stride` tokens and its first
+    `skip` predictions were scored by an earlier window (with more context)."""
+    out, done, start = [], 0, 0  # predictions [0, done) are scored
+    while done < n_tokens - 1:
+        out.append((start, done - start))
+        done = min(start + T, n_tokens - 1)
+        start += stride
+    return out
+
+
+# -----------------------------------------------------------------------------
+# tokenizers and models
+
+
+def load_tokenizer(info):
+    """(encode, decode) for the tokenizer a checkpoint (or meta.json) names: "char" (info
+    carries the characters, token i is character i) or "gpt2" (tiktoken)."""
+    if info["tokenizer"] == "char":
+        chars = info["chars"]
+        stoi = {ch: i for i, ch in enumerate(chars)}
+
+        def encode(text):
+            missing = sorted(set(text) - stoi.keys())
+            if missing:
+                raise tk.UserError(f"the prompt has characters {''.join(missing)!r} that are not in this model's "
+                                   f"vocabulary ({len(chars)} characters of its training text)")
+            return [stoi[ch] for ch in text]
+
+        return encode, lambda ids: "".join(chars[i] for i in ids)
+    import tiktoken
+
+    enc = tiktoken.get_encoding("gpt2")
+    return (lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})), enc.decode
+
+
+def tokenizer_info(meta):
+    """What a checkpoint keeps of meta.json to read and write text: its tokenizer."""
+    return {k: meta[k] for k in TOKENIZER_KEYS if k in meta}
+
+
+def check_tokenizer(ckpt, meta, ckpt_path, dataset, advice):
+    """Refuse data tokenized otherwise than the checkpoint's model was trained (`advice`: what to do)."""
+    info = ckpt["tokenizer"]
+    if (info["tokenizer"], info.get("chars")) != (meta["tokenizer"], meta.get("chars")):
+        raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({info['tokenizer']}, "
+                           f"{info.get('dataset')}) than dataset {dataset!r} uses ({meta['tokenizer']}): {advice}")
+
+
+def load_language_model(path, device, tssa_impl="torch"):
+    """The GPT of a train.py checkpoint (the file, or the folder holding ckpt.pt) on `device`, in
+    eval mode, its TSSA run by `tssa_impl`. Returns (model, ckpt); ckpt keeps everything but the
+    weights and the optimizer state (tokenizer, iter_num, config, ...)."""
+    ckpt = tk.load_checkpoint(path, "language")
+    model = GPT(tk.model_config(GPTConfig, ckpt, path))
+    model.load_state_dict(ckpt.pop("model"))
+    ckpt.pop("optimizer", None)
+    return kernels.use(model, tssa_impl).to(device).eval(), ckpt
+
+
+# -----------------------------------------------------------------------------
+# writing one: the command line, the checks before any work, all-or-nothing writing
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are UserErrors (one line through run_cli, exit 1) rather than
+    a usage block and exit 2; --help still prints the options and exits 0."""
+
+    def error(self, message):
+        known = re.findall(r"--\w+", self.format_usage())
+        if message.startswith("unrecognized arguments: "):
+            given = message.split(": ", 1)[1].split()
+            raise tk.UserError(f"unknown option{'s' * (len(given) > 1)} {', '.join(map(repr, given))}; "
+                               f"the options: {', '.join(known)} (--help explains them)")
+        raise tk.UserError(f"{message} (--help explains the options)")
+
+
+def command_line(script, argv):
+    """`python <script> <argv>` as one shell line, without --force: what meta.json records as
+    the command that prepared the data (its errors add --force to prepare it again)."""
+    return shlex.join(["python", script] + [arg for arg in argv if arg != "--force"])
+
+
+def check_destination(data_dir, name):
+    """Refuse, before any work, a name that is not one folder name, a data_dir that is (or lies
+    under) a file, a target that is a file or holds files a preparation does not write, and a
+    place that cannot be written. Returns <data_dir>/<name>."""
+    tk.require(name and name not in (".", "..") and os.sep not in name and "/" not in name
+               and not name.startswith("."), f"--name must be a plain folder name (no '/', not starting "
+                                             f"with '.'), got {name!r}")
+    tk.require(data_dir, "--data_dir must not be empty")
+    out_dir = os.path.join(data_dir, name)
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise tk.UserError(f"{out_dir} is a file, not a dataset folder: move it, or write elsewhere with "
+                           "--name=<other> or --data_dir=<folder>")
+    if os.path.isdir(out_dir):
+        foreign = sorted(f for f in os.listdir(out_dir) if f not in SPLIT_FILES and not f.endswith(".tmp"))
+        if foreign:  # replacing the folder would delete them
+            raise tk.UserError(f"{out_dir} holds files a preparation does not write ({', '.join(foreign[:3])}"
+                               f"{', ...' if len(foreign) > 3 else ''}): write elsewhere with --name=<other> "
+                               "or --data_dir=<folder>")
+    existing = os.path.abspath(data_dir)
+    while not os.path.lexists(existing):  # the first part of the path that exists
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise tk.UserError(f"{existing} is a file, so --data_dir={data_dir} cannot be a folder: "
+                           "choose another --data_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise tk.UserError(f"{existing} is not writable (permission denied): choose another --data_dir "
+                           "or change its permissions")
+    return out_dir
+
+
+def check_text_file(path):
+    """Refuse what is not a non-empty text file, saying what it is instead."""
+    if os.path.isdir(path):
+        raise tk.UserError(f"{path} is a folder, not a text file: give --input a file")
+    if not os.path.isfile(path):
+        raise tk.UserError(f"{path} not found: check the path given to --input")
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if not head:
+        raise tk.UserError(f"{path} is empty: there is nothing to prepare")
+    if head[:2] == b"\x1f\x8b" or head[:4] in (b"PK\x03\x04", b"BZh9") or head[:6] == b"\xfd7zXZ\x00":
+        raise tk.UserError(f"{path} is a compressed archive, not text: unpack it first (gunzip, unzip, ...)")
+    if b"\x00" in head:
+        raise tk.UserError(f"{path} holds NUL bytes: a binary file (or UTF-16 text), not UTF-8 text; give a "
+                           "text file (UTF-16 converts with iconv -f utf-16 -t utf-8)")
+
+
+def check_utf8(path, chunk=1 << 24):
+    """Refuse a file that is not UTF-8 throughout, naming the line and byte of the first fault."""
+    decoder, offset, lines = codecs.getincrementaldecoder("utf-8")(), 0, 1
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                at = offset + max(e.start, 0)
+                line = lines + block[:max(e.start, 0)].count(b"\n")
+                raise tk.UserError(f"{path}:{line}: not UTF-8 text (byte {at}: {block[e.start:e.start + 4]!r}); "
+                                   "convert it from its encoding first, e.g. iconv -f <encoding> -t utf-8") from None
+            if not block:
+                return
+            offset, lines = offset + len(block), lines + block.count(b"\n")
+
+
+def file_source(path):
+    """What identifies an input file's content cheaply: its path, size and modification time."""
+    st = os.stat(path)
+    return dict(path=os.path.abspath(path), bytes=st.st_size, mtime=int(st.st_mtime))
+
+
+def already_prepared(out_dir, source, force):
+    """True when out_dir holds a complete preparation of `source` (said in one line). Removes
+    what killed runs left beside it first. A preparation of other input, or a damaged one, is
+    refused (without --force: that prepares again)."""
+    remove_stale(out_dir)
+    path = os.path.join(out_dir, "meta.json")
+    if force or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        splits = dict(meta["splits"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise tk.UserError(f"{path} is damaged ({type(e).__name__}): add --force to prepare it again") from None
+    if meta.get("source") != source:  # an edited file must not train on its old tokens
+        raise tk.UserError(f"{out_dir} was prepared from other input (another file, or an earlier version of "
+                           "this one): --force prepares it again, --name=<other> writes elsewhere")
+    for split, n in splits.items():
+        bin_path = os.path.join(out_dir, f"{split}.bin")
+        size = os.path.getsize(bin_path) if os.path.isfile(bin_path) else None
+        if size != 2 * n:
+            what = "missing" if size is None else f"{size:,} bytes where meta.json says {n:,} uint16 tokens"
+            raise tk.UserError(f"{bin_path} is {what}: add --force to prepare it again")
+    print(f"{out_dir} is already prepared (--force prepares it again, --name=<other> writes elsewhere)")
+    return True
+
+
+def _debris(out_dir):
+    """The .<name>.tmp<pid> / .<name>.old<pid> folders beside out_dir: [(path, tag, pid)]."""
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    found = []
+    for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+        rest = entry[len(name) + 2:] if entry.startswith(f".{name}.") else ""
+        if rest[:3] in ("tmp", "old") and rest[3:].isdigit():
+            found.append((os.path.join(parent, entry), rest[:3], int(rest[3:])))
+    return found
+
+
+def remove_stale(out_dir):
+    """Undo what a killed run left: its temp folder goes; the old data it had set aside for a
+    swap comes back if the swap did not happen (a kill -9 between the two renames)."""
+    for path, tag, pid in _debris(out_dir):
+        if pid == os.getpid() or tk.pid_alive(pid):
+            continue
+        if tag == "old" and not os.path.lexists(out_dir):
+            os.rename(path, out_dir)
+        else:
+            shutil.rmtree(path)
+
+
+def write_tokens(f, ids):
+    """Append token ids to a split file as uint16."""
+    f.write(np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
+
+
+def write_splits(out_dir, counts, fill, meta):
+    """Write <out_dir>/{split}.bin ({split: token count}) and meta.json, all or nothing: into a
+    temp folder beside out_dir, which then takes out_dir's place (an old out_dir is set aside
+    and deleted after). fill(write) writes the tokens, each split in order: write(split, ids)."""
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    made, folder = [], parent  # the folders this call creates, removed again on failure
+    while not os.path.isdir(folder):
+        made.insert(0, folder)
+        folder = os.path.dirname(folder)
+    tmp, old = (os.path.join(parent, f".{name}.{tag}{os.getpid()}") for tag in ("tmp", "old"))
+    tk.on_interrupt(f"{out_dir} was left as it was" if os.path.lexists(out_dir) else "nothing was written")
+    where = os.path.dirname(out_dir) or "."  # what an error names: the folder written into, then out_dir
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(tmp)
+        where = out_dir
+        files = {split: open(os.path.join(tmp, f"{split}.bin"), "wb") for split in counts}
+        try:
+            fill(lambda split, ids: write_tokens(files[split], ids))
+            for split, f in files.items():
+                f.flush()
+                os.fsync(f.fileno())
+                if f.tell() != 2 * counts[split]:  # a bug in fill, not the user's doing: a traceback
+                    raise RuntimeError(f"{split}.bin: {f.tell() // 2} tokens written, {counts[split]} counted")
+        finally:
+            for f in files.values():
+                f.close()
+        meta["splits"] = dict(counts)
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=1, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.lexists(out_dir):
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.lexists(old) and not os.path.lexists(out_dir):
+            os.rename(old, out_dir)
+        for folder in reversed(made):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+        if isinstance(e, OSError) and (not e.filename or str(e.filename).startswith(tmp)):  # not the temp path
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno or errno.EIO), where) from e
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"prepared {out_dir}: " + ", ".join(f"{s}.bin {n:,} tokens" for s, n in counts.items())
+          + f" ({meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']:,})")
