@@ -592,7 +592,7 @@ SECTIONS = {
 }
 DONE = ("ok", "skipped", "failed")  # a section in one of these states is not run again unless named
 TRAINING_SHAPE = (16, 1024)  # (B, T) of the operator at the main job's micro-batch (ToST-Base: 16 x 1K)
-QUICK = dict(T="64,128", model_T="64", decode_T="32,64", H=2, p=16, repeats=2, warmup=0, decode_steps=4,
+QUICK = dict(T="64,128", model_T="64", decode_T="32,64", H=2, p=16, repeats=3, warmup=0, decode_steps=4,
              train_tokens=128, main_iters=3)  # a smoke run of every code path, seconds on a CPU
 TINY = dict(n_layer=1, n_head=2, n_embd=32)  # the models of a quick report
 PRESETS = {"tost": "tost-base", "gpt2": "gpt2"}
@@ -1110,7 +1110,8 @@ def section_main_job(S):
         rng.integers(0, 50257, n, dtype=np.uint16).tofile(os.path.join(data, f"{split}.bin"))
     with open(os.path.join(data, "meta.json"), "w") as f:
         json.dump(dict(dataset="synthetic_gpt2", tokenizer="gpt2", vocab_size=50257, eot_token=50256,
-                       source="bench.py main_job: uniform random token ids (synthetic)", splits=counts), f, indent=1)
+                       source="bench.py main_job: uniform random token ids (synthetic)", splits=counts,
+                       command="python bench.py --report --sections=main_job"), f, indent=1)
     iters = C.main_iters
     args = ["config/tost_owt.py", f"--data_dir={os.path.join(work, 'data')}", "--dataset=synthetic_gpt2",
             f"--out_dir={os.path.join(work, 'out')}", f"--max_iters={iters}", f"--eval_interval={iters}",

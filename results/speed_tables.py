@@ -208,7 +208,7 @@ def table_gpu_train(data):
     peak_is = next((r["peak_is"] for rows in found.values() for r in rows.values() if r.get("peak_is")), "-")
     head += (f"Forward, backward and AdamW of one step of {s['train_tokens']:,} tokens (T x B), "
              f"{'compiled (torch.compile, a fresh compile per row)' if s.get('compiled') else 'eager'}, "
-             f"{s.get('dtype')} autocast; ms per step (the attention kernel that ran). Peak GB, ToST / GPT-2: "
+             f"{s.get('dtype') + ' autocast' if s.get('dtype') != 'float32' else 'float32'}; ms per step (the attention kernel that ran). Peak GB, ToST / GPT-2: "
              f"{peak_is}.\n\n")
     return head + table(["T x B"] + labels + ["ToST / faster GPT-2", "target", "peak GB"], body) + notes.text()
 
