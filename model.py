@@ -971,23 +971,27 @@ class CapturedStep:
     whole step instead of one per operation. The states are written in place and the position
     is a device tensor, so one recording serves every position (and a new prompt, prefilled
     into the same buffers). The first call runs eagerly on a side stream (warm-up: cuBLAS
-    handles, lazy allocations); the second records, and every call replays."""
+    handles, lazy allocations); the second records, and every call replays. Autocast's cache
+    of cast weights is off while recording: the casts are part of the graph, so it never
+    reads copies that autocast frees when its block ends."""
 
     def __init__(self, model, state):
         self.model, self.state, self.graph, self.warm = model, state, None, False
 
     def __call__(self, tok):  # tok (B, 1) -> logits (B, V), a buffer the next call overwrites
+        amp = torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"),
+                             enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False)
         if not self.warm:
             self.warm = True
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), amp:
                 logits = self.model.step(tok, self.state)
             torch.cuda.current_stream().wait_stream(side)
             return logits
         if self.graph is None:
             self.tok, self.graph = tok.clone(), torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph), amp:
                 self.logits = self.model.step(self.tok, self.state)
         self.tok.copy_(tok)
         self.graph.replay()
