@@ -64,6 +64,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import cli
 import kernels
 import model
 import trainkit as tk
@@ -97,7 +98,7 @@ budget_s = 0.0  # report: seconds for this whole command (0: no limit); sections
 train_tokens = 65536  # report: tokens per training step (batch = train_tokens / T)
 main_iters = 200  # report: iterations of the main job
 # -----------------------------------------------------------------------------
-DEFAULTS = tk.config_defaults(globals())  # the settings above
+DEFAULTS = cli.config_defaults(globals())  # the settings above
 SUITES = ("op", "decode", "model", "model_decode", "vit")
 IMPLS = kernels.IMPLS + ("sdpa", "compiled")
 MODES = ("fwd", "fwdbwd")
@@ -109,7 +110,7 @@ def lengths(key, text):
         values = [int(t) for t in text.split(",")]
     except ValueError:
         values = []
-    tk.require(values and min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
+    cli.require(values and min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
     return values
 
 
@@ -117,34 +118,34 @@ def names(key, text, allowed):
     """A comma-separated list of names, each one of `allowed`, as a list."""
     values = text.split(",")
     unknown = [v for v in values if v not in allowed]
-    tk.require(not unknown, f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
+    cli.require(not unknown, f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
     return values
 
 
 def check_settings(C):
     """Every setting, checked before any work (a refusal measures and writes nothing). Returns
     the lists the comma-separated settings hold (None where "auto")."""
-    tk.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
-             non_negative=("warmup", "threads", "budget_s"), positive=("max_case_s",))
+    cli.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
+              non_negative=("warmup", "threads", "budget_s"), positive=("max_case_s",))
     plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
                 impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
                 model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
                 decode_T=None if C.decode_T == "auto" else lengths("decode_T", C.decode_T))
-    tk.require(C.out, "out must name the results file, e.g. --out=bench_results.json")
+    cli.require(C.out, "out must name the results file, e.g. --out=bench_results.json")
     if C.sections != "all":
         names("sections", C.sections, tuple(SECTIONS))
     section_limits(C, list(SECTIONS))
     if C.out == "auto":
         return plan
     if os.path.isdir(C.out):
-        raise tk.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
+        raise cli.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
     folder = os.path.dirname(os.path.abspath(C.out))
     while not os.path.lexists(folder):
         folder = os.path.dirname(folder)
     if not os.path.isdir(folder):
-        raise tk.UserError(f"{folder} is a file, so out={C.out!r} cannot be written: choose another --out")
+        raise cli.UserError(f"{folder} is a file, so out={C.out!r} cannot be written: choose another --out")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise tk.UserError(f"{folder} is not writable (permission denied): choose another --out")
+        raise cli.UserError(f"{folder} is not writable (permission denied): choose another --out")
     return plan
 
 # -----------------------------------------------------------------------------
@@ -725,7 +726,7 @@ class Part:
             return self.row(**dict(old, kept_from=old.get("kept_from") or self.previous_started))
         if self.time_left() < self.reserve_s + 1.5 * self.longest_row_s:
             return self.row(**key, status="not_run", reason=f"the section's time limit was nearly spent "
-                                                              f"({self.time_left():.0f} s left)")
+                                                            f"({self.time_left():.0f} s left)")
         t0 = time.time()
         try:
             got = work()
@@ -964,16 +965,17 @@ def section_op(S):
 
 def build_gpt(C, arch, block_size, impl="torch"):
     """ToST-Base (arch 'tost', TSSA by impl) or GPT-2 Base ('gpt2'); the TINY shape in a quick
-    report. GPT-2's vocabulary padded to 50304 as train.py pads it."""
+    report. GPT-2's vocabulary padded to 50304 as train.py pads it. Both compute the loss in
+    chunks (kernels/cross_entropy.py): neither holds the (B, T, V) logits at a long context."""
     over = dict(block_size=block_size, vocab_size=50304, **(TINY if C.quick else {}))
     m = model.GPT.from_preset(PRESETS[arch], **over)
-    return kernels.use(m, impl) if arch == "tost" else m
+    return kernels.use(m, impl if arch == "tost" else "torch", chunked_loss=True)
 
 
 def section_decode(S):
     """One token at a time after T tokens: ToST from its recurrent state, GPT-2 from a static KV
     cache of T + a few tokens; bf16 weights on CUDA (model.to(dtype), no autocast: an inference
-    copy), eager and replayed as a CUDA graph (model.CapturedStep). The states are synthetic
+    copy), eager and replayed as a CUDA graph (kernels.CapturedStep). The states are synthetic
     (filled as if T tokens had been read): the cost does not depend on their values."""
     C = S.C
     dtype = tk.DTYPES[C.dtype]
@@ -1001,7 +1003,7 @@ def decode_row(C, arch, mode, T_, steps, dtype):
             s.sum_pi_sq.uniform_(1, 2).mul_(T_ / cfg.n_head)
             s.sum_pi.fill_(T_ / cfg.n_head)
     tok = torch.randint(0, 50257, (1, 1), device=C.device)
-    step = model.CapturedStep(m, state) if mode == "captured" else (lambda t: m.step(t, state))
+    step = kernels.CapturedStep(m, state) if mode == "captured" else (lambda t: m.step(t, state))
 
     def tokens():  # `steps` tokens from context T_ (the position set back first: a device write)
         state.pos.fill_(T_)
@@ -1219,9 +1221,9 @@ def section_limits(C, names):
             seconds = float(value)
         except ValueError:
             seconds = -1.0
-        tk.require(seconds > 0 and (not sep or key in SECTIONS), f"section_s must be seconds ('300') or "
-                                                                 f"section:seconds pairs ('op:200,decode:100'), got "
-                                                                 f"{C.section_s!r}")
+        cli.require(seconds > 0 and (not sep or key in SECTIONS), f"section_s must be seconds ('300') or "
+                                                                  f"section:seconds pairs ('op:200,decode:100'), got "
+                                                                  f"{C.section_s!r}")
         for n in ([key] if sep else names):
             if n in limits:
                 limits[n] = seconds
@@ -1282,11 +1284,11 @@ def load_report(path, meta):
         old_meta = old["meta"]
         old["sections"].items()  # noqa: B018 (must be a mapping)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise tk.UserError(f"{path} is not a report of bench.py ({type(e).__name__}); choose another --out") from None
+        raise cli.UserError(f"{path} is not a report of bench.py ({type(e).__name__}); choose another --out") from None
     if (old_meta.get("slug"), bool(old_meta.get("quick"))) != (meta["slug"], bool(meta["quick"])):
-        raise tk.UserError(f"{path} holds a {'quick ' if old_meta.get('quick') else ''}report of "
-                           f"{old_meta.get('name')!r}, not of this {'quick ' if meta['quick'] else ''}run on "
-                           f"{meta['name']!r}: choose another --out")
+        raise cli.UserError(f"{path} holds a {'quick ' if old_meta.get('quick') else ''}report of "
+                            f"{old_meta.get('name')!r}, not of this {'quick ' if meta['quick'] else ''}run on "
+                            f"{meta['name']!r}: choose another --out")
     return old
 
 
@@ -1315,7 +1317,7 @@ def run_report(C):
         meta_part = run_child(ctx, "meta", C, tmp, limits["meta"])
         meta = meta_part.get("meta")
         if meta_part["status"] != "ok" or not meta:
-            raise tk.UserError(f"the meta section {meta_part['status']}: {meta_part.get('reason', '')}")
+            raise cli.UserError(f"the meta section {meta_part['status']}: {meta_part.get('reason', '')}")
         out = report_out(C, meta)
         merged = load_report(out, meta)
         merged["meta"] = meta
@@ -1380,7 +1382,7 @@ def run_report(C):
 
 def main(argv):
     argv = [a + "=1" if a in ("--quick", "--report") else a for a in argv]
-    C, given = tk.configure(DEFAULTS, argv)
+    C, given = cli.configure(DEFAULTS, argv)
     C.argv = list(argv)
     if C.report:
         quick_defaults(C, given)
@@ -1420,8 +1422,8 @@ def main(argv):
     if not any(r.get("ms") is not None for r in results):  # nothing was measured: not a success
         why = lines[0] if did_not_run(results) else \
             "the settings select none: on the CPU, decode_T=auto keeps the T up to 16384; give --decode_T"
-        raise tk.UserError(f"no case ran: {why}; the rows are in {C.out}")
+        raise cli.UserError(f"no case ran: {why}; the rows are in {C.out}")
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

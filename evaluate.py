@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+import cli
 import kernels
 import textdata as td
 import trainkit as tk
@@ -50,7 +51,7 @@ harness_limit = 0  # at most this many documents per harness task (0: all)
 def run_harness(C):
     """--harness: lm-eval's tasks on the checkpoint, in one process (lm_eval_adapter.py); prints
     lm-eval's table and appends the metrics to out_dir/eval.jsonl."""
-    tk.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
+    cli.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
     import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
 
     specs = [spec.strip() for spec in C.harness.split(",") if spec.strip()]
@@ -70,9 +71,9 @@ def run_harness(C):
 
 @torch.no_grad()
 def main(argv):
-    C, _ = tk.configure(tk.config_defaults(globals()), argv)
-    tk.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads", "harness_limit"),
-             choices={"tssa_impl": kernels.IMPLS})
+    C, _ = cli.configure(cli.config_defaults(globals()), argv)
+    cli.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads", "harness_limit"),
+              choices={"tssa_impl": kernels.IMPLS})
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
@@ -89,7 +90,7 @@ def main(argv):
             tokens = tokens[:C.max_tokens + 1]
         T = model.config.block_size
         stride = C.stride or T
-        tk.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
+        cli.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
         ctx = torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=tk.DTYPES[dtype],
                              enabled=dtype != "float32")
 
@@ -104,8 +105,8 @@ def main(argv):
                 x[row, :len(chunk) - 1], y[row, :len(chunk) - 1] = chunk[:-1], chunk[1:]
                 y[row, :skip] = -1
             if x.max(initial=0) >= meta["vocab_size"]:
-                raise tk.UserError(f"{folder}/{C.split}.bin holds token id {x.max()}, outside the vocabulary "
-                                   f"({meta['vocab_size']}): prepare it again: {meta['redo']}")
+                raise cli.UserError(f"{folder}/{C.split}.bin holds token id {x.max()}, outside the vocabulary "
+                                    f"({meta['vocab_size']}): prepare it again: {meta['redo']}")
             x, y = torch.from_numpy(x).to(dist.device), torch.from_numpy(y).to(dist.device)
             with ctx:
                 _, loss = model(x, y)  # mean over the scored targets
@@ -124,4 +125,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

@@ -41,6 +41,7 @@ import warnings
 import torch
 from tqdm import tqdm
 
+import cli
 import kernels
 import textdata as td
 import trainkit as tk
@@ -49,7 +50,7 @@ try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
 except ImportError:
-    raise tk.UserError("lm-eval is not installed (an optional extra): pip install lm-eval==0.4.13") from None
+    raise cli.UserError("lm-eval is not installed (an optional extra): pip install lm-eval==0.4.13") from None
 
 GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "top_k"}  # what generate_until follows
 
@@ -76,7 +77,7 @@ def as_int(name, value):
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise tk.UserError(f"{name} must be a whole number for the nanotost model, got {value!r}") from None
+        raise cli.UserError(f"{name} must be a whole number for the nanotost model, got {value!r}") from None
 
 
 def register(cls):
@@ -98,17 +99,17 @@ class NanoToSTLM(LM):
                  tssa_impl="torch", max_batch_size=None, **unknown):
         super().__init__()
         if unknown:
-            raise tk.UserError(f"the nanotost model takes no {', '.join(sorted(unknown))}; its model_args: out_dir, "
-                               "ckpt_path, device, dtype, batch_size, stride, tssa_impl")
-        tk.require(tssa_impl in kernels.IMPLS,
-                   f"tssa_impl must be one of {', '.join(kernels.IMPLS)}, got {tssa_impl!r}")
+            raise cli.UserError(f"the nanotost model takes no {', '.join(sorted(unknown))}; its model_args: out_dir, "
+                                "ckpt_path, device, dtype, batch_size, stride, tssa_impl")
+        cli.require(tssa_impl in kernels.IMPLS,
+                    f"tssa_impl must be one of {', '.join(kernels.IMPLS)}, got {tssa_impl!r}")
         self._device, self.dtype = tk.choose_device_dtype(device or "auto", dtype or "auto")
         self.batch_size = as_int("batch_size", 8 if batch_size in (None, "auto") else batch_size)
-        tk.require(self.batch_size >= 1, f"batch_size must be at least 1, got {self.batch_size}")
+        cli.require(self.batch_size >= 1, f"batch_size must be at least 1, got {self.batch_size}")
         self.model, ckpt = td.load_language_model(ckpt_path or out_dir, self._device, tssa_impl)
         self.T = self.model.config.block_size
         self.stride = as_int("stride", stride) or self.T
-        tk.require(0 < self.stride <= self.T, f"stride must be in 1..block_size ({self.T}), got {self.stride}")
+        cli.require(0 < self.stride <= self.T, f"stride must be in 1..block_size ({self.T}), got {self.stride}")
         self.autocast = torch.autocast("cuda" if self._device.startswith("cuda") else "cpu",
                                        dtype=tk.DTYPES[self.dtype], enabled=self.dtype != "float32")
         self.info, self.iter_num = ckpt["tokenizer"], ckpt.get("iter_num")
@@ -257,21 +258,21 @@ def load_tasks(specs):
     from lm_eval.tasks import TaskManager
 
     for spec in specs:
-        tk.require(not spec.endswith((".yaml", ".yml")) or os.path.isfile(spec), f"task file {spec!r} not found")
+        cli.require(not spec.endswith((".yaml", ".yml")) or os.path.isfile(spec), f"task file {spec!r} not found")
     local = all(os.path.isfile(spec) for spec in specs)  # YAML files only: no need to index lm-eval's tasks (~10 s)
     manager = TaskManager(include_defaults=not local)
     for spec in specs:
         try:
             manager.load([spec])
         except KeyError:
-            raise tk.UserError(f"{spec!r} is neither a task of lm-eval nor a task YAML file (with a `task:` key): "
-                               "`lm-eval ls tasks` lists the tasks") from None
+            raise cli.UserError(f"{spec!r} is neither a task of lm-eval nor a task YAML file (with a `task:` key): "
+                                "`lm-eval ls tasks` lists the tasks") from None
         except ValueError as e:
-            raise tk.UserError(f"{spec!r} is not a task lm-eval can load ({str(e).splitlines()[0][:160]})") from None
+            raise cli.UserError(f"{spec!r} is not a task lm-eval can load ({str(e).splitlines()[0][:160]})") from None
         except (ConnectionError, OSError) as e:
-            raise tk.UserError(f"lm-eval task {spec!r} could not load its data ({str(e).splitlines()[0][:160]}): "
-                               "the harness's tasks fetch their data sets from the Hugging Face Hub, so run this "
-                               "once online (they are cached), or give a task YAML file over local data") from None
+            raise cli.UserError(f"lm-eval task {spec!r} could not load its data ({str(e).splitlines()[0][:160]}): "
+                                "the harness's tasks fetch their data sets from the Hugging Face Hub, so run this "
+                                "once online (they are cached), or give a task YAML file over local data") from None
     return manager
 
 

@@ -13,7 +13,7 @@ first does). The shorter way in, which also appends the metrics to out_dir/eval.
     python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
 """
 
-import trainkit as tk
+import cli
 
 
 def main():
@@ -24,4 +24,4 @@ def main():
 
 
 if __name__ == "__main__":
-    tk.run_cli(main)
+    cli.run_cli(main)

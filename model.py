@@ -9,8 +9,8 @@ One file, in the order of MATH.md:
   3. ToST-GPT (§5.2): a GPT-2 skeleton with TSSA, trained in parallel, decoded from the state;
   4. ToST-ViT (§5.3-5.4): an XCiT skeleton with TSSA;
   appendix: the baselines and variants (softmax attention and its KV cache, linear
-     attention, the short convolution) and the plumbing (a chunked cross-entropy, a decoding
-     step replayed as a CUDA graph, AdamW's parameter groups, the MFU table).
+     attention, the short convolution) and the plumbing (resetting a decoding state, AdamW's
+     parameter groups).
 
 Symbols (MATH.md §1.1): B batch, T tokens, C = H * p model width, H heads (the K subspaces
 U_k), p head width. w = U_k^T z, the features of each token in each head's basis: (B, H, T, p).
@@ -18,8 +18,9 @@ Pi (B, H, T): how much each token belongs to each head (sums to 1 over heads). s
 Pi-weighted second moment of each feature of each head, the "token statistic". temp (H,): the
 temperature of Pi; pos_bias (H, block_size): the causal form's learned position bias.
 
-The functions of section 1 are the reference. kernels/ holds fused versions of them, swapped
-into a built model by `kernels.use(model, "cpu" | "triton")`; this file knows nothing of it.
+The functions of section 1 and the loss are the reference. kernels/ holds fused versions of
+them, swapped into a built model by `kernels.use(model, "cpu" | "triton")`, and the decoding
+step replayed as a CUDA graph (`kernels.CapturedStep`); this file knows nothing of it.
 
     python -c "import model; print(model.GPT.from_preset('tost-base'))"
 """
@@ -370,6 +371,13 @@ GPT_PRESETS = {  # parameter counts include the position embedding, not the padd
 }
 
 
+def cross_entropy_loss(x, weight, targets):
+    """The mean cross-entropy of the logits x @ weight^T (x (N, C), weight (V, C): the tied
+    head) against targets (N,), -1 not scored; the softmax in fp32 under autocast."""
+    logits = F.linear(x, weight).float()  # (N, V)
+    return F.cross_entropy(logits, targets, ignore_index=-1)
+
+
 @dataclass
 class DecodeState:
     """A decoding in progress: the position (a device tensor, so a step needs no host sync)
@@ -397,6 +405,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(c.n_embd, eps=c.ln_eps, bias=c.bias)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        self.loss = cross_entropy_loss  # kernels.use(..., chunked_loss=True): one that never holds all logits
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2L)
             if name.endswith("c_proj.weight"):
@@ -429,8 +438,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         """idx: (B, T) token ids, T <= block_size. Without targets: (logits (B, T, V), None).
-        With targets (B, T) (-1: not scored): (None, mean cross-entropy), computed in chunks of
-        tokens so that the (B, T, V) logits are never held at once (appendix)."""
+        With targets (B, T) (-1: not scored): (None, the mean cross-entropy, self.loss)."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
         B, T = idx.shape
@@ -443,7 +451,7 @@ class GPT(nn.Module):
         x = self.ln_f(x)
         if targets is None:
             return self.lm_head(x), None
-        return None, LinearCrossEntropy.apply(x.view(B * T, -1), self.lm_head.weight, targets.reshape(B * T))
+        return None, self.loss(x.view(B * T, -1), self.lm_head.weight, targets.reshape(B * T))
 
     # Decoding (MATH.md §4.4): the prompt runs in parallel once and fills each block's state;
     # then every token is one `step` from the states, O(1) for TSSA whatever the length.
@@ -478,12 +486,13 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x[:, -1]))
 
     @torch.no_grad()
-    def decode(self, idx, temperature=1.0, top_k=None, n_vocab=None, capture=False):
+    def decode(self, idx, temperature=1.0, top_k=None, n_vocab=None, stepper=None):
         """The tokens (B, 1) that follow idx (B, T), one per next(), without end (the caller
         decides when to stop). temperature 0: greedy; n_vocab: the tokenizer's vocabulary (the
-        ids that only pad vocab_size are never drawn); capture: replay the step as a CUDA graph
-        (on CUDA; eager elsewhere). A model with softmax blocks keeps block_size tokens in their
-        KV caches: past that, the window slides and is encoded again, as GPT-2 does."""
+        ids that only pad vocab_size are never drawn); stepper(model, state) makes what runs a
+        step, tok -> logits (default: self.step op by op; kernels.CapturedStep replays it as a
+        CUDA graph). A model with softmax blocks keeps block_size tokens in their KV caches:
+        past that, the window slides and is encoded again, as GPT-2 does."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
         bs = self.config.block_size
@@ -492,7 +501,7 @@ class GPT(nn.Module):
             idx = idx[:, -bs:]
         state = self.init_state(idx.shape[0])
         logits = self.prefill(idx, state)
-        step = CapturedStep(self, state) if capture and idx.is_cuda else (lambda t: self.step(t, state))
+        step = stepper(self, state) if stepper else (lambda tok: self.step(tok, state))
         n = idx.shape[1]  # tokens held by the states
         while True:
             tok = sample_token(logits[:, :n_vocab], temperature, top_k)  # (B, 1)
@@ -506,9 +515,9 @@ class GPT(nn.Module):
                 n += 1
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None, capture=False):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None, stepper=None):
         """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens)."""
-        tokens = self.decode(idx, temperature, top_k, n_vocab, capture)
+        tokens = self.decode(idx, temperature, top_k, n_vocab, stepper)
         return torch.cat([idx] + [next(tokens) for _ in range(max_new_tokens)], dim=1)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type="cpu"):
@@ -728,8 +737,7 @@ class ToSTViT(nn.Module):
 # Appendix. Baselines, variants and plumbing: what the sections above use but need not
 # show. The softmax baseline (GPT-2) and its KV cache; linear attention (Katharopoulos et al.
 # 2020) and its state; the short convolution (a ToST variant); the hybrid stack is
-# GPT.block_attn. Then a cross-entropy in chunks, a CUDA-graph decoding step, AdamW's groups
-# and the FLOP counts behind MFU.
+# GPT.block_attn. Then resetting a decoding state and AdamW's parameter groups.
 
 
 class ShortConv(nn.Module):
@@ -921,83 +929,6 @@ def reset_state_(state):
     state.pos.zero_()
 
 
-CE_CHUNK = 4096  # rows of logits (tokens) per chunk of LinearCrossEntropy
-
-
-class LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits = x @ weight^T (x (N, C), weight (V, C)) against targets
-    (N,) (-1: not counted), without ever holding the (N, V) logits: CE_CHUNK rows at a time,
-    each chunk's gradients computed as the forward goes (softmax - one-hot), so only (N, C) and
-    (V, C) gradients are kept. Logits in the autocast dtype, softmax and sums in fp32. The
-    same for every model: a 64K-token step of a 50K vocabulary needs no 13 GB of logits."""
-
-    @staticmethod
-    def forward(ctx, x, weight, targets):
-        dev = x.device.type
-        compute = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        acc = stat_dtype(compute)  # softmax and sums: fp32 (fp64 for fp64 inputs)
-        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        with torch.autocast(dev, enabled=False):
-            xc, wc = x.to(compute), weight.to(compute)
-            valid = (targets != -1).to(acc)  # (N,)
-            n_valid = valid.sum().clamp_min(1.0)
-            loss = torch.zeros((), device=x.device, dtype=acc)
-            grad_x = torch.empty_like(x) if need_grad else None  # (N, C)
-            grad_w = torch.zeros(weight.shape, device=x.device, dtype=acc) if need_grad else None  # (V, C)
-            for i in range(0, x.shape[0], CE_CHUNK):
-                rows = slice(i, i + CE_CHUNK)
-                logits = (xc[rows] @ wc.t()).to(acc)  # (n, V)
-                target = targets[rows].clamp_min(0)[:, None]  # (n, 1); ignored rows weigh 0 below
-                lse = logits.logsumexp(-1)  # (n,)
-                loss += ((lse - logits.gather(1, target).squeeze(1)) * valid[rows]).sum()
-                if need_grad:
-                    g = (logits - lse[:, None]).exp_()  # softmax (n, V)
-                    g.scatter_add_(1, target, -torch.ones_like(g[:, :1]))
-                    g = (g * (valid[rows] / n_valid)[:, None]).to(compute)
-                    grad_x[rows] = g @ wc
-                    grad_w += (g.t() @ xc[rows]).to(acc)
-        ctx.save_for_backward(grad_x, grad_w)
-        ctx.weight_dtype = weight.dtype
-        return loss / n_valid
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad_loss.to(grad_x.dtype), (grad_w * grad_loss).to(ctx.weight_dtype), None
-
-
-class CapturedStep:
-    """GPT.step recorded once as a CUDA graph and replayed for every token: one launch of the
-    whole step instead of one per operation. The states are written in place and the position
-    is a device tensor, so one recording serves every position (and a new prompt, prefilled
-    into the same buffers). The first call runs eagerly on a side stream (warm-up: cuBLAS
-    handles, lazy allocations); the second records, and every call replays. Autocast's cache
-    of cast weights is off while recording: the casts are part of the graph, so it never
-    reads copies that autocast frees when its block ends."""
-
-    def __init__(self, model, state):
-        self.model, self.state, self.graph, self.warm = model, state, None, False
-
-    def __call__(self, tok):  # tok (B, 1) -> logits (B, V), a buffer the next call overwrites
-        amp = torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"),
-                             enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False)
-        if not self.warm:
-            self.warm = True
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), amp:
-                logits = self.model.step(tok, self.state)
-            torch.cuda.current_stream().wait_stream(side)
-            return logits
-        if self.graph is None:
-            self.tok, self.graph = tok.clone(), torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), amp:
-                self.logits = self.model.step(self.tok, self.state)
-        self.tok.copy_(tok)
-        self.graph.replay()
-        return self.logits
-
-
 NO_DECAY = ("pos_bias", "cls_token")  # the parameters of 2+ dimensions that are not weight matrices
 
 
@@ -1010,37 +941,3 @@ def configure_adamw(model, weight_decay, learning_rate, betas, device_type="cpu"
             (decay if p.dim() >= 2 and not name.endswith(NO_DECAY) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
-
-
-# peak dense bf16 tensor throughput (FLOP/s) for MFU, matched against the device name
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
-              "L4": 121e12, "RTX 4090": 165e12, "V100": 125e12, "T4": 65e12}
-
-
-def device_peak_flops(device_name=None):
-    """Peak bf16 FLOP/s of a known GPU (by name), or None if unknown (then no MFU)."""
-    if device_name is None:
-        if not torch.cuda.is_available():
-            return None
-        device_name = torch.cuda.get_device_name()
-    for key, flops in PEAK_FLOPS.items():
-        if key.lower() in device_name.lower():
-            return flops
-    return None
-
-
-def flops_per_token(gpt, T=None):
-    """Training FLOPs per token of a GPT (forward + backward = 3x forward). Matmuls: 6N. The
-    attention operator: TSSA is linear, ~12 FLOPs per feature forward (squares, two cumulative
-    sums, softmax, scaling); softmax attention adds 2 * 2 * T * C forward; linear attention
-    ~4 * C * p (the p x p state: its update and its read)."""
-    c, T = gpt.config, T or gpt.config.block_size
-    n = gpt.get_num_params(non_embedding=True)
-    per_attn = {"tssa": 12 * c.n_embd, "softmax": 4 * T * c.n_embd, "linear": 4 * c.n_embd * (c.n_embd // c.n_head)}
-    return 6 * n + 3 * sum(per_attn[GPT.block_attn(c, i)] for i in range(c.n_layer))
-
-
-def estimate_mfu(gpt, tokens_per_second, device_name=None):
-    """Model FLOPs utilisation against the device's bf16 peak; None if the peak is unknown."""
-    peak = device_peak_flops(device_name)
-    return None if peak is None else flops_per_token(gpt) * tokens_per_second / peak

@@ -24,8 +24,8 @@ import sysconfig
 
 import numpy as np
 
+import cli
 import textdata as td
-import trainkit as tk
 
 
 def pydocs_docs(max_chars=4_000_000):
@@ -53,7 +53,7 @@ def pydocs_docs(max_chars=4_000_000):
                     docs.append(doc)
                     total += len(doc) + 2
     if not docs:
-        raise tk.UserError(f"found no docstrings under {root}: use --input=<text file>")
+        raise cli.UserError(f"found no docstrings under {root}: use --input=<text file>")
     return docs
 
 
@@ -71,8 +71,8 @@ def parser():
 
 def check_settings(args):
     """Every option, checked before any work (a refusal writes nothing). Returns (out_dir, source)."""
-    tk.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
-    tk.require(args.input != "", "--input must name a text file (leave it out for the embedded corpus)")
+    cli.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+    cli.require(args.input != "", "--input must name a text file (leave it out for the embedded corpus)")
     if args.input:
         td.check_text_file(args.input)
     if args.name is None:
@@ -90,8 +90,8 @@ def read_text(path, val_fraction):
         text = f.read()
     n_val = round(len(text) * val_fraction)
     if not 0 < n_val < len(text):
-        raise tk.UserError(f"{path} has {len(text)} characters: too few for a train and a val split "
-                           f"with --val_fraction={val_fraction}")
+        raise cli.UserError(f"{path} has {len(text)} characters: too few for a train and a val split "
+                            f"with --val_fraction={val_fraction}")
     return {"train": text[:-n_val], "val": text[-n_val:]}
 
 
@@ -111,7 +111,7 @@ def main(argv):
     codes = {k: np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for k, t in texts.items()}  # code points
     vocab = np.unique(np.concatenate(list(codes.values())))  # sorted
     if len(vocab) > 65535:
-        raise tk.UserError(f"{args.input} uses {len(vocab):,} distinct characters, more than uint16 token ids hold")
+        raise cli.UserError(f"{args.input} uses {len(vocab):,} distinct characters, more than uint16 token ids hold")
 
     def fill(write):
         for split, c in codes.items():
@@ -124,4 +124,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

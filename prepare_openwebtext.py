@@ -20,7 +20,7 @@ renamed into it when complete, so a failed or killed run, --force included, leav
 folder as it was (--force needs room for the old and the new data until the swap). The same
 command again says "already prepared"; input that changed since (an edited file, another
 glob match) is refused: --force prepares it again, --name=<other> writes elsewhere.
-Every mistake is one line (trainkit.run_cli). meta.json keeps the command, which errors about
+Every mistake is one line (cli.run_cli). meta.json keeps the command, which errors about
 the data quote; the checks and the writing are textdata.py's, shared with prepare_char.py.
 """
 
@@ -33,8 +33,8 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
+import cli
 import textdata as td
-import trainkit as tk
 
 
 def parser():
@@ -60,18 +60,18 @@ def input_files(patterns):
     for pattern in patterns:
         matched = sorted(glob.glob(pattern))
         if not matched and glob.has_magic(pattern):
-            raise tk.UserError(f"--input={pattern} matches no file: check the pattern")
+            raise cli.UserError(f"--input={pattern} matches no file: check the pattern")
         files += matched or [pattern]
     files = sorted(set(files))
     for f in files:
         if os.path.isdir(f):
-            raise tk.UserError(f"{f} is a folder: give the files in it, e.g. --input='{f}/*.jsonl'")
+            raise cli.UserError(f"{f} is a folder: give the files in it, e.g. --input='{f}/*.jsonl'")
         if not os.path.isfile(f):
-            raise tk.UserError(f"{f} not found: check the path given to --input")
+            raise cli.UserError(f"{f} not found: check the path given to --input")
     kinds = {"json" if f.endswith((".json", ".jsonl")) else "parquet" if f.endswith(".parquet") else "text"
              for f in files}
     if len(kinds) > 1:
-        raise tk.UserError(f"--input mixes file kinds ({', '.join(sorted(kinds))}): prepare one kind per call")
+        raise cli.UserError(f"--input mixes file kinds ({', '.join(sorted(kinds))}): prepare one kind per call")
     return files, kinds.pop()
 
 
@@ -79,22 +79,22 @@ def check_settings(args):
     """Every option, checked before any work (a refusal writes nothing). Resolves the defaults
     that depend on others; returns (out_dir, files, kind, source)."""
     if args.dataset is not None and args.dataset not in td.HUB:
-        raise tk.UserError(f"unknown --dataset {args.dataset!r}: this script prepares {', '.join(td.HUB)}; "
-                           f"your own files go with --input=<files> --name={args.dataset} "
-                           "(characters: prepare_char.py --input=<file>)")
-    tk.require(not (args.input and args.dataset), "give --dataset or --input, not both")
+        raise cli.UserError(f"unknown --dataset {args.dataset!r}: this script prepares {', '.join(td.HUB)}; "
+                            f"your own files go with --input=<files> --name={args.dataset} "
+                            "(characters: prepare_char.py --input=<file>)")
+    cli.require(not (args.input and args.dataset), "give --dataset or --input, not both")
     args.dataset = args.dataset or "openwebtext"
     evaluation_set = not args.input and args.dataset != "openwebtext"
-    tk.require(not (evaluation_set and args.val_fraction is not None),
-               f"{args.dataset} is an evaluation set, written whole as test.bin: drop --val_fraction")
-    tk.require(args.input or args.text_field is None,
-               f"--text_field names the column of --input files; {args.dataset}'s is known: drop it")
+    cli.require(not (evaluation_set and args.val_fraction is not None),
+                f"{args.dataset} is an evaluation set, written whole as test.bin: drop --val_fraction")
+    cli.require(args.input or args.text_field is None,
+                f"--text_field names the column of --input files; {args.dataset}'s is known: drop it")
     args.text_field = args.text_field or "text"
     if args.val_fraction is None:
         args.val_fraction = 0.0005 if args.dataset == "openwebtext" and not args.input else 0.01
-    tk.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
-    tk.require(args.num_proc >= 1, f"--num_proc must be at least 1, got {args.num_proc}")
-    tk.require(args.seed >= 0, f"--seed must not be negative, got {args.seed}")
+    cli.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+    cli.require(args.num_proc >= 1, f"--num_proc must be at least 1, got {args.num_proc}")
+    cli.require(args.seed >= 0, f"--seed must not be negative, got {args.seed}")
     files, kind = input_files(args.input) if args.input else ([], None)
     if args.name is None:
         args.name = os.path.splitext(os.path.basename(files[0]))[0] if files else args.dataset
@@ -115,10 +115,10 @@ def check_input_files(files, kind):
             with open(f, "rb") as fh:
                 head = fh.read(4)
             if not head:
-                raise tk.UserError(f"{f} is empty: there is nothing to prepare")
+                raise cli.UserError(f"{f} is empty: there is nothing to prepare")
             if head != b"PAR1":
-                raise tk.UserError(f"{f} is not a parquet file (no PAR1 signature): check the file, or rename it "
-                                   "if it holds text or jsonl")
+                raise cli.UserError(f"{f} is not a parquet file (no PAR1 signature): check the file, or rename it "
+                                    "if it holds text or jsonl")
         else:
             td.check_text_file(f)
             td.check_utf8(f)
@@ -193,27 +193,27 @@ def load_rows(args, files, kind):
         except Exception:  # a malformed record: say which; anything else keeps its traceback
             found = bad_record(files, kind, field)
             if found:
-                raise tk.UserError(found) from None
+                raise cli.UserError(found) from None
             raise
         if field not in ds.column_names:
-            raise tk.UserError(f"{', '.join(files)}: no field {field!r} (fields: {', '.join(ds.column_names)}): "
-                               "name the text's with --text_field")
+            raise cli.UserError(f"{', '.join(files)}: no field {field!r} (fields: {', '.join(ds.column_names)}): "
+                                "name the text's with --text_field")
         if getattr(ds.features[field], "dtype", None) not in ("string", "large_string") \
                 or ds.data.column(field).null_count:
-            raise tk.UserError(bad_record(files, kind, field) or f"the {field!r} field of {', '.join(files)} is "
-                               "not text throughout: name the text's with --text_field")
+            raise cli.UserError(bad_record(files, kind, field) or f"the {field!r} field of {', '.join(files)} is "
+                                "not text throughout: name the text's with --text_field")
         return ds, field, "eot"
     spec = td.HUB[args.dataset]
     try:
         ds = datasets.load_dataset(spec["path"], spec["config"], split=spec["split"],
                                    revision=spec.get("revision"), num_proc=args.num_proc if args.num_proc > 1 else None)
     except Exception as e:  # no network and not cached, a moved repository, ...
-        raise tk.UserError(f"could not load {spec['path']} from the Hugging Face Hub ({type(e).__name__}: "
-                           f"{str(e)[:200]}). It downloads once (needs network) into ~/.cache/huggingface; "
-                           "or pass the files yourself with --input=<files> (text, jsonl or parquet)") from None
+        raise cli.UserError(f"could not load {spec['path']} from the Hugging Face Hub ({type(e).__name__}: "
+                            f"{str(e)[:200]}). It downloads once (needs network) into ~/.cache/huggingface; "
+                            "or pass the files yourself with --input=<files> (text, jsonl or parquet)") from None
     if spec["field"] not in ds.column_names:
-        raise tk.UserError(f"{spec['path']} has no column {spec['field']!r} (columns: {ds.column_names}): "
-                           "the Hub copy changed; pass the files yourself with --input=<files> --text_field=<column>")
+        raise cli.UserError(f"{spec['path']} has no column {spec['field']!r} (columns: {ds.column_names}): "
+                            "the Hub copy changed; pass the files yourself with --input=<files> --text_field=<column>")
     return ds, spec["field"], spec["join"]
 
 
@@ -223,8 +223,8 @@ def gpt2_encoding():
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # no network and nothing in tiktoken's cache
-        raise tk.UserError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it "
-                           "once (needs network); set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
+        raise cli.UserError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it "
+                            "once (needs network); set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
 
 
 def main(argv):
@@ -250,7 +250,7 @@ def main(argv):
     lens = np.array(ds["len"], dtype=np.int64)  # tokens per row
     total = int(lens.sum())
     if total <= len(lens) * (join == "eot"):
-        raise tk.UserError(f"{', '.join(files or [args.dataset])}: no text in it (only empty documents)")
+        raise cli.UserError(f"{', '.join(files or [args.dataset])}: no text in it (only empty documents)")
     # where each row's tokens go: documents to val at random when there are enough of them,
     # else the last val_fraction of the token stream; an evaluation set is written whole
     is_val, cut = None, total
@@ -287,4 +287,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

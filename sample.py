@@ -20,6 +20,7 @@ import time
 
 import torch
 
+import cli
 import kernels
 import textdata as td
 import trainkit as tk
@@ -43,9 +44,9 @@ num_threads = 0  # torch CPU threads (0: the training run's setting, else torch'
 
 
 def main(argv):
-    C, _ = tk.configure(tk.config_defaults(globals()), argv)
-    tk.check(C, at_least_1=("num_samples",), non_negative=("max_new_tokens", "temperature", "top_k", "num_threads"),
-             choices={"tssa_impl": kernels.IMPLS, "decode": ("auto", "eager")})
+    C, _ = cli.configure(cli.config_defaults(globals()), argv)
+    cli.check(C, at_least_1=("num_samples",), non_negative=("max_new_tokens", "temperature", "top_k", "num_threads"),
+              choices={"tssa_impl": kernels.IMPLS, "decode": ("auto", "eager")})
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     torch.manual_seed(C.seed)
 
@@ -66,7 +67,7 @@ def main(argv):
         with open(prompt[len("FILE:"):], encoding="utf-8") as f:
             prompt = f.read()
     ids = encode(prompt)
-    tk.require(len(ids) > 0, "the prompt is empty: give at least one character/token with --start")
+    cli.require(len(ids) > 0, "the prompt is empty: give at least one character/token with --start")
     idx = torch.tensor([ids] * C.num_samples, dtype=torch.long, device=device)
 
     # generate: the prompt in parallel, then one step per token from the decoding state
@@ -78,7 +79,8 @@ def main(argv):
     t0 = time.time()
     with torch.no_grad(), ctx:
         out = model.generate(idx, C.max_new_tokens, temperature=C.temperature, top_k=C.top_k or None,
-                             n_vocab=info["vocab_size"], capture=C.decode == "auto")
+                             n_vocab=info["vocab_size"],
+                             stepper=kernels.CapturedStep if C.decode == "auto" else None)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.time() - t0
@@ -93,4 +95,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

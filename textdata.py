@@ -29,6 +29,7 @@ import shutil
 import numpy as np
 import torch
 
+import cli
 import kernels
 import trainkit as tk
 from model import GPT, GPTConfig
@@ -67,25 +68,25 @@ def open_dataset(data_dir, dataset, splits, min_tokens):
     folder = os.path.join(data_dir, dataset)
     path = os.path.join(folder, "meta.json")
     if not os.path.isfile(path):
-        raise tk.UserError(f"dataset {dataset!r} is not prepared ({path} is missing): run {guess_command(dataset)}")
+        raise cli.UserError(f"dataset {dataset!r} is not prepared ({path} is missing): run {guess_command(dataset)}")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
         meta["vocab_size"], meta["tokenizer"], meta["splits"].items(), meta["command"]  # noqa: B018 (must be there)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise tk.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again: "
-                           f"{guess_command(dataset, ' --force')}") from None
+        raise cli.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again: "
+                            f"{guess_command(dataset, ' --force')}") from None
     meta["redo"] = meta["command"] + " --force"
     for split in splits:
         path = os.path.join(folder, f"{split}.bin")
         if split not in meta["splits"]:
-            raise tk.UserError(f"dataset {dataset!r} has no {split} split (it has: {', '.join(meta['splits'])})")
+            raise cli.UserError(f"dataset {dataset!r} has no {split} split (it has: {', '.join(meta['splits'])})")
         expected, size = meta["splits"][split], os.path.getsize(path) if os.path.isfile(path) else None
         if size != 2 * expected:
             what = "missing" if size is None else f"{size:,} bytes where meta.json says {expected:,} uint16 tokens"
-            raise tk.UserError(f"{path} is {what}: prepare it again: {meta['redo']}")
-        tk.require(expected > min_tokens, f"{path} has {expected:,} tokens, not more than block_size "
-                                          f"({min_tokens:,}): lower --block_size or prepare more text")
+            raise cli.UserError(f"{path} is {what}: prepare it again: {meta['redo']}")
+        cli.require(expected > min_tokens, f"{path} has {expected:,} tokens, not more than block_size "
+                                           f"({min_tokens:,}): lower --block_size or prepare more text")
     return folder, meta
 
 
@@ -96,8 +97,8 @@ def read_batch(folder, split, starts, T, device, meta):
     data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=np.uint16, mode="r")
     xy = np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64)  # (B, T + 1)
     if xy.max() >= meta["vocab_size"]:  # checked here, on the CPU, at no cost
-        raise tk.UserError(f"{folder}/{split}.bin holds token id {xy.max()}, outside the vocabulary "
-                           f"({meta['vocab_size']}): prepare it again: {meta['redo']}")
+        raise cli.UserError(f"{folder}/{split}.bin holds token id {xy.max()}, outside the vocabulary "
+                            f"({meta['vocab_size']}): prepare it again: {meta['redo']}")
     xy = torch.from_numpy(xy)
     if device.startswith("cuda"):
         xy = xy.pin_memory().to(device, non_blocking=True)
@@ -130,8 +131,8 @@ def load_tokenizer(info):
         def encode(text):
             missing = sorted(set(text) - stoi.keys())
             if missing:
-                raise tk.UserError(f"the prompt has characters {''.join(missing)!r} that are not in this model's "
-                                   f"vocabulary ({len(chars)} characters of its training text)")
+                raise cli.UserError(f"the prompt has characters {''.join(missing)!r} that are not in this model's "
+                                    f"vocabulary ({len(chars)} characters of its training text)")
             return [stoi[ch] for ch in text]
 
         return encode, lambda ids: "".join(chars[i] for i in ids)
@@ -150,8 +151,8 @@ def check_tokenizer(ckpt, meta, ckpt_path, dataset, advice):
     """Refuse data tokenized otherwise than the checkpoint's model was trained (`advice`: what to do)."""
     info = ckpt["tokenizer"]
     if (info["tokenizer"], info.get("chars")) != (meta["tokenizer"], meta.get("chars")):
-        raise tk.UserError(f"{ckpt_path} was trained with another tokenizer ({info['tokenizer']}, "
-                           f"{info.get('dataset')}) than dataset {dataset!r} uses ({meta['tokenizer']}): {advice}")
+        raise cli.UserError(f"{ckpt_path} was trained with another tokenizer ({info['tokenizer']}, "
+                            f"{info.get('dataset')}) than dataset {dataset!r} uses ({meta['tokenizer']}): {advice}")
 
 
 def load_language_model(path, device, tssa_impl="torch"):
@@ -177,9 +178,9 @@ class ArgumentParser(argparse.ArgumentParser):
         known = re.findall(r"--\w+", self.format_usage())
         if message.startswith("unrecognized arguments: "):
             given = message.split(": ", 1)[1].split()
-            raise tk.UserError(f"unknown option{'s' * (len(given) > 1)} {', '.join(map(repr, given))}; "
-                               f"the options: {', '.join(known)} (--help explains them)")
-        raise tk.UserError(f"{message} (--help explains the options)")
+            raise cli.UserError(f"unknown option{'s' * (len(given) > 1)} {', '.join(map(repr, given))}; "
+                                f"the options: {', '.join(known)} (--help explains them)")
+        raise cli.UserError(f"{message} (--help explains the options)")
 
 
 def command_line(script, argv):
@@ -192,47 +193,47 @@ def check_destination(data_dir, name):
     """Refuse, before any work, a name that is not one folder name, a data_dir that is (or lies
     under) a file, a target that is a file or holds files a preparation does not write, and a
     place that cannot be written. Returns <data_dir>/<name>."""
-    tk.require(name and name not in (".", "..") and os.sep not in name and "/" not in name
-               and not name.startswith("."), f"--name must be a plain folder name (no '/', not starting "
-                                             f"with '.'), got {name!r}")
-    tk.require(data_dir, "--data_dir must not be empty")
+    cli.require(name and name not in (".", "..") and os.sep not in name and "/" not in name
+                and not name.startswith("."), f"--name must be a plain folder name (no '/', not starting "
+                                              f"with '.'), got {name!r}")
+    cli.require(data_dir, "--data_dir must not be empty")
     out_dir = os.path.join(data_dir, name)
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-        raise tk.UserError(f"{out_dir} is a file, not a dataset folder: move it, or write elsewhere with "
-                           "--name=<other> or --data_dir=<folder>")
+        raise cli.UserError(f"{out_dir} is a file, not a dataset folder: move it, or write elsewhere with "
+                            "--name=<other> or --data_dir=<folder>")
     if os.path.isdir(out_dir):
         foreign = sorted(f for f in os.listdir(out_dir) if f not in SPLIT_FILES and not f.endswith(".tmp"))
         if foreign:  # replacing the folder would delete them
-            raise tk.UserError(f"{out_dir} holds files a preparation does not write ({', '.join(foreign[:3])}"
-                               f"{', ...' if len(foreign) > 3 else ''}): write elsewhere with --name=<other> "
-                               "or --data_dir=<folder>")
+            raise cli.UserError(f"{out_dir} holds files a preparation does not write ({', '.join(foreign[:3])}"
+                                f"{', ...' if len(foreign) > 3 else ''}): write elsewhere with --name=<other> "
+                                "or --data_dir=<folder>")
     existing = os.path.abspath(data_dir)
     while not os.path.lexists(existing):  # the first part of the path that exists
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise tk.UserError(f"{existing} is a file, so --data_dir={data_dir} cannot be a folder: "
-                           "choose another --data_dir")
+        raise cli.UserError(f"{existing} is a file, so --data_dir={data_dir} cannot be a folder: "
+                            "choose another --data_dir")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise tk.UserError(f"{existing} is not writable (permission denied): choose another --data_dir "
-                           "or change its permissions")
+        raise cli.UserError(f"{existing} is not writable (permission denied): choose another --data_dir "
+                            "or change its permissions")
     return out_dir
 
 
 def check_text_file(path):
     """Refuse what is not a non-empty text file, saying what it is instead."""
     if os.path.isdir(path):
-        raise tk.UserError(f"{path} is a folder, not a text file: give --input a file")
+        raise cli.UserError(f"{path} is a folder, not a text file: give --input a file")
     if not os.path.isfile(path):
-        raise tk.UserError(f"{path} not found: check the path given to --input")
+        raise cli.UserError(f"{path} not found: check the path given to --input")
     with open(path, "rb") as f:
         head = f.read(1 << 16)
     if not head:
-        raise tk.UserError(f"{path} is empty: there is nothing to prepare")
+        raise cli.UserError(f"{path} is empty: there is nothing to prepare")
     if head[:2] == b"\x1f\x8b" or head[:4] in (b"PK\x03\x04", b"BZh9") or head[:6] == b"\xfd7zXZ\x00":
-        raise tk.UserError(f"{path} is a compressed archive, not text: unpack it first (gunzip, unzip, ...)")
+        raise cli.UserError(f"{path} is a compressed archive, not text: unpack it first (gunzip, unzip, ...)")
     if b"\x00" in head:
-        raise tk.UserError(f"{path} holds NUL bytes: a binary file (or UTF-16 text), not UTF-8 text; give a "
-                           "text file (UTF-16 converts with iconv -f utf-16 -t utf-8)")
+        raise cli.UserError(f"{path} holds NUL bytes: a binary file (or UTF-16 text), not UTF-8 text; give a "
+                            "text file (UTF-16 converts with iconv -f utf-16 -t utf-8)")
 
 
 def check_utf8(path, chunk=1 << 24):
@@ -246,8 +247,8 @@ def check_utf8(path, chunk=1 << 24):
             except UnicodeDecodeError as e:
                 at = offset + max(e.start, 0)
                 line = lines + block[:max(e.start, 0)].count(b"\n")
-                raise tk.UserError(f"{path}:{line}: not UTF-8 text (byte {at}: {block[e.start:e.start + 4]!r}); "
-                                   "convert it from its encoding first, e.g. iconv -f <encoding> -t utf-8") from None
+                raise cli.UserError(f"{path}:{line}: not UTF-8 text (byte {at}: {block[e.start:e.start + 4]!r}); "
+                                    "convert it from its encoding first, e.g. iconv -f <encoding> -t utf-8") from None
             if not block:
                 return
             offset, lines = offset + len(block), lines + block.count(b"\n")
@@ -272,16 +273,16 @@ def already_prepared(out_dir, source, force):
             meta = json.load(f)
         splits = dict(meta["splits"])
     except (ValueError, KeyError, TypeError) as e:
-        raise tk.UserError(f"{path} is damaged ({type(e).__name__}): add --force to prepare it again") from None
+        raise cli.UserError(f"{path} is damaged ({type(e).__name__}): add --force to prepare it again") from None
     if meta.get("source") != source:  # an edited file must not train on its old tokens
-        raise tk.UserError(f"{out_dir} was prepared from other input (another file, or an earlier version of "
-                           "this one): --force prepares it again, --name=<other> writes elsewhere")
+        raise cli.UserError(f"{out_dir} was prepared from other input (another file, or an earlier version of "
+                            "this one): --force prepares it again, --name=<other> writes elsewhere")
     for split, n in splits.items():
         bin_path = os.path.join(out_dir, f"{split}.bin")
         size = os.path.getsize(bin_path) if os.path.isfile(bin_path) else None
         if size != 2 * n:
             what = "missing" if size is None else f"{size:,} bytes where meta.json says {n:,} uint16 tokens"
-            raise tk.UserError(f"{bin_path} is {what}: add --force to prepare it again")
+            raise cli.UserError(f"{bin_path} is {what}: add --force to prepare it again")
     print(f"{out_dir} is already prepared (--force prepares it again, --name=<other> writes elsewhere)")
     return True
 
@@ -324,7 +325,7 @@ def write_splits(out_dir, counts, fill, meta):
         made.insert(0, folder)
         folder = os.path.dirname(folder)
     tmp, old = (os.path.join(parent, f".{name}.{tag}{os.getpid()}") for tag in ("tmp", "old"))
-    tk.on_interrupt(f"{out_dir} was left as it was" if os.path.lexists(out_dir) else "nothing was written")
+    cli.on_interrupt(f"{out_dir} was left as it was" if os.path.lexists(out_dir) else "nothing was written")
     where = os.path.dirname(out_dir) or "."  # what an error names: the folder written into, then out_dir
     try:
         os.makedirs(parent, exist_ok=True)

@@ -34,10 +34,11 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import cli
 import kernels
 import textdata as td
 import trainkit as tk
-from model import GPT, GPTConfig, estimate_mfu
+from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: ToST-Base on OpenWebText, the released recipe (config/tost_owt.py says
@@ -71,6 +72,7 @@ layer_scale_init = 1e-5  # 0: no layer scale (GPT-2)
 short_conv = 0  # opt-in ToST variant: causal depthwise convolution of this kernel size before TSSA (0: off)
 hybrid_every = 0  # opt-in variant: every k-th block uses softmax attention (0: off)
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
+chunked_loss = False  # the loss a few thousand tokens at a time, never all (B, T, V) logits (long contexts)
 # AdamW
 learning_rate = 6e-4
 max_iters = 600000
@@ -91,7 +93,7 @@ compile = False  # torch.compile the model
 seed = 1337
 num_threads = 0  # torch CPU threads (0: torch's default)
 # -----------------------------------------------------------------------------
-DEFAULTS = tk.config_defaults(globals())  # the settings above (nothing defined below is one)
+DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "attn", "pi", "layer_scale_init",
               "short_conv", "hybrid_every")  # the architecture: a resume takes them from the checkpoint
 TRAIN, EVAL = 0, 1  # seed tags: training batches and evaluation batches never coincide
@@ -99,19 +101,19 @@ TRAIN, EVAL = 0, 1  # seed tags: training batches and evaluation batches never c
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is built."""
-    tk.check(C, at_least_1=("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
-                            "block_size", "n_layer", "n_head", "n_embd"),
-             non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
-                           "max_time", "layer_scale_init", "num_threads", "short_conv", "hybrid_every"),
-             positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
-             choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
-                      "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
-                      "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
-    tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    tk.require(not C.short_conv or C.attn == "tssa",
-               f"short_conv convolves the TSSA input: it needs attn=tssa, got {C.attn!r}")
-    tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
-    tk.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
+    cli.check(C, at_least_1=("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
+                             "block_size", "n_layer", "n_head", "n_embd"),
+              non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
+                            "max_time", "layer_scale_init", "num_threads", "short_conv", "hybrid_every"),
+              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
+              choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
+                       "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
+                       "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
+    cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
+    cli.require(not C.short_conv or C.attn == "tssa",
+                f"short_conv convolves the TSSA input: it needs attn=tssa, got {C.attn!r}")
+    cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
+    cli.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
 
 
 @torch.no_grad()
@@ -138,7 +140,7 @@ def main(argv):
     # -------------------------------------------------------------------------
     # settings: the globals above, then config files, then --key=value; every one is checked
     # before any work, so a mistake costs one line now rather than a crash an hour in
-    C, given = tk.configure(DEFAULTS, argv)
+    C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
@@ -183,9 +185,9 @@ def main(argv):
     with tk.distributed(device) as d:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
-        tk.require(C.gradient_accumulation_steps % d.world_size == 0,
-                   f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
-                   f"number of processes ({d.world_size})")
+        cli.require(C.gradient_accumulation_steps % d.world_size == 0,
+                    f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
+                    f"number of processes ({d.world_size})")
         accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
         if d.is_master:
             tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
@@ -198,7 +200,7 @@ def main(argv):
         model_args = {k: getattr(C, k) for k in MODEL_KEYS}
         model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
         model_args["vocab_size"] = (meta["vocab_size"] + 63) // 64 * 64  # GPT-2's 50257 -> 50304: faster matmuls
-        model = kernels.use(GPT(GPTConfig(**model_args)), C.tssa_impl).to(device)
+        model = kernels.use(GPT(GPTConfig(**model_args)), C.tssa_impl, C.chunked_loss).to(device)
         raw_model = model  # the plain module: parameters, checkpoints, MFU
 
         # ---------------------------------------------------------------------
@@ -238,16 +240,17 @@ def main(argv):
             try:
                 import wandb
             except ImportError:
-                raise tk.UserError("wandb_log=True needs wandb: pip install wandb (or --wandb_log=False)") from None
+                raise cli.UserError("wandb_log=True needs wandb: pip install wandb (or --wandb_log=False)") from None
             wandb.init(project=C.wandb_project, name=C.wandb_run_name, config=vars(C), resume="allow")
         tokens_per_iter = C.gradient_accumulation_steps * C.batch_size * T
         say(f"{C.attn} model: {raw_model.get_num_params() / 1e6:.2f}M parameters, {C.dataset} ({meta['tokenizer']} "
             f"tokenizer, vocabulary {meta['vocab_size']}), {d.world_size} process(es) on {device}, {dtype}, "
             f"{tokens_per_iter:,} tokens per iteration ({C.gradient_accumulation_steps} x {C.batch_size} x {T})")
         if C.init_from == "resume":
-            tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command and --init_from=resume")
+            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command and "
+                             "--init_from=resume")
         else:
-            tk.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
+            cli.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
         # ---------------------------------------------------------------------
         # the training loop: the evaluation and the checkpoint come first in an iteration, so the
@@ -276,8 +279,8 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, tokenizer=td.tokenizer_info(meta)), ckpt_path)
-                    tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
-                                    f"and --init_from=resume")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
+                                     f"and --init_from=resume")
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break
@@ -310,7 +313,7 @@ def main(argv):
             if iter_num % C.log_interval == 0:
                 tokens_per_s = tokens_per_iter / dt
                 if device.startswith("cuda") and iter_num - (resumed_at or 0) >= 5:
-                    now = estimate_mfu(raw_model, tokens_per_s / d.world_size)
+                    now = tk.estimate_mfu(raw_model, tokens_per_s / d.world_size)
                     mfu = now if mfu is None or now is None else 0.9 * mfu + 0.1 * now
                 mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
                 say(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms, "
@@ -333,4 +336,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

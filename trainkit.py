@@ -1,206 +1,31 @@
 """
-Plumbing shared by the scripts (the three trainers, sample.py, evaluate.py, the preparation
-scripts, bench.py, ...), kept here so that each script reads as its story:
+The trainers' plumbing (train.py, vit_train.py, lra/train.py; sample.py, evaluate.py and
+bench.py use parts), kept here so that each trainer reads as its story. The error path and
+the settings of every script are cli.py's.
 
-  the one error path   run_cli: a mistake the user can fix (UserError), a file-system error, a
-                       config file that does not run, Ctrl-C / SIGTERM -> one line, exit 1 (130
-                       for an interrupt); real bugs keep their traceback (NANOTOST_DEBUG=1: all)
-  settings             configure (module globals, config files, --key=value), check, require
   devices, processes   choose_device_dtype ("auto" everywhere), distributed (DDP from torchrun)
   files, checkpoints   claim_out_dir (a lock that run_cli releases; no scratch run over a
                        checkpoint), atomic_write, save_checkpoint / load_checkpoint, JsonlLogger
   training             resume_settings, get_lr, non_finite, gather_rng_states / restore_rng
+  MFU                  flops_per_token, estimate_mfu (against the GPU's peak, PEAK_FLOPS)
 """
 
-import ast
-import difflib
-import errno
+import dataclasses
 import fcntl
 import gc
 import json
 import math
 import os
 import random
-import signal
-import sys
-import traceback
 from collections import namedtuple
 from contextlib import contextmanager, suppress
-import dataclasses
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-# -----------------------------------------------------------------------------
-# one error path
-
-
-class UserError(Exception):
-    """A mistake the person running a script can fix: run_cli prints it as one line."""
-
-
-class ConfigError(UserError, ValueError):
-    """A config file or --key=value that does not fit the script's settings."""
-
-
-_on_interrupt = ["nothing was saved"]  # what an interrupt leaves behind: scripts update it
-
-
-def on_interrupt(text):
-    """Say what an interrupt now leaves behind (e.g. which checkpoint, how to continue)."""
-    _on_interrupt[0] = text
-
-
-def _os_error_line(e):
-    what = e.strerror or str(e)
-    where = f" {e.filename!r}" if e.filename else ""
-    advice = {"ENOSPC": "free some space or write elsewhere", "EACCES": "check its permissions or write elsewhere",
-              "EROFS": "write elsewhere", "EISDIR": "give a file, not a folder",
-              "ENOTDIR": "a file stands where a folder is expected: move it or choose another path",
-              "ENOENT": "check the path"}
-    return f"{what}:{where}: {advice.get(errno.errorcode.get(e.errno, ''), 'check the path')}"
-
-
-def run_cli(main, *args):
-    """Run a script's main(*args) for a person at a terminal (see the module docstring)."""
-    parts = os.path.normpath(sys.argv[0]).split(os.sep)
-    name = "/".join(parts[-2:]) if parts[-2:-1] == ["lra"] else parts[-1]  # train.py, lra/train.py
-    if os.environ.get("NANOTOST_DEBUG"):
-        return main(*args)
-    old = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (a scheduler, kill) ends as Ctrl-C
-    _on_interrupt[0] = "nothing was saved"
-    try:
-        return main(*args)
-    except UserError as e:
-        sys.exit(f"{name}: {e}")
-    except OSError as e:
-        sys.exit(f"{name}: {_os_error_line(e)}")
-    except UnicodeDecodeError as e:  # a text file that is not UTF-8 (scripts name the file where they can)
-        sys.exit(f"{name}: a file is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
-                 "convert it first, e.g. iconv -f <encoding> -t utf-8")
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted; {_on_interrupt[0]}", file=sys.stderr)
-        sys.exit(130)
-    finally:
-        signal.signal(signal.SIGTERM, old)
-        for out_dir in list(_locks):  # the run is over, however it ended
-            release_out_dir(out_dir)
-
-
-def require(condition, message):
-    """Check a setting: raise ConfigError(message) when `condition` is false."""
-    if not condition:
-        raise ConfigError(message)
-
-
-def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), choices=None):
-    """Check settings of C by kind: at_least_1 (counts, sizes, intervals), non_negative,
-    positive, fraction (in [0, 1)) and choices {key: allowed values}."""
-    for key in at_least_1:
-        require(getattr(C, key) >= 1, f"{key} must be at least 1, got {getattr(C, key)}")
-    for key in non_negative:
-        require(getattr(C, key) >= 0, f"{key} must not be negative, got {getattr(C, key)}")
-    for key in positive:
-        require(getattr(C, key) > 0, f"{key} must be positive, got {getattr(C, key)}")
-    for key in fraction:
-        require(0 <= getattr(C, key) < 1, f"{key} must be in [0, 1), got {getattr(C, key)}")
-    for key, allowed in (choices or {}).items():
-        require(getattr(C, key) in allowed,
-                f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(C, key)!r}")
-
-
-# -----------------------------------------------------------------------------
-# settings
-
-
-def coerce(key, value, default):
-    """`value` (text from the command line, or a config file's object) as the type of
-    `default`, or a ConfigError saying what was expected. Floats must be finite."""
-    kind = type(default)
-    if isinstance(value, str) and kind is not str:
-        text = value.strip()
-        try:
-            if kind is bool:
-                value = {"1": True, "true": True, "yes": True, "on": True,
-                         "0": False, "false": False, "no": False, "off": False}[text.lower()]
-            elif kind is int:
-                number = float(text) if any(c in text for c in ".eE") else int(text)
-                value = int(number) if number == int(number) else text
-            elif kind is float:
-                value = float(text)
-            else:
-                value = ast.literal_eval(text)  # tuples, lists
-        except (ValueError, SyntaxError, KeyError, OverflowError):
-            pass
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if kind in (tuple, list) and isinstance(value, (tuple, list)):
-        value = kind(value)
-    if type(value) is not kind:
-        raise ConfigError(f"{key} expects {kind.__name__} (default {default!r}), got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{key} must be a finite number, got {value!r}")
-    return value
-
-
-def _read_config_file(path):
-    """The top-level assignments of a config file; any error in it is one line path:line."""
-    if os.path.isdir(path):
-        raise ConfigError(f"{path} is a folder, not a config file (a Python file of `key = value` lines)")
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} not found (positional arguments are config files; "
-                          "settings are written --key=value)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        scope = {}
-        exec(compile(text, path, "exec"), scope)
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): a config file is Python source") from None
-    except SyntaxError as e:
-        raise ConfigError(f"{path}:{e.lineno}: {e.msg}: a config file is Python source, "
-                          "one `key = value` a line") from None
-    except Exception as e:  # NameError, ImportError, ...: the line of the config file that raised
-        line = next((fr.lineno for fr in reversed(traceback.extract_tb(e.__traceback__)) if fr.filename == path), "?")
-        raise ConfigError(f"{path}:{line}: {type(e).__name__}: {e}") from None
-    return {k: v for k, v in scope.items()
-            if not (k.startswith("_") or callable(v) or type(v).__name__ == "module")}
-
-
-def configure(defaults, argv):
-    """Settings from `defaults` (name -> value), overridden in order by each config file in
-    argv and each --key=value. Returns (C, given): the settings as attributes, and the set of
-    keys a config file or the command line set. --help lists the settings."""
-    if "--help" in argv or "-h" in argv:
-        doc = sys.modules["__main__"].__doc__ or ""
-        print(doc.rstrip() + "\n\nSettings (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
-        raise SystemExit(0)
-    config, given = dict(defaults), set()
-    for arg in argv:
-        if arg.startswith("--"):
-            key, sep, value = arg[2:].partition("=")
-            if not sep:
-                raise ConfigError(f"{arg!r} must be written --key=value")
-            pairs = {key: value}
-        else:
-            pairs = _read_config_file(arg)
-        for key, value in pairs.items():
-            if key not in defaults:
-                hint = difflib.get_close_matches(key, defaults, n=3)
-                hint = f" Did you mean {', '.join(hint)}?" if hint else ""
-                raise ConfigError(f"unknown setting {key!r}.{hint} Known settings: {', '.join(sorted(defaults))}")
-            config[key] = coerce(key, value, defaults[key])
-            given.add(key)
-    return SimpleNamespace(**config), given
-
-
-def config_defaults(namespace):
-    """The settings of a script: its module globals of plain types, not starting with _."""
-    plain = (int, float, bool, str, tuple, list)
-    return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, plain)}
-
+import model
+from cli import UserError, at_end, require
 
 # -----------------------------------------------------------------------------
 # devices and processes
@@ -287,6 +112,7 @@ def claim_out_dir(out_dir, init_from):
         raise UserError(f"{out_dir} is in use by another run: wait for it to end, or write this run elsewhere "
                         "with --out_dir=<new folder>") from None
     _locks[os.path.abspath(out_dir)] = fd
+    at_end(lambda: release_out_dir(out_dir))  # run_cli releases it when the script ends
     ckpt = os.path.join(out_dir, "ckpt.pt")
     if init_from != "resume" and os.path.exists(ckpt):
         raise UserError(f"{ckpt} already exists and init_from={init_from!r} would overwrite it: continue that run "
@@ -476,3 +302,40 @@ def restore_rng(states, d, say):
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -----------------------------------------------------------------------------
+# model FLOPs utilisation (MFU)
+
+# peak dense bf16 tensor throughput (FLOP/s) for MFU, matched against the device name
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12,
+              "L4": 121e12, "RTX 4090": 165e12, "V100": 125e12, "T4": 65e12}
+
+
+def device_peak_flops(device_name=None):
+    """Peak bf16 FLOP/s of a known GPU (by name), or None if unknown (then no MFU)."""
+    if device_name is None:
+        if not torch.cuda.is_available():
+            return None
+        device_name = torch.cuda.get_device_name()
+    for key, flops in PEAK_FLOPS.items():
+        if key.lower() in device_name.lower():
+            return flops
+    return None
+
+
+def flops_per_token(gpt, T=None):
+    """Training FLOPs per token of a GPT (forward + backward = 3x forward). Matmuls: 6N. The
+    attention operator: TSSA is linear, ~12 FLOPs per feature forward (squares, two cumulative
+    sums, softmax, scaling); softmax attention adds 2 * 2 * T * C forward; linear attention
+    ~4 * C * p (the p x p state: its update and its read)."""
+    c, T = gpt.config, T or gpt.config.block_size
+    n = gpt.get_num_params(non_embedding=True)
+    per_attn = {"tssa": 12 * c.n_embd, "softmax": 4 * T * c.n_embd, "linear": 4 * c.n_embd * (c.n_embd // c.n_head)}
+    return 6 * n + 3 * sum(per_attn[model.GPT.block_attn(c, i)] for i in range(c.n_layer))
+
+
+def estimate_mfu(gpt, tokens_per_second, device_name=None):
+    """Model FLOPs utilisation against the device's bf16 peak; None if the peak is unknown."""
+    peak = device_peak_flops(device_name)
+    return None if peak is None else flops_per_token(gpt) * tokens_per_second / peak

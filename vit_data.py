@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+import cli
 import kernels
 import trainkit as tk
 from model import ToSTViT, ViTConfig
@@ -125,8 +126,8 @@ def load_image(path):
         with Image.open(path) as im:
             return rgb_tensor(im)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise tk.UserError(f"cannot decode {path} as an image ({type(e).__name__}: {' '.join(str(e).split())}): "
-                           "remove or replace it") from None
+        raise cli.UserError(f"cannot decode {path} as an image ({type(e).__name__}: {' '.join(str(e).split())}): "
+                            "remove or replace it") from None
 
 
 def check_image(path):
@@ -138,11 +139,11 @@ def check_image(path):
     except Exception as e:  # UnidentifiedImageError, truncated or damaged data, decompression bombs, ...
         why = "not an image format Pillow knows" if isinstance(e, Image.UnidentifiedImageError) else \
             f"{type(e).__name__}: {' '.join(str(e).split())}"
-        raise tk.UserError(f"{path} is not a readable image ({why}): remove it "
-                           "(class folders hold only images)") from None
+        raise cli.UserError(f"{path} is not a readable image ({why}): remove it "
+                            "(class folders hold only images)") from None
     if mode == "F":
-        raise tk.UserError(f"{path} has 32-bit float pixels, which have no standard range: save it as an 8- or "
-                           "16-bit image, or remove it")
+        raise cli.UserError(f"{path} has 32-bit float pixels, which have no standard range: save it as an 8- or "
+                            "16-bit image, or remove it")
 
 
 class Source:
@@ -169,9 +170,9 @@ def scan_image_folder(root):
         files[name] = [os.path.join(folder, f) for folder, subs, names in sorted(os.walk(os.path.join(root, name)))
                        for f in sorted(names) if not f.startswith(".")]
         if not files[name]:
-            raise tk.UserError(f"class folder {os.path.join(root, name)} holds no images: add some, or remove it")
+            raise cli.UserError(f"class folder {os.path.join(root, name)} holds no images: add some, or remove it")
     if not classes:
-        raise tk.UserError(f"{root} holds no class folders: expected {root}/<class>/<images>, one folder per class")
+        raise cli.UserError(f"{root} holds no class folders: expected {root}/<class>/<images>, one folder per class")
     with ThreadPoolExecutor(16) as pool:  # file system latency, not compute: threads overlap it
         list(pool.map(check_image, [p for name in classes for p in files[name]]))
     return files
@@ -182,32 +183,33 @@ def folder_sources(data_dir, val_fraction):
     alone) whose last val_fraction of each class (in name order) is held out."""
     if not os.path.isdir(data_dir):
         what = "is a file" if os.path.exists(data_dir) else "does not exist"
-        raise tk.UserError(f"data_dir={data_dir!r} {what}: give --data_dir=<folder> holding train/<class>/<images> "
-                           "and val/<class>/<images>, or <class>/<images>")
+        raise cli.UserError(f"data_dir={data_dir!r} {what}: give --data_dir=<folder> holding train/<class>/<images> "
+                            "and val/<class>/<images>, or <class>/<images>")
     train_dir = os.path.join(data_dir, "train") if os.path.isdir(os.path.join(data_dir, "train")) else data_dir
     val_dir = next((os.path.join(data_dir, d) for d in ("val", "validation", "test")
                     if os.path.isdir(os.path.join(data_dir, d))), None)
-    tk.require(train_dir != data_dir or val_dir is None,
-               f"{val_dir} has no train/ beside it: give {data_dir}/train/<class>/<images> too")
+    cli.require(train_dir != data_dir or val_dir is None,
+                f"{val_dir} has no train/ beside it: give {data_dir}/train/<class>/<images> too")
     files = scan_image_folder(train_dir)
     classes = list(files)
     if len(classes) < 2:
-        raise tk.UserError(f"{train_dir} holds one class folder ({classes[0]}); classification needs at least 2: "
-                           f"{train_dir}/<class>/<images>, one folder per class")
+        raise cli.UserError(f"{train_dir} holds one class folder ({classes[0]}); classification needs at least 2: "
+                            f"{train_dir}/<class>/<images>, one folder per class")
     if val_dir is not None:
         val_files = scan_image_folder(val_dir)
         extra = sorted(set(val_files) - set(classes))
         if extra:
-            raise tk.UserError(f"{val_dir} has classes that {train_dir} lacks: {', '.join(extra[:5])}: "
-                               "give every val class a train folder")
+            raise cli.UserError(f"{val_dir} has classes that {train_dir} lacks: {', '.join(extra[:5])}: "
+                                "give every val class a train folder")
     else:
         val_files = {}
         for name, paths in files.items():
             n_val = int(round(val_fraction * len(paths)))
             if not 0 < n_val < len(paths):
-                raise tk.UserError(f"class {name!r} has {len(paths)} image(s): val_fraction={val_fraction} leaves "
-                                   f"{len(paths) - n_val} to train and {n_val} to validate, and each needs at least 1: "
-                                   f"add images, change --val_fraction, or give {data_dir}/train and {data_dir}/val")
+                raise cli.UserError(f"class {name!r} has {len(paths)} image(s): val_fraction={val_fraction} leaves "
+                                    f"{len(paths) - n_val} to train and {n_val} to validate, and each needs at least "
+                                    f"1: add images, change --val_fraction, or give {data_dir}/train and "
+                                    f"{data_dir}/val")
             files[name], val_files[name] = paths[:-n_val], paths[-n_val:]
     label = {name: k for k, name in enumerate(classes)}
     return tuple(Source([p for name in split for p in split[name]],
@@ -229,7 +231,7 @@ def build_sources(C):
         splits = [datasets.load_dataset(hub_id, split=s) for s in (train_split, val_split)]
     except Exception as e:  # no network, offline mode, gated repository, ...
         why = " ".join(str(e).split())[:200]
-        raise tk.UserError(
+        raise cli.UserError(
             f"could not load {hub_id!r} through Hugging Face datasets ({type(e).__name__}: {why}); "
             "it needs the network the first time (imagenet-1k: accept its terms, `huggingface-cli login`). "
             "Without it: --dataset=folder --data_dir=<image tree>, or --dataset=shapes") from None
@@ -319,14 +321,14 @@ def timm_transforms(C):
     try:
         from timm.data import create_transform
     except ImportError as e:
-        raise tk.UserError(f"recipe='paper' needs timm ({e}): pip install timm (the README says how next to a "
-                           "CPU torch), or --recipe=builtin") from None
+        raise cli.UserError(f"recipe='paper' needs timm ({e}): pip install timm (the README says how next to a "
+                            "CPU torch), or --recipe=builtin") from None
     from timm.data.auto_augment import posterize
     try:  # RandAugment at magnitude 10 (rand-m9-mstd0.5 reaches it) keeps 0 bits: Pillow 13 refuses that
         posterize(Image.new("RGB", (1, 1)), 0)
     except ValueError as e:
-        raise tk.UserError(f"timm's RandAugment posterizes to 0 bits, which this Pillow refuses ({e}): "
-                           "install Pillow<13 next to timm (README)") from None
+        raise cli.UserError(f"timm's RandAugment posterizes to 0 bits, which this Pillow refuses ({e}): "
+                            "install Pillow<13 next to timm (README)") from None
     mean, std = mean_std(C.dataset)
     common = dict(input_size=C.img_size, interpolation="bicubic", mean=mean, std=std)
     train = create_transform(**common, is_training=True, scale=tuple(C.crop_scale),
@@ -351,8 +353,8 @@ class TrainBatches:
         per_epoch = len(self.sampler) if self.sampler else n // world_size
         self.steps_per_epoch = per_epoch // batch_size
         if self.steps_per_epoch == 0:
-            raise tk.UserError(f"the training set ({n} images over {world_size} process(es)) is smaller than "
-                               f"one batch ({batch_size}): lower --batch_size")
+            raise cli.UserError(f"the training set ({n} images over {world_size} process(es)) is smaller than "
+                                f"one batch ({batch_size}): lower --batch_size")
 
     def epoch_keys(self, epoch):  # -> [(slot, index)] of this rank, in order
         if self.sampler is not None:

@@ -35,6 +35,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
+import cli
 import trainkit as tk
 import vit_data
 from model import split_heads, compression_objective
@@ -51,7 +52,7 @@ out_dir = ""  # "" = <checkpoint folder>/inspect
 device = "cpu"  # "auto", "cpu", "cuda", "cuda:1"
 num_threads = 0  # torch CPU threads (0: torch's default)
 # -----------------------------------------------------------------------------
-DEFAULTS = tk.config_defaults(globals())
+DEFAULTS = cli.config_defaults(globals())
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 
 
@@ -60,13 +61,13 @@ def layer_numbers(text):
     try:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
-        raise tk.ConfigError(f"layers must be layer numbers like '1,6,12', got {text!r}") from None
+        raise cli.ConfigError(f"layers must be layer numbers like '1,6,12', got {text!r}") from None
 
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or built."""
-    tk.check(C, at_least_1=("n_show", "n_rvar", "batch_size"), non_negative=("num_threads",))
-    tk.require(C.ckpt, "give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt (a vit_train.py run's)")
+    cli.check(C, at_least_1=("n_show", "n_rvar", "batch_size"), non_negative=("num_threads",))
+    cli.require(C.ckpt, "give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt (a vit_train.py run's)")
     layer_numbers(C.layers)
 
 
@@ -162,12 +163,12 @@ def shown_images(C, T, S):
     """(uint8 images (B, 3, S, S), names, true labels or None) to draw; T: the training settings."""
     if C.images:
         if not os.path.isdir(C.images):
-            raise tk.UserError(f"images={C.images!r} is not a folder: give --images=<a folder of image files>")
+            raise cli.UserError(f"images={C.images!r} is not a folder: give --images=<a folder of image files>")
         paths = [os.path.join(C.images, f) for f in sorted(os.listdir(C.images))
                  if f.lower().endswith(IMAGE_EXTENSIONS)][:C.n_show]
         if not paths:
-            raise tk.UserError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in {C.images}: give --images=<a folder "
-                               "of pictures>, or leave it out to show the val split")
+            raise cli.UserError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in {C.images}: give "
+                                "--images=<a folder of pictures>, or leave it out to show the val split")
         pics = [vit_data.center_crop(vit_data.load_image(p), S, T.eval_crop_pct) for p in paths]
         return torch.stack(pics), paths, [None] * len(paths)
     val = vit_data.build_sources(T)[1]
@@ -177,23 +178,23 @@ def shown_images(C, T, S):
 
 
 def main(argv):
-    C, _ = tk.configure(DEFAULTS, argv)
+    C, _ = cli.configure(DEFAULTS, argv)
     check_settings(C)
     dev, _ = tk.choose_device_dtype(C.device, "float32")
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     path = os.path.join(C.ckpt, "ckpt.pt") if os.path.isdir(C.ckpt) else C.ckpt
     out = C.out_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "inspect")
-    tk.require(not os.path.exists(out) or os.path.isdir(out),
-               f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
+    cli.require(not os.path.exists(out) or os.path.isdir(out),
+                f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
     if not os.path.isfile(path):
-        raise tk.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
+        raise cli.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
     model, ck = vit_data.load_vit_model(path, device=dev)
     model.eval()
     T = SimpleNamespace(**{**ck["config"], "img_size": model.config.img_size})  # the run's data settings
     S, H, L, is_tost = model.config.img_size, model.config.n_head, model.config.n_layer, model.config.attn == "tssa"
     chosen = layer_numbers(C.layers) or sorted({1, (L + 1) // 2, L})
-    tk.require(all(1 <= l <= L for l in chosen), f"layers {chosen} out of range: this model has layers 1..{L}")
+    cli.require(all(1 <= l <= L for l in chosen), f"layers {chosen} out of range: this model has layers 1..{L}")
     shown, sources, truth = shown_images(C, T, S)
     x = vit_data.to_input(shown, T.dataset, dev)
     if is_tost:
@@ -246,4 +247,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

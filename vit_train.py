@@ -37,8 +37,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import trainkit as tk
+import cli
 import kernels
+import trainkit as tk
 import vit_data
 from model import ToSTViT, ViTConfig
 
@@ -109,7 +110,7 @@ num_threads = 0  # CPU threads for torch (0: torch's default)
 sync_bn = True  # under DDP on GPUs: SyncBatchNorm in the patch embedding
 seed = 1337
 # -----------------------------------------------------------------------------
-DEFAULTS = tk.config_defaults(globals())  # the settings above (nothing defined below is one)
+DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
 MODEL_KEYS = ("img_size", "patch_size", "n_layer", "n_head", "n_embd", "mlp_ratio", "dropout", "drop_path",
               "layer_scale_init", "attn", "pi", "n_cls_layers")
 FINETUNE_OWN = ("img_size", "dropout", "drop_path")  # what a fine-tuning run sets itself
@@ -117,40 +118,40 @@ FINETUNE_OWN = ("img_size", "dropout", "drop_path")  # what a fine-tuning run se
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is built."""
-    tk.check(C, at_least_1=("eval_interval", "log_interval", "img_size", "shapes_train_size", "shapes_val_size",
-                            "shapes_source_size", "repeated_aug", "n_layer", "n_head", "n_embd", "patch_size",
-                            "n_cls_layers", "batch_size", "gradient_accumulation_steps"),
-             non_negative=("eval_max_images", "num_workers", "shapes_seed", "mixup", "cutmix", "layer_scale_init",
-                           "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
-                           "max_time", "num_threads", "seed"),
-             positive=("mlp_ratio", "learning_rate"),
-             fraction=("val_fraction", "label_smoothing", "dropout", "drop_path", "beta1", "beta2"),
-             choices={"init_from": ("scratch", "resume", "auto", "finetune"),
-                      "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
-                      "attn": ("tssa", "softmax", "linear"), "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
-                      "lr_schedule": ("cosine", "linear", "constant")})
+    cli.check(C, at_least_1=("eval_interval", "log_interval", "img_size", "shapes_train_size", "shapes_val_size",
+                             "shapes_source_size", "repeated_aug", "n_layer", "n_head", "n_embd", "patch_size",
+                             "n_cls_layers", "batch_size", "gradient_accumulation_steps"),
+              non_negative=("eval_max_images", "num_workers", "shapes_seed", "mixup", "cutmix", "layer_scale_init",
+                            "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
+                            "max_time", "num_threads", "seed"),
+              positive=("mlp_ratio", "learning_rate"),
+              fraction=("val_fraction", "label_smoothing", "dropout", "drop_path", "beta1", "beta2"),
+              choices={"init_from": ("scratch", "resume", "auto", "finetune"),
+                       "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
+                       "attn": ("tssa", "softmax", "linear"), "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
+                       "lr_schedule": ("cosine", "linear", "constant")})
     for key in ("mix_prob", "random_erasing"):
-        tk.require(0 <= getattr(C, key) <= 1, f"{key} must be in [0, 1], got {getattr(C, key)}")
-    tk.require(0 < C.eval_crop_pct <= 1, f"eval_crop_pct must be in (0, 1], got {C.eval_crop_pct}")
+        cli.require(0 <= getattr(C, key) <= 1, f"{key} must be in [0, 1], got {getattr(C, key)}")
+    cli.require(0 < C.eval_crop_pct <= 1, f"eval_crop_pct must be in (0, 1], got {C.eval_crop_pct}")
     low_high = C.crop_scale
-    tk.require(len(low_high) == 2 and all(type(v) in (int, float) for v in low_high)
-               and 0 < low_high[0] <= low_high[1] <= 1,
-               f"crop_scale must be two numbers (low, high) with 0 < low <= high <= 1, got {low_high!r}")
+    cli.require(len(low_high) == 2 and all(type(v) in (int, float) for v in low_high)
+                and 0 < low_high[0] <= low_high[1] <= 1,
+                f"crop_scale must be two numbers (low, high) with 0 < low <= high <= 1, got {low_high!r}")
     n_shapes = len(vit_data.SHAPES)
-    tk.require(2 <= C.shapes_num_classes <= n_shapes,
-               f"shapes_num_classes must be in 2..{n_shapes}, got {C.shapes_num_classes}")
-    tk.require(C.patch_size >= 2 and C.patch_size & (C.patch_size - 1) == 0,
-               f"patch_size must be a power of two >= 2 (stride-2 convolutions), got {C.patch_size}")
-    tk.require(C.img_size % C.patch_size == 0,
-               f"img_size ({C.img_size}) must be divisible by patch_size ({C.patch_size})")
-    tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    tk.require(C.n_embd >= C.patch_size // 2, f"n_embd ({C.n_embd}) must be at least patch_size / 2 "
-                                              f"({C.patch_size // 2}): the patch embedding halves it per convolution")
-    tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
-    tk.require(C.out_dir, "out_dir must not be empty")
-    tk.require(C.dataset != "folder" or C.data_dir, "dataset='folder' needs --data_dir=<a folder of class folders>")
-    tk.require(C.init_from != "finetune" or C.finetune_from,
-               "init_from='finetune' needs --finetune_from=<a ckpt.pt written by vit_train.py>")
+    cli.require(2 <= C.shapes_num_classes <= n_shapes,
+                f"shapes_num_classes must be in 2..{n_shapes}, got {C.shapes_num_classes}")
+    cli.require(C.patch_size >= 2 and C.patch_size & (C.patch_size - 1) == 0,
+                f"patch_size must be a power of two >= 2 (stride-2 convolutions), got {C.patch_size}")
+    cli.require(C.img_size % C.patch_size == 0,
+                f"img_size ({C.img_size}) must be divisible by patch_size ({C.patch_size})")
+    cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
+    cli.require(C.n_embd >= C.patch_size // 2, f"n_embd ({C.n_embd}) must be at least patch_size / 2 "
+                                               f"({C.patch_size // 2}): the patch embedding halves it per convolution")
+    cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
+    cli.require(C.out_dir, "out_dir must not be empty")
+    cli.require(C.dataset != "folder" or C.data_dir, "dataset='folder' needs --data_dir=<a folder of class folders>")
+    cli.require(C.init_from != "finetune" or C.finetune_from,
+                "init_from='finetune' needs --finetune_from=<a ckpt.pt written by vit_train.py>")
 
 
 @torch.no_grad()
@@ -179,7 +180,7 @@ def evaluate(model, loader, ctx, d, dataset):
 def main(argv):
     # -------------------------------------------------------------------------
     # settings: the globals above, then config files and --key=value, then checks
-    C, given = tk.configure(DEFAULTS, argv)
+    C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
@@ -188,8 +189,8 @@ def main(argv):
     if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
         C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
     if C.init_from != "resume" and os.path.exists(ckpt_path):  # before the data is read (claim_out_dir checks again)
-        raise tk.UserError(f"{ckpt_path} already exists and init_from={C.init_from!r} would overwrite it: continue "
-                           "that run with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
+        raise cli.UserError(f"{ckpt_path} already exists and init_from={C.init_from!r} would overwrite it: continue "
+                            "that run with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
 
     # -------------------------------------------------------------------------
     # the checkpoint to continue (its architecture, dataset and seed win), or to fine-tune (its
@@ -200,14 +201,14 @@ def main(argv):
         tk.resume_settings(ckpt, C, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path)
     elif C.init_from == "finetune":
         if not os.path.exists(C.finetune_from):
-            raise tk.UserError(f"finetune_from={C.finetune_from!r} does not exist: give the ckpt.pt of a "
-                               "vit_train.py run")
+            raise cli.UserError(f"finetune_from={C.finetune_from!r} does not exist: give the ckpt.pt of a "
+                                "vit_train.py run")
         pretrained, ckpt = vit_data.load_vit_model(C.finetune_from, tssa_impl=C.tssa_impl,
                                                    **{k: getattr(C, k) for k in FINETUNE_OWN})
         body = [k for k in MODEL_KEYS if k not in FINETUNE_OWN]
         differ = [k for k in body if k in given and getattr(C, k) != ckpt["config"][k]]
         if differ:
-            raise tk.UserError(f"fine-tuning keeps the architecture of {C.finetune_from}: drop " + ", ".join(
+            raise cli.UserError(f"fine-tuning keeps the architecture of {C.finetune_from}: drop " + ", ".join(
                 f"--{k}={getattr(C, k)!r} (checkpoint: {ckpt['config'][k]!r})" for k in differ))
         for key in body:
             setattr(C, key, ckpt["config"][key])
@@ -217,9 +218,9 @@ def main(argv):
     train_src, val_src = vit_data.build_sources(C)
     num_classes = len(train_src.classes)
     if C.init_from == "resume" and ckpt["classes"] != train_src.classes:
-        raise tk.UserError(f"{ckpt_path} classifies {len(ckpt['classes'])} classes, dataset {C.dataset!r} has "
-                           f"other classes ({num_classes}): resume it on its own data, or start from it with "
-                           f"--init_from=finetune --finetune_from={ckpt_path} --out_dir=<new folder>")
+        raise cli.UserError(f"{ckpt_path} classifies {len(ckpt['classes'])} classes, dataset {C.dataset!r} has "
+                            f"other classes ({num_classes}): resume it on its own data, or start from it with "
+                            f"--init_from=finetune --finetune_from={ckpt_path} --out_dir=<new folder>")
     if C.init_from == "resume" and ckpt["iter_num"] >= C.max_iters:  # (after the classes: those are refused first)
         print(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
               f"raise --max_iters to train it further, or look inside it: python vit_inspect.py --ckpt={ckpt_path}")
@@ -230,9 +231,9 @@ def main(argv):
     with tk.distributed(device) as d:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
-        tk.require(C.gradient_accumulation_steps % d.world_size == 0,
-                   f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
-                   f"number of processes ({d.world_size})")
+        cli.require(C.gradient_accumulation_steps % d.world_size == 0,
+                    f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
+                    f"number of processes ({d.world_size})")
         accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
         start = ckpt["iter_num"] * accum if C.init_from == "resume" else 0  # this process's next micro-step
         train_loader, val_loader = vit_data.loaders(train_src, val_src, C, d, start)  # (checked: >= 1 batch)
@@ -291,7 +292,8 @@ def main(argv):
             f"{len(train_src)} train / {len(val_src)} val images, {d.world_size} process(es) on {device}, {dtype}, "
             f"recipe {C.recipe}, {images_per_iter} images per iteration")
         if C.init_from == "resume":
-            tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command and --init_from=resume")
+            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command and "
+                             "--init_from=resume")
 
         # ---------------------------------------------------------------------
         # the training loop
@@ -325,8 +327,8 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, best_val_acc=best_val_acc, classes=train_src.classes), ckpt_path)
-                    tk.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
-                                    f"and --init_from=resume")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
+                                     f"and --init_from=resume")
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break
@@ -378,4 +380,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

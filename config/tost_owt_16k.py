@@ -20,3 +20,4 @@ compile = True
 block_size = 16384
 batch_size = 2
 gradient_accumulation_steps = 16
+chunked_loss = True  # the same loss, without 16K x 50K logits at once

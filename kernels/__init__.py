@@ -13,7 +13,9 @@ fused.py holds the autograd.Function both share and the fallback to the referenc
 warning) where a kernel cannot be built or run; triton_ops.py registers the Triton forward and
 backward as torch.library custom operators, which torch.compile keeps inside its graph;
 gpu_check.py checks the Triton kernels on a GPU (accuracy, determinism, > 2^31 elements,
-compute-sanitizer, profile). Pi comes back detached, as from model.py;
+compute-sanitizer, profile). Two more fast paths that are not TSSA: cross_entropy.py, the loss
+without the (B, T, V) logits (kernels.use(..., chunked_loss=True)), and cuda_graph.py, a
+decoding step replayed as a CUDA graph (kernels.CapturedStep). Pi comes back detached, as from model.py;
 gradients flow to w, temp and pos_bias. The guards PI_NORM_EPS and STAT_EPS are model.py's,
 passed to every kernel call.
 
@@ -39,7 +41,9 @@ every head of a token. The CPU kernels own every head of a token; the Triton ker
 own every head of a chunk.
 """
 
-import model as _model
+import model
+from kernels.cross_entropy import chunked_cross_entropy
+from kernels.cuda_graph import CapturedStep  # noqa: F401  (kernels.CapturedStep: GPT.decode's stepper)
 from kernels.fused import fused_ops
 
 IMPLS = ("torch", "cpu", "triton")  # the values of every script's tssa_impl setting
@@ -49,14 +53,18 @@ def ops_for(impl):
     """The operator functions (model.TSSAOps: tssa, causal_tssa, causal_tssa_step) of impl."""
     if impl not in IMPLS:
         raise ValueError(f"tssa_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    return _model.REFERENCE_OPS if impl == "torch" else fused_ops(impl)
+    return model.REFERENCE_OPS if impl == "torch" else fused_ops(impl)
 
 
-def use(module, impl):
+def use(module, impl, chunked_loss=False):
     """Run every model.TSSA inside `module` (a GPT, a ToSTViT, an LRA classifier, ...) with the
-    operators of impl; returns the module. Pick the implementation before torch.compile."""
+    operators of impl; with chunked_loss, every model.GPT computes its loss CE_CHUNK tokens at a
+    time (kernels/cross_entropy.py; otherwise model.cross_entropy_loss). Returns the module.
+    Pick them before torch.compile."""
     ops = ops_for(impl)
     for m in module.modules():
-        if isinstance(m, _model.TSSA):
+        if isinstance(m, model.TSSA):
             m.ops = ops
+        if isinstance(m, model.GPT):
+            m.loss = chunked_cross_entropy if chunked_loss else model.cross_entropy_loss
     return module

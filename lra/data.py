@@ -30,25 +30,22 @@ task's classes, a missing or unreadable image) is a DataError of one line naming
 line, and what to do. With cache_dir, the tokenised arrays are kept as .npz files written
 atomically; a cache file that does not load is said and rebuilt.
 
-    python lra/data.py --task=listops --data_dir=data/lra_gen   # load and print a summary
+    python lra/summary.py --task=listops --data_dir=data/lra_gen   # load and print a summary
 """
 
 import hashlib
 import io
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from PIL import Image
 
-from trainkit import UserError, atomic_write
+from cli import UserError
+from trainkit import atomic_write
 
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 RELEASE_PAGE = "https://github.com/google-research/long-range-arena"
@@ -80,7 +77,7 @@ SPLITS = ("train", "val", "test")
 
 class DataError(UserError, ValueError):
     """Data that cannot be used as it is (missing, empty, a label out of range): one line from
-    lra/train.py (trainkit.run_cli)."""
+    lra/train.py (cli.run_cli)."""
 
 
 class DamagedData(DataError):
@@ -483,24 +480,3 @@ def load_split(task, split, data_dir="data/lra_release", max_len=None, cache_dir
     if cache:
         _write_cache(cache, data)
     return data
-
-
-def _summary(argv):
-    from trainkit import check, configure
-
-    C, _ = configure({"task": "listops", "data_dir": "data/lra_release", "cache_dir": "", "workers": 1,
-                      "hf_text": "stanfordnlp/imdb", "hf_image": "uoft-cs/cifar10"}, argv)
-    check(C, at_least_1=("workers",), choices={"task": tuple(TASKS)})
-    for s in SPLITS:
-        d = load_split(C.task, s, C.data_dir, cache_dir=C.cache_dir, hf_text=C.hf_text, hf_image=C.hf_image,
-                       workers=C.workers)
-        lengths = d.inputs[0].lengths()
-        counts = np.bincount(d.labels)
-        print(f"{C.task} {s}: {len(d)} examples, length {lengths.min()}-{lengths.max()} "
-              f"(mean {lengths.mean():.0f}), label counts {counts.tolist()}")
-
-
-if __name__ == "__main__":
-    from trainkit import run_cli
-
-    run_cli(_summary, sys.argv[1:])

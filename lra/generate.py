@@ -41,6 +41,7 @@ from PIL import Image
 if __package__ in (None, ""):  # run as a script: make `lra` and the repo's modules importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import cli
 import trainkit as tk
 from lra.data import TASKS
 
@@ -121,9 +122,9 @@ def generate_listops(n, seed=0, min_len=500, max_len=2000, max_depth=10, max_arg
     while len(examples) < n:
         tries += 1
         if tries > max_tries:
-            raise tk.UserError(f"found only {len(examples)} of {n} distinct ListOps trees with {min_len} < length < "
-                               f"{max_len} in {max_tries} tries: widen the length range (--min_len, --max_len), "
-                               "raise --max_depth / --max_args, or ask for fewer examples")
+            raise cli.UserError(f"found only {len(examples)} of {n} distinct ListOps trees with {min_len} < length < "
+                                f"{max_len} in {max_tries} tries: widen the length range (--min_len, --max_len), "
+                                "raise --max_depth / --max_args, or ask for fewer examples")
         try:
             tree = random_listops_tree(rng, max_depth, max_args, budget=max_len - 1)
         except _TooLong:
@@ -385,7 +386,7 @@ n_images = 20000  # at least 10: lra/data.py cuts them 80/10/10 into train/val/t
 per_folder = 1000
 workers = 1
 # -----------------------------------------------------------------------------
-DEFAULTS = {k: v for k, v in tk.config_defaults(globals()).items() if k.islower()}  # not the constants above
+DEFAULTS = {k: v for k, v in cli.config_defaults(globals()).items() if k.islower()}  # not the constants above
 LISTOPS_LONGEST = TASKS["listops"].seq_len  # lra/data.py reads ListOps sequences of up to this many tokens
 
 
@@ -400,31 +401,31 @@ def longest_listops(max_depth, max_args):
 
 def check_settings(C):
     """Every count and size, checked before anything is written."""
-    tk.check(C, at_least_1=("n_train", "n_val", "n_test", "max_depth", "n_images", "per_folder", "workers"),
-             non_negative=("seed", "min_len"), choices={"task": ("listops", "pathfinder"), "size": (32, 128)})
-    tk.require(C.out_dir, "out_dir must not be empty")
+    cli.check(C, at_least_1=("n_train", "n_val", "n_test", "max_depth", "n_images", "per_folder", "workers"),
+              non_negative=("seed", "min_len"), choices={"task": ("listops", "pathfinder"), "size": (32, 128)})
+    cli.require(C.out_dir, "out_dir must not be empty")
     top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
     while not os.path.exists(top):
         top = os.path.dirname(top)
-    tk.require(os.path.isdir(top), f"out_dir {C.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
+    cli.require(os.path.isdir(top), f"out_dir {C.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
     if C.task == "listops":
-        tk.require(C.max_args >= 2, f"max_args must be at least 2 (an operator takes 2..max_args), got {C.max_args}")
-        tk.require(C.max_len <= LISTOPS_LONGEST + 1, f"max_len must be at most {LISTOPS_LONGEST + 1}: lra/data.py "
-                   f"reads ListOps sequences of up to {LISTOPS_LONGEST} tokens, got {C.max_len}")
+        cli.require(C.max_args >= 2, f"max_args must be at least 2 (an operator takes 2..max_args), got {C.max_args}")
+        cli.require(C.max_len <= LISTOPS_LONGEST + 1, f"max_len must be at most {LISTOPS_LONGEST + 1}: lra/data.py "
+                    f"reads ListOps sequences of up to {LISTOPS_LONGEST} tokens, got {C.max_len}")
         longest = longest_listops(C.max_depth, C.max_args)  # a tree is 1 digit, or 4..longest tokens
         fits = lambda lo, hi: max(lo, C.min_len + 1) <= min(hi, C.max_len - 1)  # noqa: E731 (lengths in range)
-        tk.require(fits(1, 1) or fits(4, longest), f"no ListOps tree has more than min_len ({C.min_len}) and fewer "
-                   f"than max_len ({C.max_len}) tokens: with max_depth={C.max_depth} and max_args={C.max_args} a "
-                   f"tree is one digit or has 4 to {longest} tokens; change --min_len / --max_len or raise "
-                   "--max_depth / --max_args")
+        cli.require(fits(1, 1) or fits(4, longest), f"no ListOps tree has more than min_len ({C.min_len}) and fewer "
+                    f"than max_len ({C.max_len}) tokens: with max_depth={C.max_depth} and max_args={C.max_args} a "
+                    f"tree is one digit or has 4 to {longest} tokens; change --min_len / --max_len or raise "
+                    "--max_depth / --max_args")
         n = C.n_train + C.n_val + C.n_test
         fix = " and ".join((["--max_depth above 1"] if longest == 1 else [])
                            + (["--max_len above 4"] if C.max_len <= 4 else []))  # an operator needs 4 tokens
-        tk.require(fits(4, longest) or n <= 10, f"only single digits fit these settings (max_depth={C.max_depth}, "
-                   f"max_len={C.max_len}): 10 distinct examples, not {n}; raise {fix}")
+        cli.require(fits(4, longest) or n <= 10, f"only single digits fit these settings (max_depth={C.max_depth}, "
+                    f"max_len={C.max_len}): 10 distinct examples, not {n}; raise {fix}")
     else:
-        tk.require(C.n_images >= 10, f"n_images must be at least 10 (lra/data.py cuts them 80/10/10 into "
-                   f"train/val/test), got {C.n_images}")
+        cli.require(C.n_images >= 10, f"n_images must be at least 10 (lra/data.py cuts them 80/10/10 into "
+                    f"train/val/test), got {C.n_images}")
 
 
 def existing_set(C):
@@ -441,12 +442,12 @@ def existing_set(C):
 
 
 def main(argv):
-    C, _ = tk.configure(DEFAULTS, argv)
+    C, _ = cli.configure(DEFAULTS, argv)
     check_settings(C)
     folder = existing_set(C)
     if folder:  # never overwrite a set (it may be the release's own)
-        raise tk.UserError(f"{folder} already holds a {C.task} set: write this one elsewhere with "
-                           "--out_dir=<new folder>, or delete that folder first")
+        raise cli.UserError(f"{folder} already holds a {C.task} set: write this one elsewhere with "
+                            "--out_dir=<new folder>, or delete that folder first")
     if C.task == "listops":
         folder = write_listops(C.out_dir, C.n_train, C.n_val, C.n_test, seed=C.seed, min_len=C.min_len,
                                max_len=C.max_len, max_depth=C.max_depth, max_args=C.max_args, parens=C.parens)
@@ -457,4 +458,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import cli
 import trainkit
 from lra import generate, train
 from lra.data import LISTOPS_VOCAB, load_split, make_batch
@@ -311,10 +312,10 @@ def test_pathfinder_loader_reads_release_layout(tmp_path):
 
 def test_missing_data_says_where_to_get_it(tmp_path):
     for task in ("listops", "retrieval", "pathfinder", "pathx"):
-        with pytest.raises(trainkit.UserError, match="lra_release.gz") as err:  # run_cli prints it as one line
+        with pytest.raises(cli.UserError, match="lra_release.gz") as err:  # run_cli prints it as one line
             load_split(task, "train", data_dir=str(tmp_path / "nowhere"))
         assert "tar -xzf" in str(err.value) and str(tmp_path / "nowhere") in str(err.value)
-    with pytest.raises(trainkit.UserError, match="internet"):  # run_cli prints it as one line
+    with pytest.raises(cli.UserError, match="internet"):  # run_cli prints it as one line
         load_split("text", "train", hf_text=str(tmp_path / "no_such_dataset"))
     with pytest.raises(ValueError, match="unknown LRA task"):
         load_split("listopz", "train")
@@ -414,7 +415,7 @@ def test_configs_carry_the_paper_settings_at_equal_budgets():
     keys = ("n_layer", "n_embd", "n_head", "mlp_hidden", "batch_size", "learning_rate", "dropout", "weight_decay",
             "max_iters", "warmup_iters")
     def settings(name):
-        return trainkit.configure(train.DEFAULTS, [os.path.join(CONFIGS, f"{name}.py")])[0]
+        return cli.configure(train.DEFAULTS, [os.path.join(CONFIGS, f"{name}.py")])[0]
 
     for task, row in paper.items():
         tost, soft = settings(f"{task}_tost"), settings(f"{task}_softmax")
@@ -471,9 +472,9 @@ def test_resume_continues_exactly(tiny_listops, tmp_path):
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key  # bit for bit: same batches, dropout, optimizer
     assert straight["val_acc"] == resumed["val_acc"]
-    with pytest.raises(trainkit.ConfigError, match="unknown setting"):
+    with pytest.raises(cli.ConfigError, match="unknown setting"):
         train.main(["--no_such_setting=1"])
-    with pytest.raises(trainkit.UserError, match="--init_from=resume"):  # a scratch run never overwrites one
+    with pytest.raises(cli.UserError, match="--init_from=resume"):  # a scratch run never overwrites one
         train.main(tiny_args(tiny_listops, str(tmp_path / "a"), **common))
 
 
@@ -506,8 +507,8 @@ def _write_listops(folder, rows):
 def test_malformed_listops_lines_name_the_file_and_line(bad_row, words, tmp_path):
     _write_listops(tmp_path, ["( [MAX 4 3 ] )\t4", bad_row])
     with pytest.raises(SystemExit) as exit:  # what the command line does: run_cli's one line, status 1
-        trainkit.run_cli(train.main, [f"--data_dir={tmp_path}", "--cache_dir=", f"--out_dir={tmp_path / 'out'}",
-                                      "--device=cpu"])
+        cli.run_cli(train.main, [f"--data_dir={tmp_path}", "--cache_dir=", f"--out_dir={tmp_path / 'out'}",
+                                 "--device=cpu"])
     message = str(exit.value.code)
     assert "\n" not in message and "basic_val.tsv:3: " in message and words in message  # val is read first
 
@@ -516,7 +517,7 @@ def test_retrieval_label_out_of_range_is_caught_when_loading(tmp_path):
     folder = tmp_path / "tsv_data"
     folder.mkdir()
     (folder / "new_aan_pairs.train.tsv").write_text("1\ta\tb\tx\ty\n2\ta\tb\tx\ty\n", encoding="utf-8")
-    with pytest.raises(trainkit.UserError, match=r"new_aan_pairs.train.tsv:2: label 2 is out of range"):
+    with pytest.raises(cli.UserError, match=r"new_aan_pairs.train.tsv:2: label 2 is out of range"):
         load_split("retrieval", "train", data_dir=str(tmp_path))
 
 

@@ -6,7 +6,7 @@ is written (the listing of the folders involved, with sizes and times, is the sa
 
     python -m pytest -q lra/test_lra_errors.py     (CPU, offline, ~15 s)
 
-Everything runs in this process through trainkit.run_cli (the command line's code path).
+Everything runs in this process through cli.run_cli (the command line's code path).
 """
 
 import errno
@@ -30,6 +30,7 @@ from PIL import Image
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+import cli  # noqa: E402
 import trainkit as tk  # noqa: E402
 from lra import data, generate, train  # noqa: E402
 
@@ -77,7 +78,7 @@ def run(module, argv, monkeypatch):
     """run_cli(module.main, argv) as `python lra/<script>.py argv` would: (exit code, message)."""
     monkeypatch.setattr(sys, "argv", [SCRIPTS[module]])
     try:
-        tk.run_cli(module.main, list(argv))
+        cli.run_cli(module.main, list(argv))
     except SystemExit as e:
         return (1, str(e.code)) if isinstance(e.code, str) else (e.code, "")
     return 0, ""
@@ -484,8 +485,8 @@ def test_invsqrt_schedule_and_layer_scale_zero_means_none():
     # lr * sqrt(warmup / it): exactly lr at the end of the warmup, half of it at 4 x warmup
     assert get_lr(100, C) == pytest.approx(1e-3, rel=1e-12) and get_lr(400, C) == pytest.approx(5e-4, rel=1e-12)
     assert get_lr(10**8, C) == 1e-5  # never below min_lr (lr_decay_iters plays no part)
-    base, _ = tk.configure(train.DEFAULTS, [])
-    scaled, _ = tk.configure(train.DEFAULTS, ["--layer_scale_init=1e-5"])
+    base, _ = cli.configure(train.DEFAULTS, [])
+    scaled, _ = cli.configure(train.DEFAULTS, ["--layer_scale_init=1e-5"])
     assert train.model_config(base).layer_scale_init is None
     assert train.count_params(scaled) > train.count_params(base)  # the gammas exist only when asked for
 

@@ -39,11 +39,12 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import cli
+import kernels
 import trainkit as tk
 from lra.data import TASKS, get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
 from model import configure_adamw
-import kernels
 
 # -----------------------------------------------------------------------------
 # settings
@@ -97,32 +98,32 @@ dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 o
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
 # -----------------------------------------------------------------------------
-DEFAULTS = tk.config_defaults(globals())  # the settings above (nothing defined below is one)
+DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "mlp_hidden", "dropout", "attn", "pi", "norm", "bias", "layer_scale_init")
 TASK_KEYS = ("task", "max_len")  # what a checkpoint's position table and head were built for
 
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or written."""
-    tk.check(C, at_least_1=("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "n_layer",
-                            "n_head", "n_embd", "mlp_hidden", "pad_multiple", "load_workers"),
-             non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
-                           "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init", "num_threads",
-                           "seed"),
-             positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
-             choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
-                      "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
-                      "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
-    tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    tk.require(C.norm == "post" or int(C.mlp_hidden / C.n_embd * C.n_embd) == C.mlp_hidden,
-               f"mlp_hidden ({C.mlp_hidden}) / n_embd ({C.n_embd}) is not a ratio model.Block (norm='pre') can "
-               "turn back into mlp_hidden: pick another --mlp_hidden, or --norm=post")
-    tk.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
-    tk.require(C.out_dir and C.data_dir, "out_dir and data_dir must not be empty")
+    cli.check(C, at_least_1=("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "n_layer",
+                             "n_head", "n_embd", "mlp_hidden", "pad_multiple", "load_workers"),
+              non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
+                            "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init", "num_threads",
+                            "seed"),
+              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
+              choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
+                       "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
+                       "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
+    cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
+    cli.require(C.norm == "post" or int(C.mlp_hidden / C.n_embd * C.n_embd) == C.mlp_hidden,
+                f"mlp_hidden ({C.mlp_hidden}) / n_embd ({C.n_embd}) is not a ratio model.Block (norm='pre') can "
+                "turn back into mlp_hidden: pick another --mlp_hidden, or --norm=post")
+    cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
+    cli.require(C.out_dir and C.data_dir, "out_dir and data_dir must not be empty")
     top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
     while not os.path.exists(top):
         top = os.path.dirname(top)
-    tk.require(os.path.isdir(top), f"out_dir {C.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
+    cli.require(os.path.isdir(top), f"out_dir {C.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
 
 
 def model_config(C):
@@ -192,7 +193,7 @@ def evaluate(model, split, C, max_len, ctx, d):
 def main(argv):
     # -------------------------------------------------------------------------
     # settings: the globals above, then config files and --key=value, then checks
-    C, given = tk.configure(DEFAULTS, argv)
+    C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
@@ -207,9 +208,9 @@ def main(argv):
     with tk.distributed(device) as d, ExitStack() as cleanup:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
-        tk.require(C.gradient_accumulation_steps % d.world_size == 0,
-                   f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
-                   f"number of processes ({d.world_size})")
+        cli.require(C.gradient_accumulation_steps % d.world_size == 0,
+                    f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
+                    f"number of processes ({d.world_size})")
         accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
         torch.manual_seed(C.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -250,8 +251,8 @@ def main(argv):
             tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
             cleanup.callback(tk.release_out_dir, C.out_dir)
             if stamp is not None and (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns) != stamp:
-                raise tk.UserError(f"{ckpt_path} was rewritten while this run loaded it (by a run that has "
-                                   "ended since): start this one again to continue from the new checkpoint")
+                raise cli.UserError(f"{ckpt_path} was rewritten while this run loaded it (by a run that has "
+                                    "ended since): start this one again to continue from the new checkpoint")
 
         # ---------------------------------------------------------------------
         # model, optimizer and precision, fresh or exactly as the checkpoint left them
@@ -293,10 +294,10 @@ def main(argv):
                 model, device_ids=[d.local_rank] if device_type == "cuda" else None)
         logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch")
         if start_iter:
-            tk.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with the same command and "
-                            "--init_from=resume")
+            cli.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with the same command and "
+                             "--init_from=resume")
         else:
-            tk.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
+            cli.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
         # ---------------------------------------------------------------------
         # the training loop
@@ -328,8 +329,8 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), model_args=asdict(mconf),
                             iter_num=it, best_val_loss=best_val_loss, best_val_acc=best_val,
                             test_acc_at_best_val=test_at_best, config=vars(C), rng=rng), ckpt_path)
-                    tk.on_interrupt(f"{ckpt_path} holds iter {it}; continue with the same command and "
-                                    "--init_from=resume")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {it}; continue with the same command and "
+                                     "--init_from=resume")
                     say(f"saved {ckpt_path}")
             if it == C.max_iters:
                 say(f"max_iters={C.max_iters} reached: best val acc {best_val:.4f}, test acc at best val "
@@ -369,4 +370,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

@@ -24,7 +24,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import trainkit as tk
+import cli
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -35,7 +35,7 @@ batch_size = 1
 num_threads = 1
 out = "results/variants_cpu.json"
 # -----------------------------------------------------------------------------
-SETTINGS = tk.config_defaults(globals())
+SETTINGS = cli.config_defaults(globals())
 
 LAYOUT = dict(vocab_size=128, n_head=4, n_embd=96)  # pydocs_char: 107 characters, padded to 128
 VARIANTS = {  # name -> GPTConfig fields (config/pydocs_char_tost.py / _softmax.py, and the variants)
@@ -73,13 +73,13 @@ def measure(name, T_, C):
 
 
 def main(argv):
-    C, _ = tk.configure(SETTINGS, argv)
-    tk.check(C, at_least_1=("steps", "repeats", "batch_size"), non_negative=("num_threads",))
+    C, _ = cli.configure(SETTINGS, argv)
+    cli.check(C, at_least_1=("steps", "repeats", "batch_size"), non_negative=("num_threads",))
     try:
         lengths = [int(t) for t in C.T.split(",") if t.strip()]
     except ValueError:
-        raise tk.ConfigError(f"T must be integers separated by commas, got {C.T!r}") from None
-    tk.require(lengths and min(lengths) >= 1, f"T must be positive lengths, got {C.T!r}")
+        raise cli.ConfigError(f"T must be integers separated by commas, got {C.T!r}") from None
+    cli.require(lengths and min(lengths) >= 1, f"T must be positive lengths, got {C.T!r}")
     if C.num_threads:
         torch.set_num_threads(C.num_threads)
     rows = []
@@ -100,4 +100,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

@@ -22,7 +22,7 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import trainkit as tk
+import cli
 
 # -----------------------------------------------------------------------------
 variants = "tost,softmax,linear,tost_uniform,tost_conv,hybrid"
@@ -31,7 +31,7 @@ parallel = 2  # runs at a time (one thread each)
 out_root = "out-variants"
 out = "results/pydocs_variants_cpu.json"
 # -----------------------------------------------------------------------------
-SETTINGS = tk.config_defaults(globals())
+SETTINGS = cli.config_defaults(globals())
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = {  # variant -> config file and extra settings (5 softmax/linear layers = 6 TSSA layers in parameters)
@@ -67,11 +67,11 @@ def summary(name, C):
 
 
 def main(argv):
-    C, _ = tk.configure(SETTINGS, argv)
+    C, _ = cli.configure(SETTINGS, argv)
     names = [v.strip() for v in C.variants.split(",") if v.strip()]
     for name in names:
-        tk.require(name in RUNS, f"unknown variant {name!r}; choose from {', '.join(RUNS)}")
-    tk.check(C, at_least_1=("parallel",), positive=("budget",))
+        cli.require(name in RUNS, f"unknown variant {name!r}; choose from {', '.join(RUNS)}")
+    cli.check(C, at_least_1=("parallel",), positive=("budget",))
     os.makedirs(C.out_root, exist_ok=True)
     pending, running, t0 = list(names), [], time.time()
     while pending or running:
@@ -84,7 +84,7 @@ def main(argv):
         for name, proc in list(running):
             if proc.poll() is not None:
                 running.remove((name, proc))
-                tk.require(proc.returncode == 0, f"the {name} run failed: see {C.out_root}/{name}.out")
+                cli.require(proc.returncode == 0, f"the {name} run failed: see {C.out_root}/{name}.out")
                 print(f"finished {name} ({time.time() - t0:.0f}s)", flush=True)
     rows = [summary(name, C) for name in names]
     print(f"| variant | params | steps in {C.budget:.0f} s | val loss | train tok/s |")
@@ -99,4 +99,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

@@ -34,6 +34,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import cli
 import trainkit as tk
 from model import GPT, GPTConfig
 from recall import tasks as gen
@@ -85,7 +86,7 @@ workers = 2  # runs at a time, each in its own process
 out_json = "recall/results_cpu.json"
 figure = "recall/recall.png"  # "" for none
 # -----------------------------------------------------------------------------
-SETTINGS = tk.config_defaults(globals())
+SETTINGS = cli.config_defaults(globals())
 
 # every variant is the same GPT layout with these GPTConfig fields changed
 MODELS = {
@@ -110,24 +111,24 @@ def parse_list(text):
 
 def check_settings(C):
     for name in parse_list(C.models):
-        tk.require(name in MODELS, f"unknown model {name!r} in --models; choose from {', '.join(MODELS)}")
+        cli.require(name in MODELS, f"unknown model {name!r} in --models; choose from {', '.join(MODELS)}")
     for name in parse_list(C.tasks):
-        tk.require(name in TASKS, f"unknown task {name!r} in --tasks; choose from {', '.join(TASKS)}")
-    tk.check(C, at_least_1=("workers", "n_layer", "n_head", "n_embd", "mqar_batch", "copy_batch", "niah_batch",
-                            "eval_interval", "eval_examples",
-                            "mqar_pairs", "mqar_queries", "mqar_keys", "mqar_values", "copy_length", "copy_tokens",
-                            "niah_tokens"),
-             non_negative=("mqar_steps", "copy_steps", "niah_steps", "warmup_steps", "weight_decay", "grad_clip", "layer_scale_init"),
-             positive=("learning_rate", "embed_init"))
-    tk.check(C, fraction=("beta2",), choices={"lr_schedule": ("constant", "cosine")})
-    tk.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    tk.require(C.mqar_pairs <= min(C.mqar_keys, C.mqar_values),
-               f"mqar_pairs ({C.mqar_pairs}) must not exceed mqar_keys and mqar_values (distinct pairs)")
+        cli.require(name in TASKS, f"unknown task {name!r} in --tasks; choose from {', '.join(TASKS)}")
+    cli.check(C, at_least_1=("workers", "n_layer", "n_head", "n_embd", "mqar_batch", "copy_batch", "niah_batch",
+                             "eval_interval", "eval_examples",
+                             "mqar_pairs", "mqar_queries", "mqar_keys", "mqar_values", "copy_length", "copy_tokens",
+                             "niah_tokens"),
+              non_negative=("mqar_steps", "copy_steps", "niah_steps", "warmup_steps", "weight_decay", "grad_clip", "layer_scale_init"),
+              positive=("learning_rate", "embed_init"))
+    cli.check(C, fraction=("beta2",), choices={"lr_schedule": ("constant", "cosine")})
+    cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
+    cli.require(C.mqar_pairs <= min(C.mqar_keys, C.mqar_values),
+                f"mqar_pairs ({C.mqar_pairs}) must not exceed mqar_keys and mqar_values (distinct pairs)")
     try:
         lengths = [int(n) for n in parse_list(C.niah_lengths)]
     except ValueError:
-        raise tk.ConfigError(f"niah_lengths must be integers separated by commas, got {C.niah_lengths!r}") from None
-    tk.require(lengths and min(lengths) >= 4, f"niah_lengths must be at least 4 each, got {C.niah_lengths!r}")
+        raise cli.ConfigError(f"niah_lengths must be integers separated by commas, got {C.niah_lengths!r}") from None
+    cli.require(lengths and min(lengths) >= 4, f"niah_lengths must be at least 4 each, got {C.niah_lengths!r}")
 
 
 class Task:
@@ -304,7 +305,7 @@ def draw(results, task_list, model_list, path):
 
 
 def main(argv):
-    C, given = tk.configure(SETTINGS, argv)
+    C, given = cli.configure(SETTINGS, argv)
     if C.quick:
         for key, value in QUICK.items():
             if key not in given:  # explicit settings win
@@ -333,4 +334,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    tk.run_cli(main, sys.argv[1:])
+    cli.run_cli(main, sys.argv[1:])

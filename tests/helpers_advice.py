@@ -6,7 +6,7 @@ repository, or an option --key that the script it is given to does not have.
 A message reads "<script>: <text>"; an option belongs to the last script named before it in
 the text (`python prepare_char.py --force`), else to the script that printed the message.
 A script's options are its settings (module-level `name = value` lines, read by
-trainkit.configure) and its argparse options (`add_argument("--name"`).
+cli.configure) and its argparse options (`add_argument("--name"`).
 """
 
 import functools

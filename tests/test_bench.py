@@ -24,21 +24,21 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "results"))
 
 import bench  # noqa: E402
+import cli  # noqa: E402
 import speed_tables  # noqa: E402
-import trainkit as tk  # noqa: E402
 
 TINIEST = ["--report=1", "--device=cpu", "--quick=1", "--T=32", "--model_T=16", "--decode_T=8", "--main_iters=2"]
 
 
 def run_report(argv, env=None):
-    """bench.main(argv) in this process as the command line runs it (tk.run_cli): (exit code or
+    """bench.main(argv) in this process as the command line runs it (cli.run_cli): (exit code or
     message, what the parent printed). The sections' processes print to the real stdout."""
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()) as out:
         mp.setattr(sys, "argv", ["bench.py"])
         for key, value in (env or {}).items():
             mp.setenv(key, value)
         try:
-            tk.run_cli(bench.main, list(argv))
+            cli.run_cli(bench.main, list(argv))
             code = 0
         except SystemExit as e:
             code = e.code
@@ -151,7 +151,7 @@ def test_another_devices_report_is_not_overwritten(tmp_path):
     path = tmp_path / "r.json"
     h100 = dict(slug="nvidia-h100-80gb-hbm3", quick=False, name="NVIDIA H100 80GB HBM3")
     path.write_text(json.dumps(dict(schema=bench.REPORT_SCHEMA, meta=h100, sections={})))
-    with pytest.raises(tk.UserError, match="NVIDIA H100.*choose another --out"):
+    with pytest.raises(cli.UserError, match="NVIDIA H100.*choose another --out"):
         bench.load_report(str(path), dict(slug="cpu", quick=True, name="cpu"))
     assert bench.load_report(str(path), h100)["meta"] == h100  # the same device continues it
     assert bench.report_out(SimpleNamespace(out="auto", quick=False), dict(h100, gpu="x")) == \

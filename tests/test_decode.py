@@ -7,8 +7,8 @@ Decoding that a CUDA graph can replay, and the loss that lets a long context fit
     serves every token. Checked on the CPU with a TorchDispatchMode that sees every aten call.
   - prefill + steps give the logits of the full parallel forward (every attention kind);
     a new prompt reuses the same buffers.
-  - LinearCrossEntropy equals F.cross_entropy (loss and both gradients) without holding the
-    (N, V) logits at once.
+  - kernels/cross_entropy.py's chunked loss equals F.cross_entropy (loss and both gradients)
+    without holding the (N, V) logits at once, and a GPT computes the same loss either way.
 
     python -m pytest -q tests/test_decode.py
 """
@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import kernels
 import model
+from kernels import cross_entropy
 from model import GPT, GPTConfig
 
 KINDS = {"tssa": dict(attn="tssa"), "tssa+short_conv": dict(attn="tssa", short_conv=4),
@@ -99,21 +101,22 @@ def test_prefill_then_steps_equal_the_parallel_forward_and_a_new_prompt_reuses_t
 def test_captured_step_is_only_used_on_cuda_and_decoding_is_eager_elsewhere():
     m = tiny("tssa")
     prompt = torch.randint(0, 31, (1, 4))
-    assert torch.equal(m.generate(prompt, 6, temperature=0, capture=True), m.generate(prompt, 6, temperature=0))
+    captured = m.generate(prompt, 6, temperature=0, stepper=kernels.CapturedStep)
+    assert torch.equal(captured, m.generate(prompt, 6, temperature=0))
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-def test_linear_cross_entropy_equals_cross_entropy_in_chunks(monkeypatch, dtype, tol):
+def test_chunked_cross_entropy_equals_cross_entropy_in_chunks(monkeypatch, dtype, tol):
     """Several chunks (CE_CHUNK lowered to 64 rows for 300), ignored targets (-1): the loss and the
     gradients of x and of the weight equal F.cross_entropy's on the full logits (float64: to
     rounding, 1e-12; float32: 1e-5 relative, sums in another order)."""
-    monkeypatch.setattr(model, "CE_CHUNK", 64)
+    monkeypatch.setattr(cross_entropy, "CE_CHUNK", 64)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(300, 8, dtype=dtype, generator=g, requires_grad=True)
     w = torch.randn(37, 8, dtype=dtype, generator=g, requires_grad=True)
     targets = torch.randint(0, 37, (300,), generator=g)
     targets[::7] = -1
-    loss = model.LinearCrossEntropy.apply(x, w, targets)
+    loss = cross_entropy.chunked_cross_entropy(x, w, targets)
     grads = torch.autograd.grad(2.5 * loss, (x, w))
     ref = F.cross_entropy(x @ w.t(), targets, ignore_index=-1)
     ref_grads = torch.autograd.grad(2.5 * ref, (x, w))
@@ -122,10 +125,14 @@ def test_linear_cross_entropy_equals_cross_entropy_in_chunks(monkeypatch, dtype,
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
-def test_gpt_loss_is_the_cross_entropy_of_its_logits_under_bf16_autocast():
-    """The model's loss (chunked, bf16 logits, fp32 softmax) against F.cross_entropy on the bf16
-    logits of the forward without targets, cast to fp32: 1e-3 (bf16 logits, sums in another order)."""
-    m = tiny("tssa").train()
+@pytest.mark.parametrize("chunked", [False, True], ids=["reference", "chunked"])
+def test_gpt_loss_is_the_cross_entropy_of_its_logits_under_bf16_autocast(monkeypatch, chunked):
+    """The model's loss (model.cross_entropy_loss, or the chunked one that kernels.use puts in:
+    bf16 logits, fp32 softmax) against F.cross_entropy on the bf16 logits of the forward without
+    targets, cast to fp32: 1e-3 (bf16 logits, sums in another order)."""
+    monkeypatch.setattr(cross_entropy, "CE_CHUNK", 16)  # several chunks of the 72 tokens
+    m = kernels.use(tiny("tssa").train(), "torch", chunked_loss=chunked)
+    assert m.loss is (cross_entropy.chunked_cross_entropy if chunked else model.cross_entropy_loss)
     idx = torch.randint(0, 31, (3, 24))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, loss = m(idx, idx)

@@ -26,6 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import cli  # noqa: E402
 import trainkit as tk  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
 
@@ -53,7 +54,7 @@ def call(script, *argv, monkeypatch=None):
     old = sys.argv[0]
     sys.argv[0] = script  # run_cli names the script by argv[0]
     try:
-        tk.run_cli(main, *([list(argv)] if takes_argv else []))
+        cli.run_cli(main, *([list(argv)] if takes_argv else []))
         return 0, ""
     except SystemExit as e:
         return (1, e.code) if isinstance(e.code, str) else (e.code, "")
@@ -141,7 +142,7 @@ def test_common_bad_values_are_refused_before_any_work(script, arg, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     module = module_of(script)
     key = arg[2:].partition("=")[0]
-    defaults = tk.config_defaults(vars(module))
+    defaults = cli.config_defaults(vars(module))
     if key in ("device", "dtype", "seed") and key not in defaults:
         pytest.skip(f"{script} has no {key} setting")
     refused(script, arg, root=tmp_path, monkeypatch=monkeypatch)

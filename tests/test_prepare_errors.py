@@ -10,7 +10,7 @@ folder's listing and bytes are compared before and after).
 
     python -m pytest -q tests/test_prepare_errors.py
 
-The scripts run in this process through trainkit.run_cli (the command line's code path),
+The scripts run in this process through cli.run_cli (the command line's code path),
 except for the kill -9, where the process boundary is the point. A few seconds in all.
 """
 
@@ -31,10 +31,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import bench  # noqa: E402
+import cli  # noqa: E402
 import prepare_char  # noqa: E402
 import prepare_openwebtext as prep  # noqa: E402
 import textdata as td  # noqa: E402
-import trainkit as tk  # noqa: E402
 from test_train import TIKTOKEN_CACHE, needs_bpe  # noqa: E402  (where the GPT-2 BPE files are)
 
 try:  # the shared check of advice, where the repository has it
@@ -78,7 +78,7 @@ def call(script, *argv, monkeypatch, capsys):
     else the last line on stderr (where progress bars go too)."""
     monkeypatch.setattr(sys, "argv", [script])  # run_cli names the script from argv[0]
     try:
-        tk.run_cli(SCRIPTS[script].main, list(argv))
+        cli.run_cli(SCRIPTS[script].main, list(argv))
         code = 0
     except SystemExit as e:
         code = e.code

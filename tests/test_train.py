@@ -27,6 +27,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+import cli  # noqa: E402
 import evaluate  # noqa: E402
 import prepare_char  # noqa: E402
 import prepare_openwebtext as prep  # noqa: E402
@@ -66,7 +67,7 @@ def call_main(module, *argv, capsys):
     without the seconds an interpreter + torch start costs). Returns (exit code, stdout,
     stderr); a message passed to sys.exit counts as stderr with code 1, as the interpreter does."""
     try:
-        tk.run_cli(module.main, list(argv))
+        cli.run_cli(module.main, list(argv))
         code = 0
     except SystemExit as e:
         code = e.code
@@ -398,7 +399,7 @@ def test_prepare_text_file_at_character_level(tmp_path):
     assert meta["splits"]["val"] == round(0.1 * len(text))  # one text: val is its last 10%
     # an edited file is refused instead of silently training on the old tokens
     src.write_text(text + "A new line with new letters: qxz!\n", encoding="utf-8")
-    with pytest.raises(tk.UserError, match="earlier version"):
+    with pytest.raises(cli.UserError, match="earlier version"):
         prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
     prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}", "--force"])
     meta = read_meta(tmp_path / "zen_char")
@@ -423,21 +424,21 @@ def test_prepare_fails_fast_offline(tmp_path):
 def test_config_errors_are_clear(tmp_path, capsys):
     defaults = train.DEFAULTS
     assert "TRAIN" not in defaults and "out_dir" in defaults  # only the settings block
-    c, given = tk.configure(defaults, ["--dropout=0", "--compile=false", "--max_iters=1e3"])
+    c, given = cli.configure(defaults, ["--dropout=0", "--compile=false", "--max_iters=1e3"])
     assert c.dropout == 0.0 and isinstance(c.dropout, float) and c.compile is False
     assert c.max_iters == 1000 and given == {"dropout", "compile", "max_iters"}
-    with pytest.raises(tk.ConfigError, match="expects float"):
-        tk.configure(defaults, ["--learning_rate=fast"])
+    with pytest.raises(cli.ConfigError, match="expects float"):
+        cli.configure(defaults, ["--learning_rate=fast"])
     bad = tmp_path / "bad.py"
     bad.write_text("n_layers = 4\n")
-    with pytest.raises(tk.ConfigError, match="n_layer"):  # suggests the close match
-        tk.configure(defaults, [str(bad)])
-    with pytest.raises(tk.ConfigError, match="expects bool"):
-        tk.configure(defaults, ["--compile=maybe"])
-    with pytest.raises(tk.ConfigError, match="expects int"):
-        tk.configure(defaults, ["--max_iters=2.5"])
-    with pytest.raises(tk.ConfigError, match="--key=value"):
-        tk.configure(defaults, ["--max_iters"])
+    with pytest.raises(cli.ConfigError, match="n_layer"):  # suggests the close match
+        cli.configure(defaults, [str(bad)])
+    with pytest.raises(cli.ConfigError, match="expects bool"):
+        cli.configure(defaults, ["--compile=maybe"])
+    with pytest.raises(cli.ConfigError, match="expects int"):
+        cli.configure(defaults, ["--max_iters=2.5"])
+    with pytest.raises(cli.ConfigError, match="--key=value"):
+        cli.configure(defaults, ["--max_iters"])
     # through the command line: a one-line message and exit code 1, no traceback
     p = run("train.py", "--n_embed=64", check=False)
     assert p.returncode == 1 and "unknown setting 'n_embed'" in p.stderr and "n_embd" in p.stderr
@@ -628,13 +629,13 @@ def test_configs_list_only_what_differs_and_the_base_recipe_is_the_released_one(
             exec(open(os.path.join(REPO, "config", name)).read(), scope)
             same = [k for k, v in scope.items() if not k.startswith("_") and train.DEFAULTS.get(k) == v]
             assert not same, (name, same)
-    base, _ = tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", "tost_owt.py")])
+    base, _ = cli.configure(train.DEFAULTS, [os.path.join(REPO, "config", "tost_owt.py")])
     assert base.weight_decay == 0.01  # the released ToST-Base config (the paper's text: 0.1)
     for size in ("medium", "large"):
-        assert tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"tost_owt_{size}.py")])[0].weight_decay == 0.1
+        assert cli.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"tost_owt_{size}.py")])[0].weight_decay == 0.1
     # 480 sequences of 1024 tokens per step, as in the paper, for every OpenWebText config
     for name in ("tost_owt", "tost_owt_medium", "tost_owt_large", "gpt2_owt"):
-        c, _ = tk.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"{name}.py")])
+        c, _ = cli.configure(train.DEFAULTS, [os.path.join(REPO, "config", f"{name}.py")])
         assert c.batch_size * c.gradient_accumulation_steps == 480 and c.block_size == 1024
 
 
@@ -646,3 +647,19 @@ def test_max_time_stops_cleanly_with_an_evaluation_and_a_checkpoint(tiny_run, tm
     assert code == 0 and "max_time" in stdout, err
     assert [r["iter"] for r in read_log(out, "eval")] == [0, 1]  # the last step is evaluated and saved
     assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"), "language")["iter_num"] == 1
+
+
+def test_flops_count_tssa_as_linear_and_mfu_knows_hopper():
+    cfg = dict(vocab_size=100, n_layer=2, n_head=2, n_embd=32)
+    tost_1k, tost_4k = GPT(GPTConfig(block_size=1024, **cfg)), GPT(GPTConfig(block_size=4096, **cfg))
+    soft_1k = GPT(GPTConfig(block_size=1024, attn="softmax", **cfg))
+    n = tost_1k.get_num_params(non_embedding=True)
+    flops = tk.flops_per_token
+    assert flops(tost_1k, 1024) == flops(tost_1k, 4096) < 7 * n  # no T term
+    assert flops(tost_4k, 4096) < 7 * tost_4k.get_num_params(non_embedding=True)
+    assert flops(soft_1k, 4096) > flops(soft_1k, 1024) + 2 * 32 * 3000
+    assert tk.device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert tk.device_peak_flops("NVIDIA H200") == 989e12
+    assert tk.device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert tk.device_peak_flops("Some Unknown Accelerator") is None
+    assert tk.estimate_mfu(tost_1k, 1e6, "NVIDIA H100 PCIe") == pytest.approx(flops(tost_1k) * 1e6 / 989e12)

@@ -22,6 +22,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+import cli  # noqa: E402
 import prepare_char  # noqa: E402
 import train  # noqa: E402
 import trainkit as tk  # noqa: E402
@@ -221,7 +222,7 @@ def test_train_py_runs_each_variant(char_data, extra, capsys):
                                         (["--attn=performer"], "attn must be one of"),
                                         (["--hybrid_every=-2"], "hybrid_every must not be negative")])
 def test_train_py_refuses_bad_variant_settings(char_data, bad, says):
-    with pytest.raises(tk.UserError, match=says):
+    with pytest.raises(cli.UserError, match=says):
         train.main(["--dataset=t_char", f"--data_dir={char_data / 'data'}", "--device=cpu", *bad])
 
 

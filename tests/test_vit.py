@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+import cli
 import trainkit
 import vit_data
 import vit_inspect
@@ -208,14 +209,14 @@ def test_finetune_replaces_the_head_and_keeps_the_body(trained, tmp_path):
     assert ft["model_args"]["num_classes"] == 6 and ft["model"]["head.weight"].shape == (6, 64)
     body = [k for k in src["model"] if not k.startswith("head.")]
     assert body and all(torch.equal(src["model"][k], ft["model"][k]) for k in body)
-    with pytest.raises(trainkit.UserError, match="finetune"):  # resuming with other classes: refused
+    with pytest.raises(cli.UserError, match="finetune"):  # resuming with other classes: refused
         train(TINY + [f"--out_dir={trained}", "--init_from=resume", "--shapes_num_classes=6",
                                "--max_iters=0"])
 
 
 def test_config_files_match_the_release():
     for name, preset in [("t", "tost-t"), ("s", "tost-s"), ("m", "tost-m")]:
-        C, _ = trainkit.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", f"vit_tost_{name}.py")])
+        C, _ = cli.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", f"vit_tost_{name}.py")])
         vit_train.check_settings(C)
         for key, value in VIT_PRESETS[preset].items():
             assert getattr(C, key) == value, (name, key)
@@ -225,12 +226,12 @@ def test_config_files_match_the_release():
         assert (C.random_erasing, C.repeated_aug, C.eval_crop_pct) == (0.25, 3, 0.875)
         assert (C.mixup, C.cutmix, C.label_smoothing, C.weight_decay) == (0.8, 1.0, 0.1, 0.05)
         assert C.max_iters == 400 * 625 and C.warmup_iters == 5 * 625  # 400 and 5 epochs
-    ft, _ = trainkit.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", "vit_finetune.py"),
-                                                    "--finetune_from=out-vit-tost-s/ckpt.pt"])
+    ft, _ = cli.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", "vit_finetune.py"),
+                                               "--finetune_from=out-vit-tost-s/ckpt.pt"])
     vit_train.check_settings(ft)
     assert (ft.learning_rate, ft.weight_decay, ft.batch_size * ft.gradient_accumulation_steps) == (1e-4, 0.01, 256)
     assert (ft.mixup, ft.cutmix, ft.label_smoothing, ft.init_from) == (0.0, 0.0, 0.0, "finetune")
-    cpu, _ = trainkit.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", "vit_cpu.py")])
+    cpu, _ = cli.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", "vit_cpu.py")])
     vit_train.check_settings(cpu)
     assert cpu.dataset == "shapes" and cpu.recipe == "builtin"
 
@@ -355,7 +356,7 @@ def test_paper_recipe_through_timm(tmp_path):
     pytest.importorskip("timm", reason="timm is an optional extra (pip install timm); not installed here")
     try:
         train_tf, eval_tf = vit_data.timm_transforms(settings(img_size=32, dataset="shapes"))
-    except trainkit.UserError as e:  # timm <= 1.0.31 with Pillow >= 13 (README): say so, do not hide it
+    except cli.UserError as e:  # timm <= 1.0.31 with Pillow >= 13 (README): say so, do not hide it
         pytest.skip(str(e))
     text = repr(train_tf)
     assert "RandAugment" in text and "RandomErasing" in text and "bicubic" in text.lower(), text
@@ -456,7 +457,7 @@ def test_inspect_on_a_folder_of_images(trained, tmp_path):
     assert report["layers_shown"] == [2]
     assert all(e["true"] is None and e["predicted"] in vit_data.SHAPES[:4] for e in report["images"])
     assert all(os.path.isfile(os.path.join(out, f"pi_{i:02d}.png")) for i in range(3))
-    with pytest.raises(trainkit.ConfigError, match="out of range"):
+    with pytest.raises(cli.ConfigError, match="out of range"):
         vit_inspect.main([f"--ckpt={trained}/ckpt.pt", f"--out_dir={out}", "--layers=3"])
 
 
@@ -467,7 +468,7 @@ def test_new_run_refuses_an_out_dir_that_holds_a_checkpoint(tmp_path):
     out.mkdir()
     (out / "ckpt.pt").write_bytes(b"an earlier run")
     (out / "log.jsonl").write_text('{"iter": 0}\n')
-    with pytest.raises(trainkit.UserError, match="init_from=resume"):
+    with pytest.raises(cli.UserError, match="init_from=resume"):
         train(["--shapes_train_size=32", "--shapes_val_size=8", "--device=cpu", f"--out_dir={out}"])
     assert (out / "ckpt.pt").read_bytes() == b"an earlier run" and (out / "log.jsonl").read_text() == '{"iter": 0}\n'
 
@@ -507,5 +508,5 @@ def test_out_of_range_integer_pixels_are_refused(tmp_path):
     im = Image.fromarray(np.full((4, 4), 70000, dtype=np.int32))
     path = str(tmp_path / "big.tif")
     im.save(path)
-    with pytest.raises(trainkit.UserError, match="outside 0..65535"):
+    with pytest.raises(cli.UserError, match="outside 0..65535"):
         vit_data.load_image(path)

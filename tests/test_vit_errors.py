@@ -8,7 +8,7 @@ locked out_dir. Every --key a message names is a setting of the script it names.
 
     python -m pytest -q tests/test_vit_errors.py
 
-In-process through trainkit.run_cli (the command line's code path without an interpreter
+In-process through cli.run_cli (the command line's code path without an interpreter
 start), except the interrupt / lock test. 35 s alone on a 2-core machine at load average 7 (8 s
 of it torch's one-time imports that a full run pays anyway; the subprocess test 17 s).
 """
@@ -30,6 +30,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
+import cli  # noqa: E402
 import trainkit as tk  # noqa: E402
 import vit_inspect  # noqa: E402
 import vit_train  # noqa: E402
@@ -52,7 +53,7 @@ def call(script, argv, capsys):
     (exit code, stdout, stderr); a message given to sys.exit counts as stderr, exit code 1."""
     argv0, sys.argv = sys.argv, [script]  # run_cli names the script from sys.argv[0]
     try:
-        tk.run_cli(SCRIPTS[script].main, list(argv))
+        cli.run_cli(SCRIPTS[script].main, list(argv))
         code = 0
     except SystemExit as e:
         code = e.code
