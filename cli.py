@@ -2,22 +2,26 @@
 The one error path and the settings of every script (the trainers, sample.py, evaluate.py,
 the preparation scripts, bench.py, lra/, recall/), so that each script reads as its story:
 
-  run_cli     a mistake the user can fix (UserError), a file-system error, a text file that
-              is not UTF-8, Ctrl-C / SIGTERM -> one line, exit 1 (130 for an interrupt); real
+  run_cli     a mistake the user can fix (UserError), a file-system error (with the file, and
+              the variable that moves a package's cache), a text file that is not UTF-8, memory
+              that ran out, Ctrl-C / SIGTERM -> one line, exit 1 (130 for an interrupt); real
               bugs keep their traceback (NANOTOST_DEBUG=1: every traceback)
-  configure   module globals, then config files, then --key=value (--help lists them)
-  check       every setting checked once by kind before any work; require for the rest
+  configure   module globals, then config files, then --key=value (--help lists them); whole
+              numbers within int64, finite floats
+  check       every setting checked once by kind before any work, and every number must have
+              a kind (a range); require for the rest
 
     def main(argv):
         C, given = cli.configure(cli.config_defaults(globals()), argv)
-        cli.check(C, at_least_1=("max_iters",), choices={"device": ...})
-    if __name__ == "__main__":
-        cli.run_cli(main, sys.argv[1:])
+        cli.check(C, at_least_1=("max_iters",), seed=("seed",), choices={"device": ...})
+
+and, under the script's __main__ guard, cli.run_cli(main, sys.argv[1:]).
 """
 
 import ast
 import difflib
 import errno
+import getpass
 import math
 import os
 import signal
@@ -46,19 +50,68 @@ def on_interrupt(text):
     _on_interrupt[0] = text
 
 
+def left_behind():
+    """What the run leaves behind if it ends now (the text of the last on_interrupt)."""
+    return _on_interrupt[0]
+
+
 def at_end(undo):
     """Have run_cli call undo() when the script ends, however it ends."""
     _cleanups.append(undo)
 
 
-def _os_error_line(e):
+def _cache_roots():
+    """The caches other packages write, by the variables that move them: {variables: [folders]}."""
+    home, tmp = os.path.expanduser("~"), os.environ.get("TMPDIR", "/tmp")
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    return {"HF_HOME (or HF_DATASETS_CACHE)": [os.environ.get("HF_DATASETS_CACHE"), os.environ.get("HF_HOME"),
+                                               os.path.join(xdg, "huggingface")],
+            "TIKTOKEN_CACHE_DIR": [os.environ.get("TIKTOKEN_CACHE_DIR"), os.path.join(tmp, "data-gym-cache")],
+            "TRITON_CACHE_DIR": [os.environ.get("TRITON_CACHE_DIR"), os.path.join(home, ".triton")],
+            "TORCHINDUCTOR_CACHE_DIR": [os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                                        os.path.join(tmp, f"torchinductor_{_user()}")]}
+
+
+def _user():
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment (some containers)
+        return ""
+
+
+def _cache_of(path):
+    """The variables that move the package cache `path` lies in, or None. A folder on the way to
+    one inside the home folder counts too (~/.cache of a read-only home)."""
+    path, home = os.path.abspath(str(path)), os.path.expanduser("~")
+    for variables, roots in _cache_roots().items():
+        for root in filter(None, roots):
+            root = os.path.abspath(root)
+            on_the_way = path.startswith(home + os.sep) and root.startswith(path + os.sep)
+            if path == root or path.startswith(root + os.sep) or on_the_way:
+                return variables
+    return None
+
+
+def os_error_line(e):
+    """One line for a file-system error: what, where (when known), and what to do."""
     what = e.strerror or str(e)
-    where = f" {e.filename!r}" if e.filename else ""
-    advice = {"ENOSPC": "free some space or write elsewhere", "EACCES": "check its permissions or write elsewhere",
+    code = errno.errorcode.get(e.errno, "")
+    advice = {"ENOSPC": "free some space or write elsewhere", "EDQUOT": "free some space or write elsewhere",
+              "EACCES": "check its permissions or write elsewhere", "EPERM": "check its permissions or write elsewhere",
               "EROFS": "write elsewhere", "EISDIR": "give a file, not a folder",
               "ENOTDIR": "a file stands where a folder is expected: move it or choose another path",
-              "ENOENT": "check the path"}
-    return f"{what}:{where}: {advice.get(errno.errorcode.get(e.errno, ''), 'check the path')}"
+              "ENOENT": "check the path"}.get(code, "check the path")
+    cache = _cache_of(e.filename) if e.filename else None
+    if cache:  # another package's cache (a read-only HOME, say): the variable that moves it
+        advice = f"it is a package's cache: set {cache} to a folder this process can write"
+    return f"{what}: {e.filename!r}: {advice}" if e.filename else f"{what}: {advice}"
+
+
+def _out_of_memory(e):
+    """Whether an exception is torch's (or Python's) way of saying memory ran out."""
+    text = str(e)
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or \
+        (isinstance(e, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text))
 
 
 def run_cli(main, *args):
@@ -74,10 +127,15 @@ def run_cli(main, *args):
     except UserError as e:
         sys.exit(f"{name}: {e}")
     except OSError as e:
-        sys.exit(f"{name}: {_os_error_line(e)}")
+        sys.exit(f"{name}: {os_error_line(e)}")
     except UnicodeDecodeError as e:  # a text file that is not UTF-8 (scripts name the file where they can)
         sys.exit(f"{name}: a file is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
                  "convert it first, e.g. iconv -f <encoding> -t utf-8")
+    except (MemoryError, RuntimeError) as e:  # sizes the machine cannot hold; any other RuntimeError is a bug
+        if not _out_of_memory(e):
+            raise
+        sys.exit(f"{name}: out of memory ({' '.join(str(e).split())[-120:]}): make the run smaller (batch size, "
+                 f"sequence length, model size) or use a device with more memory; {_on_interrupt[0]}")
     except KeyboardInterrupt:
         print(f"{name}: interrupted; {_on_interrupt[0]}", file=sys.stderr)
         sys.exit(130)
@@ -93,20 +151,49 @@ def require(condition, message):
         raise ConfigError(message)
 
 
-def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), choices=None):
-    """Check settings of C by kind: at_least_1 (counts, sizes, intervals), non_negative,
-    positive, fraction (in [0, 1)) and choices {key: allowed values}."""
+INT64 = 2**63 - 1  # the largest whole number a setting may hold: torch and numpy index with int64
+SEED_MAX = 2**32 - 1  # seeds: numpy's legacy seeding (np.random.seed) takes 0..2**32-1, torch takes those too
+MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # threads / processes: more only thrash (or crash torch)
+
+
+def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), seed=(), workers=(), between=None,
+          choices=None, dashes=False):
+    """Check the settings of C by kind, once, before any work: at_least_1 (counts, sizes,
+    intervals), non_negative, positive, fraction (in [0, 1)), seed (whole, 0..SEED_MAX),
+    workers (threads or processes: 0..MAX_WORKERS, the script says what 0 means), between
+    {key: (low, high)} (inclusive) and choices {key: allowed values}. dashes=True names them
+    --key in messages (argparse options).
+
+    Every int and float setting of C must have a kind here (or be a choice): a number left out
+    would reach library code unchecked, so that is a bug in the script, an AssertionError."""
+    kinds = {"at_least_1": at_least_1, "non_negative": non_negative, "positive": positive, "fraction": fraction,
+             "seed": seed, "workers": workers, "between": between or {}, "choices": choices or {}}
+    declared = {key for keys in kinds.values() for key in keys}
+    numbers = {k for k, v in vars(C).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert not numbers - declared, f"settings with no declared range (give each a kind in cli.check): " \
+                                   f"{', '.join(sorted(numbers - declared))}"
+    dash = "--" if dashes else ""
+    for key in seed:
+        value = getattr(C, key)
+        require(isinstance(value, int) and 0 <= value <= SEED_MAX, f"{dash}{key} must be a whole number in "
+                f"0..{SEED_MAX} (2**32 - 1, what numpy and torch take), got {value}")
+    for key in workers:
+        require(0 <= getattr(C, key) <= MAX_WORKERS,
+                f"{dash}{key} must be in 0..{MAX_WORKERS} ({os.cpu_count()} cores here), got {getattr(C, key)}")
+    for key, (low, high) in kinds["between"].items():
+        span = f"{low}..{high}" if isinstance(low, int) and isinstance(high, int) else f"[{low:g}, {high:g}]"
+        require(low <= getattr(C, key) <= high, f"{dash}{key} must be in {span}, got {getattr(C, key)}")
     for key in at_least_1:
-        require(getattr(C, key) >= 1, f"{key} must be at least 1, got {getattr(C, key)}")
+        require(getattr(C, key) >= 1, f"{dash}{key} must be at least 1, got {getattr(C, key)}")
     for key in non_negative:
-        require(getattr(C, key) >= 0, f"{key} must not be negative, got {getattr(C, key)}")
+        require(getattr(C, key) >= 0, f"{dash}{key} must not be negative, got {getattr(C, key)}")
     for key in positive:
-        require(getattr(C, key) > 0, f"{key} must be positive, got {getattr(C, key)}")
+        require(getattr(C, key) > 0, f"{dash}{key} must be positive, got {getattr(C, key)}")
     for key in fraction:
-        require(0 <= getattr(C, key) < 1, f"{key} must be in [0, 1), got {getattr(C, key)}")
-    for key, allowed in (choices or {}).items():
+        require(0 <= getattr(C, key) < 1, f"{dash}{key} must be in [0, 1), got {getattr(C, key)}")
+    for key, allowed in kinds["choices"].items():
         require(getattr(C, key) in allowed,
-                f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(C, key)!r}")
+                f"{dash}{key} must be one of {', '.join(map(str, allowed))}, got {getattr(C, key)!r}")
 
 
 # -----------------------------------------------------------------------------
@@ -115,7 +202,8 @@ def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), choice
 
 def coerce(key, value, default):
     """`value` (text from the command line, or a config file's object) as the type of
-    `default`, or a ConfigError saying what was expected. Floats must be finite."""
+    `default`, or a ConfigError saying what was expected. Floats must be finite, whole
+    numbers within int64."""
     kind = type(default)
     if isinstance(value, str) and kind is not str:
         text = value.strip()
@@ -140,6 +228,8 @@ def coerce(key, value, default):
         raise ConfigError(f"{key} expects {kind.__name__} (default {default!r}), got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    if kind is int and abs(value) > INT64:  # torch and numpy would overflow (a traceback deep inside)
+        raise ConfigError(f"{key} must be within int64 (at most 2**63 - 1 either way), got {value}")
     return value
 
 

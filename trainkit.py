@@ -3,20 +3,28 @@ The trainers' plumbing (train.py, vit_train.py, lra/train.py; sample.py, evaluat
 bench.py use parts), kept here so that each trainer reads as its story. The error path and
 the settings of every script are cli.py's.
 
-  devices, processes   choose_device_dtype ("auto" everywhere), distributed (DDP from torchrun)
+  devices, processes   choose_device_dtype ("auto" everywhere), distributed (DDP from torchrun),
+                       cpu_cores, hub_reachable (offline: the Hugging Face libraries fail at once)
   files, checkpoints   claim_out_dir (a lock that run_cli releases; no scratch run over a
-                       checkpoint), atomic_write, save_checkpoint / load_checkpoint, JsonlLogger
-  training             resume_settings, get_lr, non_finite, gather_rng_states / restore_rng
+                       checkpoint), atomic_write (errors name the file), save_checkpoint (a full
+                       disk is an OSError naming it) / load_checkpoint / load_weights, JsonlLogger
+                       (a resumed run's log holds each iteration once)
+  training             init_from_auto, resume_settings, get_lr, non_finite, gather_rng_states /
+                       restore_rng
   MFU                  flops_per_token, estimate_mfu (against the GPU's peak, PEAK_FLOPS)
 """
 
 import dataclasses
+import errno
 import fcntl
 import gc
 import json
 import math
 import os
 import random
+import shutil
+import socket
+import sys
 from collections import namedtuple
 from contextlib import contextmanager, suppress
 
@@ -84,6 +92,35 @@ def distributed(device):
             dist.destroy_process_group()
 
 
+def cpu_cores():
+    """The CPU cores this process may run on (its affinity: a container's or a job's share), for
+    default worker counts."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def hub_reachable(timeout=3.0):
+    """Whether the Hugging Face Hub answers (a short probe). When it does not, its libraries are
+    put in offline mode (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): a cached copy still loads, and a
+    missing one fails at once instead of after ~25 s of retries. Call it before loading from the
+    Hub; offline settings or a proxy in the environment are left to the libraries."""
+    env = os.environ
+    if any(env.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY")):
+        return env.get("HF_HUB_OFFLINE", "0") in ("", "0") and env.get("HF_DATASETS_OFFLINE", "0") in ("", "0")
+    host = env.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host.split(":")[0], 443), timeout=timeout).close()
+        return True
+    except OSError:
+        env["HF_HUB_OFFLINE"] = env["HF_DATASETS_OFFLINE"] = "1"
+        for module, name in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE")):
+            if module in sys.modules:  # already imported: they read the variable at import
+                setattr(sys.modules[module], name, True)
+        return False
+
+
 def all_reduce_mean(tensor, d):
     """Mean of `tensor` over all ranks (unchanged when not distributed)."""
     if d.ddp:
@@ -144,9 +181,11 @@ def atomic_write(path, mode="wb"):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with suppress(OSError):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.errno and (not e.filename or e.filename == tmp):  # name the file meant
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
         raise
 
 
@@ -162,9 +201,37 @@ def pid_alive(pid):
 
 
 def save_checkpoint(obj, path):
-    """torch.save through atomic_write: a crash at any moment leaves the old checkpoint or the new."""
-    with atomic_write(path) as f:
-        torch.save(obj, f)
+    """torch.save through atomic_write: a crash at any moment leaves the old checkpoint or the new.
+    A full disk is an OSError naming path: seen before writing (free space against the tensors'
+    bytes), or while writing (torch's zip writer reports it as a RuntimeError, "unexpected pos")."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    need, free = tensor_bytes(obj), shutil.disk_usage(folder).free
+    if need > free:
+        raise OSError(errno.ENOSPC, f"No space left on device (the checkpoint needs {need:,} bytes, {free:,} are "
+                                    "free)", path)
+    try:
+        with atomic_write(path) as f:
+            torch.save(obj, f)
+    except RuntimeError as e:
+        cause = e.__context__
+        if isinstance(cause, OSError):  # the file's own error, under torch's
+            raise OSError(cause.errno, cause.strerror or str(cause), path) from e
+        if "inline_container" in str(e) or "PytorchStreamWriter" in str(e):
+            raise OSError(errno.ENOSPC, f"No space left on device? torch's writer failed ({str(e)[:80]}), with "
+                                        f"{shutil.disk_usage(folder).free:,} bytes free", path) from e
+        raise
+
+
+def tensor_bytes(obj):
+    """Bytes of the tensors in obj (dicts, lists and tuples of them): what a checkpoint of it needs."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 KIND_MAKER = {"language": "train.py", "vit": "vit_train.py", "lra": "lra/train.py"}
@@ -197,6 +264,18 @@ def load_checkpoint(path, kind):
     return ckpt
 
 
+def load_weights(module, state, path):
+    """module.load_state_dict(state), or one line when the checkpoint's weights are not this
+    version's (other names or shapes: written by another version of nanoToST)."""
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())
+        raise UserError(f"{path} holds weights this version's {type(module).__name__} does not have "
+                        f"({detail[detail.find(':') + 1:][:120].strip()}...): it was written by another version of "
+                        "nanoToST; train a new one") from None
+
+
 def model_config(config_cls, ckpt, path):
     """config_cls(**ckpt["model_args"]), or one line if the checkpoint's architecture fields are
     not this version's (written by an older version)."""
@@ -210,12 +289,21 @@ def model_config(config_cls, ckpt, path):
 
 class JsonlLogger:
     """One JSON object per line appended to `path` (where enabled, e.g. on rank 0); fresh=True
-    starts a new file (a scratch run)."""
+    starts a new file (a scratch run); resume_at=N keeps what a run logged before the checkpoint
+    it resumes from (iterations before N, and the evaluation at N), since the resumed run logs
+    the rest again: each iteration is in the file once, however often a run was interrupted."""
 
-    def __init__(self, path, enabled=True, fresh=False):
+    def __init__(self, path, enabled=True, fresh=False, resume_at=None):
         self.path, self.enabled = path, enabled
         if enabled and fresh and os.path.exists(path):
             os.remove(path)
+        if enabled and resume_at is not None and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                lines = f.readlines()
+            kept = [line for line in lines if _logged_before(line, resume_at)]
+            if kept != lines:
+                with atomic_write(path, "w") as f:  # all or nothing
+                    f.writelines(kept)
 
     def log(self, record):
         if self.enabled:
@@ -223,8 +311,29 @@ class JsonlLogger:
                 f.write(json.dumps(record) + "\n")
 
 
+def _logged_before(line, it):
+    """Whether a log line belongs before the checkpoint at iteration `it` (a line cut short by a
+    kill does not)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    step = record.get("iter") if isinstance(record, dict) else None
+    return step is None or step < it or (step == it and "val_loss" in record)
+
+
 # -----------------------------------------------------------------------------
 # training: resume, the learning-rate schedule, a non-finite loss, the RNGs
+
+
+def init_from_auto(C, ckpt_path):
+    """init_from="auto" becomes "resume" where ckpt_path exists, else "scratch". Returns how to
+    continue the run after a stop: the same command where it resumes by itself (resume, auto),
+    else the same command and --init_from=resume."""
+    again = "the same command" + ("" if C.init_from in ("resume", "auto") else " and --init_from=resume")
+    if C.init_from == "auto":
+        C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
+    return again
 
 
 def check_resume(ckpt, C, given, keys, path):
