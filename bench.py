@@ -3,8 +3,8 @@ bench.py: speed and memory of TSSA (readable reference and fused fast paths) aga
 attention through F.scaled_dot_product_attention, on CPU or CUDA. Two modes:
 
 THE REPORT (--report): one fixed protocol for a GPU, the source of SPEED.md's GPU tables.
-    python bench.py --report                         # every section; results/<gpu>.json on CUDA
-    python bench.py --report --budget_s=540          # what fits in 9 minutes; run it again to continue
+    python bench.py --report --out=results/<gpu>.json  # every section, into the committed report
+    python bench.py --report --budget_s=540          # what fits in 9 minutes (out-bench/); run again to continue
     python bench.py --report --sections=op,decode    # these sections again (the others kept)
     python bench.py --report --device=cpu --quick    # a smoke run of every section (tiny shapes, seconds)
     python results/speed_tables.py                   # SPEED.md's GPU tables from the committed JSON
@@ -17,9 +17,10 @@ train_gpt2_cudnn / train_tost_triton (the compiled training step at 4K..64K, equ
 step), main_job (train.py, config/tost_owt.py, main_iters iterations on synthetic tokens:
 tokens/s, MFU). Each section writes its rows as it goes; one that hangs is stopped at its limit
 and recorded as timed_out with the rows it measured, and the next section runs. The parent
-merges the sections into one JSON after each (results/<gpu>.json for a full CUDA report;
-out-bench/cpu-report.json or out-bench/<gpu>-quick.json for a CPU or quick one, never a
-committed path) and, run again with sections=all, runs only the sections not yet done. A quick
+merges the sections into one JSON after each (--out; by default out-bench/<gpu>.json for a
+full CUDA report, out-bench/cpu-report.json or out-bench/<gpu>-quick.json for a CPU or quick
+one: a committed path only when named) and, run again with sections=all, runs only the
+sections not yet done. A quick
 report runs every section at the tiniest shapes; rows a device cannot run (Triton, FlashAttention,
 cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says more.
 
@@ -89,7 +90,7 @@ warmup = 1
 decode_steps = 50  # tokens per decode timing
 max_case_s = 60.0  # skip a case whose estimated run time (from the previous T) is longer
 quick = False  # a short run: suites: T = 1K, 4K, 16K, op and decode, 3 repeats; report: the tiniest shapes
-out = "auto"  # "auto": bench_results.json (suites); results/<gpu>.json, or out-bench/ for a CPU / quick report
+out = "auto"  # "auto": bench_results.json (suites), out-bench/<gpu>[-quick].json or cpu-report.json (report)
 # the report (--report)
 report = False  # run the report's sections (each its own process, time-limited) into one JSON
 sections = "all"  # report: the sections to run; "all" runs those not yet done in the JSON at out
@@ -126,7 +127,7 @@ def check_settings(C):
     """Every setting, checked before any work (a refusal measures and writes nothing). Returns
     the lists the comma-separated settings hold (None where "auto")."""
     cli.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
-              non_negative=("warmup", "threads", "budget_s"), positive=("max_case_s",))
+              non_negative=("warmup", "budget_s"), workers=("threads",), positive=("max_case_s",))
     plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
                 impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
                 model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
@@ -551,7 +552,7 @@ def summary(results):
             for impl in tost:
                 f, fm = ms(suite, impl, mode, T_)
                 if f and s:
-                    mem = f", peak memory {fm / sm:.2f}x" if fm and sm else ""
+                    mem = f", peak memory {fm / sm:.2f}x GPT-2's" if fm and sm else ""
                     lines.append(f"{suite} T={T_}: ToST ({impl}) {f:.1f} ms vs GPT-2 {s:.1f} ms = {f / s:.2f}x the "
                                  f"time, {ratio_words(f, s, 'GPT-2')}{mem}")
     return lines
@@ -1264,13 +1265,13 @@ def run_child(ctx, name, C, tmp, limit_s, previous=None):
 
 
 def report_out(C, meta):
-    """The merged JSON's path: --out, or results/<gpu>.json for a full CUDA report, and under the
-    ignored out-bench/ for a CPU or quick report (a smoke run never writes a committed path)."""
+    """The merged JSON's path: --out, else under the ignored out-bench/: <gpu>.json for a full
+    CUDA report, <gpu>-quick.json or cpu-report.json otherwise. The committed results/<gpu>.json
+    is written only when named (--out=results/<gpu>.json): no run replaces it by default."""
     if C.out != "auto":
         return C.out
-    if meta["gpu"] and not C.quick:
-        return os.path.join("results", f"{meta['slug']}.json")
-    return os.path.join("out-bench", "cpu-report.json" if not meta["gpu"] else f"{meta['slug']}-quick.json")
+    name = "cpu-report" if not meta["gpu"] else meta["slug"] + ("-quick" if C.quick else "")
+    return os.path.join("out-bench", f"{name}.json")
 
 
 def load_report(path, meta):

@@ -3,13 +3,14 @@ Score a train.py checkpoint on every token of a split: loss and perplexity (the 
 Table 4 numbers come from the test splits of prepare_openwebtext.py's evaluation sets).
 
     python evaluate.py --out_dir=out-tost-owt --dataset=wikitext2 --split=test
-    python evaluate.py --out_dir=out-pydocs-char-tost --dataset=pydocs_char       # its val split
+    python evaluate.py --out_dir=out-pydocs-char-tost            # the val split of the data it was trained on
     torchrun --standalone --nproc_per_node=8 evaluate.py --out_dir=out-tost-owt --dataset=openwebtext
 
 The split is cut into windows of the model's block_size; with --stride < block_size windows
 overlap and each token is scored once, by the window that gives it the most context. Every
-process scores its share of the windows; the result (one line, and one record appended to
-out_dir/eval.jsonl) does not depend on the number of processes.
+process scores its share of the windows; the result does not depend on the number of processes.
+It is printed (one line), then appended as one JSON record to --out (default out_dir/eval.jsonl;
+a checkpoint folder that cannot be written costs a warning there, never the printed score).
 
 With --harness=<tasks> the checkpoint is scored by EleutherAI's lm-evaluation-harness instead
 (lm_eval_adapter.py; an optional extra, pip install lm-eval==0.4.13), on its tasks or task YAML files:
@@ -33,7 +34,7 @@ import trainkit as tk
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
-dataset = "openwebtext"
+dataset = ""  # "": the dataset the checkpoint was trained on
 data_dir = "data"
 split = "val"  # "val", "test" (evaluation sets) or "train"
 stride = 0  # windows of block_size every `stride` tokens (0: block_size, no overlap)
@@ -45,12 +46,49 @@ num_threads = 0
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 harness = ""  # lm-eval tasks instead of a split: names or task YAML files, comma-separated
 harness_limit = 0  # at most this many documents per harness task (0: all)
+out = ""  # the JSON lines file the result is appended to ("": out_dir/eval.jsonl, skipped with a warning if unwritable)
 # -----------------------------------------------------------------------------
+SPLIT_ONLY = ("dataset", "data_dir", "split", "max_tokens")  # settings of a split's scoring, not of --harness
+
+
+def check_settings(C, given):
+    """Every setting, checked before any work, with the settings one mode ignores refused in the
+    other (a setting given must do something) and an --out given checked to be writable."""
+    cli.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "harness_limit"),
+              workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS})
+    ignored = ", ".join(f"--{k}" for k in SPLIT_ONLY if k in given)
+    cli.require(not (C.harness and ignored), f"--harness scores lm-eval's tasks, not a split: drop {ignored} "
+                                             "(--harness_limit limits the documents per task)")
+    cli.require(C.harness or "harness_limit" not in given,
+                "--harness_limit limits the documents of --harness=<tasks>: drop it, or give --harness")
+    if C.out:
+        cli.require(not os.path.isdir(C.out), f"--out={C.out} is a folder: give a file, e.g. --out={C.out}/eval.jsonl")
+        existing = os.path.dirname(os.path.abspath(C.out))
+        while not os.path.exists(existing):  # the part of the path that exists: a folder that can be written
+            existing = os.path.dirname(existing)
+        cli.require(os.path.isdir(existing) and os.access(existing, os.W_OK | os.X_OK),
+                    f"--out={C.out} cannot be written ({existing} is not a writable folder): choose another --out")
+
+
+def save_record(record, C):
+    """Append the printed result to --out; where none was given, a failure to write out_dir/
+    eval.jsonl (a read-only checkpoint folder) is a warning: the score is out already."""
+    path = C.out or os.path.join(C.out_dir, "eval.jsonl")
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tk.JsonlLogger(path).log(record)
+    except OSError as e:
+        if C.out:
+            raise
+        print(f"evaluate.py: warning: the result was not saved ({cli.os_error_line(e)}); --out=<file> saves it "
+              "elsewhere", file=sys.stderr)
+        return
+    print(f"appended to {path}")
 
 
 def run_harness(C):
     """--harness: lm-eval's tasks on the checkpoint, in one process (lm_eval_adapter.py); prints
-    lm-eval's table and appends the metrics to out_dir/eval.jsonl."""
+    lm-eval's table and appends the metrics to --out (save_record)."""
     cli.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
     import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
 
@@ -65,15 +103,14 @@ def run_harness(C):
                for task, values in results["results"].items()}
     record = dict(iter=lm.iter_num, harness=specs, limit=C.harness_limit, block_size=lm.T, stride=lm.stride,
                   results=metrics)
-    tk.JsonlLogger(os.path.join(C.out_dir, "eval.jsonl")).log(record)
+    save_record(record, C)
     return record
 
 
 @torch.no_grad()
 def main(argv):
-    C, _ = cli.configure(cli.config_defaults(globals()), argv)
-    cli.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "num_threads", "harness_limit"),
-              choices={"tssa_impl": kernels.IMPLS})
+    C, given = cli.configure(cli.config_defaults(globals()), argv)
+    check_settings(C, given)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
@@ -83,6 +120,8 @@ def main(argv):
         device = dist.device
         ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
         model, ckpt = td.load_language_model(ckpt_path, device, C.tssa_impl)
+        C.dataset = C.dataset or ckpt["config"].get("dataset") or ckpt["tokenizer"].get("dataset")  # its own data
+        cli.require(C.dataset, f"{ckpt_path} does not say what it was trained on: give --dataset=<prepared dataset>")
         folder, meta = td.open_dataset(C.data_dir, C.dataset, (C.split,), 1)
         td.check_tokenizer(ckpt, meta, ckpt_path, C.dataset, "score it on data prepared with its tokenizer")
         tokens = np.memmap(os.path.join(folder, f"{C.split}.bin"), dtype=np.uint16, mode="r")
@@ -120,7 +159,7 @@ def main(argv):
         if dist.is_master:
             print(f"{C.dataset} {C.split}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} ({n:,} tokens, "
                   f"windows of {T} every {stride}, {time.time() - t0:.1f}s)")
-            tk.JsonlLogger(os.path.join(C.out_dir, "eval.jsonl")).log(record)
+            save_record(record, C)
     return record
 
 

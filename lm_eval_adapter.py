@@ -28,7 +28,10 @@ What the three kinds of request do (NanoToSTLM):
                          top_k) from ToST's recurrent state (GPT.decode: constant work per
                          token), cut at the first stop string, at most max_gen_toks tokens; the
                          context keeps its last block_size - max_gen_toks tokens (at least half
-                         the block), so the text stays within the learned positions
+                         the block), so the text stays within the learned positions. The
+                         settings follow sample.py's rules (textdata.check_generation: top_k 0
+                         is no limit, temperature >= 0, until is text): a task that breaks them
+                         is one line naming it
 
 Requests are batched (batch_size rows of up to block_size tokens per forward pass, rows of
 similar length together); bfloat16 autocast on GPUs, float32 on the CPU (trainkit's chooser);
@@ -53,6 +56,7 @@ except ImportError:
     raise cli.UserError("lm-eval is not installed (an optional extra): pip install lm-eval==0.4.13") from None
 
 GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "top_k"}  # what generate_until follows
+LM_EVAL_OWN = ("batch_size", "max_batch_size", "device")  # lm-eval passes these to the model itself
 
 
 def score_rows(stream, n_score, T, stride):
@@ -91,16 +95,17 @@ def register(cls):
 
 @register
 class NanoToSTLM(LM):
-    """A train.py checkpoint (ToST or the softmax baseline) as an lm-eval model.
-    model_args: out_dir (or ckpt_path), device, dtype, batch_size, stride (of the rolling
-    windows, as evaluate.py's; 0: block_size), tssa_impl."""
+    """A train.py checkpoint (ToST or the softmax baseline) as an lm-eval model. model_args
+    (lm_harness.py --model_args): out_dir (or ckpt_path), dtype, stride (of the rolling windows,
+    as evaluate.py's; 0: block_size), tssa_impl. batch_size and device are lm-eval's own options
+    (--batch_size, --device), which it hands to the model; evaluate.py passes them directly."""
 
     def __init__(self, out_dir="out", ckpt_path="", device="auto", dtype="auto", batch_size=8, stride=0,
                  tssa_impl="torch", max_batch_size=None, **unknown):
         super().__init__()
         if unknown:
             raise cli.UserError(f"the nanotost model takes no {', '.join(sorted(unknown))}; its model_args: out_dir, "
-                                "ckpt_path, device, dtype, batch_size, stride, tssa_impl")
+                                "ckpt_path, dtype, stride, tssa_impl")
         cli.require(tssa_impl in kernels.IMPLS,
                     f"tssa_impl must be one of {', '.join(kernels.IMPLS)}, got {tssa_impl!r}")
         self._device, self.dtype = tk.choose_device_dtype(device or "auto", dtype or "auto")
@@ -121,6 +126,24 @@ class NanoToSTLM(LM):
         else:
             self.eot_text = "<|endoftext|>"
             self.prefix_id = self.encode(self.eot_text)[0]
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string, additional_config=None):
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict, additional_config=None):
+        """lm-eval's way in (lm_harness.py): --model_args, plus lm-eval's own batch_size,
+        max_batch_size and device; a setting given both ways is one line naming it."""
+        own = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        both = sorted(set(arg_dict) & set(own))
+        if both:
+            raise cli.UserError(f"--model_args {', '.join(both)}: lm-eval hands the model its own "
+                                f"{', '.join('--' + k for k in both)}; give {'them' if len(both) > 1 else 'it'} "
+                                "that way, not in --model_args")
+        return cls(**arg_dict, **own)
 
     def get_model_info(self):
         c = self.model.config
@@ -186,19 +209,30 @@ class NanoToSTLM(LM):
     # -------------------------------------------------------------------------
     # generation
 
-    def _gen_settings(self, kwargs):
-        """(stop strings, max_gen_toks, temperature, top_k) from a request's generation kwargs."""
+    def _gen_settings(self, kwargs, task):
+        """(stop strings, max_gen_toks, temperature, top_k or None) from a request's generation
+        kwargs, by sample.py's rules (textdata.check_generation); a wrong one is one line that
+        names the task."""
         kwargs = dict(kwargs or {})
         unknown = sorted(set(kwargs) - GEN_KWARGS)
         if unknown:
             warnings.warn(f"nanotost ignores the generation settings {', '.join(unknown)} "
                           f"(it follows {', '.join(sorted(GEN_KWARGS))})")
         until = kwargs.get("until") or []
-        until = [s for s in ([until] if isinstance(until, str) else until) if s]
+        until = [until] if isinstance(until, str) else until
+        try:
+            cli.require(isinstance(until, (list, tuple)) and all(isinstance(s, str) for s in until),
+                        f"until must be a string or a list of strings, got {until!r}")
+            given = td.check_generation(max_gen_toks=kwargs.get("max_gen_toks", 256), top_k=kwargs.get("top_k") or 0,
+                                        temperature=kwargs.get("temperature") or 0.0)
+        except cli.UserError as e:
+            raise cli.UserError(f"lm-eval task {task!r}: generation_kwargs: {e} (nanotost follows sample.py: "
+                                "temperature >= 0, 0 greedy; top_k >= 0, 0 no limit; until: strings)") from None
+        until = [s for s in until if s]
         if self.eot_text and self.eot_text not in until:
             until.append(self.eot_text)
-        temperature = float(kwargs.get("temperature", 1.0) or 0.0) if kwargs.get("do_sample") else 0.0
-        return tuple(until), as_int("max_gen_toks", kwargs.get("max_gen_toks", 256)), temperature, kwargs.get("top_k")
+        temperature = given.temperature if kwargs.get("do_sample") else 0.0
+        return tuple(until), given.max_gen_toks, temperature, given.top_k or None
 
     def _generate(self, prompts, until, max_gen_toks, temperature, top_k):
         """Continue prompts of one length (a list of id lists) together; each text is cut at its
@@ -227,7 +261,7 @@ class NanoToSTLM(LM):
         jobs = []  # (request index, prompt ids, settings)
         for r, req in enumerate(requests):
             context, kwargs = req.args
-            settings = self._gen_settings(kwargs)
+            settings = self._gen_settings(kwargs, req.task_name)
             keep = max(self.T - settings[1], self.T // 2, 1)
             jobs.append((r, ((self.encode(context) if context else []) or [self.prefix_id])[-keep:], settings))
         jobs.sort(key=lambda job: (-len(job[1]), repr(job[2])))  # one length and one setting per batch
@@ -260,6 +294,7 @@ def load_tasks(specs):
     for spec in specs:
         cli.require(not spec.endswith((".yaml", ".yml")) or os.path.isfile(spec), f"task file {spec!r} not found")
     local = all(os.path.isfile(spec) for spec in specs)  # YAML files only: no need to index lm-eval's tasks (~10 s)
+    online = tk.hub_reachable()  # offline: the cache or nothing, at once (no ~25 s of retries)
     manager = TaskManager(include_defaults=not local)
     for spec in specs:
         try:
@@ -270,9 +305,13 @@ def load_tasks(specs):
         except ValueError as e:
             raise cli.UserError(f"{spec!r} is not a task lm-eval can load ({str(e).splitlines()[0][:160]})") from None
         except (ConnectionError, OSError) as e:
-            raise cli.UserError(f"lm-eval task {spec!r} could not load its data ({str(e).splitlines()[0][:160]}): "
-                                "the harness's tasks fetch their data sets from the Hugging Face Hub, so run this "
-                                "once online (they are cached), or give a task YAML file over local data") from None
+            if isinstance(e, OSError) and e.filename:  # the cache's folder cannot be written: run_cli names it
+                raise
+            offline = "" if online else ", and the Hub cannot be reached from here"
+            raise cli.UserError(f"lm-eval task {spec!r} could not load its data ({str(e).splitlines()[0][:160]}"
+                                f"{offline}): the harness's tasks fetch their data sets from the Hugging Face Hub, "
+                                "so run this once online (they are cached under HF_HOME), or give a task YAML file "
+                                "over local data") from None
     return manager
 
 

@@ -525,11 +525,11 @@ class GPT(nn.Module):
 
 
 def sample_token(logits, temperature, top_k=None):
-    """A token per row of logits (B, V): the argmax at temperature 0, else a draw from the
-    softmax of logits / temperature among the top_k largest (all if None)."""
+    """A token per row of logits (B, V): the argmax at temperature 0, else a draw from the softmax of
+    logits / temperature among the top_k largest (all if None), the largest moved to 0 (tiny T: the argmax)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = (logits.float() - logits.amax(dim=-1, keepdim=True).float()) / temperature  # (B, V), at most 0
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))

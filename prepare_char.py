@@ -72,6 +72,7 @@ def parser():
 def check_settings(args):
     """Every option, checked before any work (a refusal writes nothing). Returns (out_dir, source)."""
     cli.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+    cli.check(args, fraction=("val_fraction",), dashes=True)  # (cli.check: every number has a range)
     cli.require(args.input != "", "--input must name a text file (leave it out for the embedded corpus)")
     if args.input:
         td.check_text_file(args.input)

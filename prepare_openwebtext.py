@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 import cli
 import textdata as td
+import trainkit as tk
 
 
 def parser():
@@ -93,8 +94,8 @@ def check_settings(args):
     if args.val_fraction is None:
         args.val_fraction = 0.0005 if args.dataset == "openwebtext" and not args.input else 0.01
     cli.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
-    cli.require(args.num_proc >= 1, f"--num_proc must be at least 1, got {args.num_proc}")
-    cli.require(args.seed >= 0, f"--seed must not be negative, got {args.seed}")
+    cli.check(args, fraction=("val_fraction",), at_least_1=("num_proc",), workers=("num_proc",), seed=("seed",),
+              dashes=True)
     files, kind = input_files(args.input) if args.input else ([], None)
     if args.name is None:
         args.name = os.path.splitext(os.path.basename(files[0]))[0] if files else args.dataset
@@ -204,27 +205,22 @@ def load_rows(args, files, kind):
                                 "not text throughout: name the text's with --text_field")
         return ds, field, "eot"
     spec = td.HUB[args.dataset]
+    online = tk.hub_reachable()  # offline: the cache or nothing, at once (no ~25 s of retries)
     try:
         ds = datasets.load_dataset(spec["path"], spec["config"], split=spec["split"],
                                    revision=spec.get("revision"), num_proc=args.num_proc if args.num_proc > 1 else None)
     except Exception as e:  # no network and not cached, a moved repository, ...
+        if isinstance(e, OSError) and e.filename:  # the cache's folder cannot be written: run_cli names it
+            raise
+        offline = "" if online else ", and the Hub cannot be reached from here"
         raise cli.UserError(f"could not load {spec['path']} from the Hugging Face Hub ({type(e).__name__}: "
-                            f"{str(e)[:200]}). It downloads once (needs network) into ~/.cache/huggingface; "
-                            "or pass the files yourself with --input=<files> (text, jsonl or parquet)") from None
+                            f"{' '.join(str(e).split())[:200]}{offline}). It downloads once (needs network) into the "
+                            "Hugging Face cache (HF_HOME, default ~/.cache/huggingface); or pass the files yourself "
+                            "with --input=<files> (text, jsonl or parquet)") from None
     if spec["field"] not in ds.column_names:
         raise cli.UserError(f"{spec['path']} has no column {spec['field']!r} (columns: {ds.column_names}): "
                             "the Hub copy changed; pass the files yourself with --input=<files> --text_field=<column>")
     return ds, spec["field"], spec["join"]
-
-
-def gpt2_encoding():
-    import tiktoken
-
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # no network and nothing in tiktoken's cache
-        raise cli.UserError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it "
-                            "once (needs network); set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
 
 
 def main(argv):
@@ -234,23 +230,25 @@ def main(argv):
         return
     check_input_files(files, kind)
     ds, field, join = load_rows(args, files, kind)  # the data first: its errors say how to use local files
-    enc = gpt2_encoding()
+    enc = td.gpt2_encoding()
 
     def tokenize(batch):  # rows -> token ids (uint16), a document's last row ends with <|endoftext|>
         texts = batch[field] if join == "eot" else [t + join for t in batch[field]]
         ids = enc.encode_ordinary_batch(texts)
         if join == "eot":
             ids = [row + [enc.eot_token] for row in ids]
-        return {"ids": [np.array(row, dtype=np.uint16) for row in ids], "len": [len(row) for row in ids]}
+        return {"ids": [np.array(row, dtype=np.uint16) for row in ids], "len": [len(row) for row in ids],
+                "has_text": [bool(t.strip()) for t in batch[field]]}  # whether the row holds more than whitespace
 
     ds = ds.map(tokenize, batched=True, remove_columns=ds.column_names, desc="tokenizing (GPT-2 BPE)",
                 num_proc=args.num_proc if args.num_proc > 1 and len(ds) >= 1000 else None)
+    if not any(ds["has_text"]):  # spaces and line breaks tokenize too: no text is not "no tokens"
+        raise cli.UserError(f"{', '.join(files or [args.dataset])}: no text in it (only empty or whitespace "
+                            "documents): there is nothing to prepare")
     if join != "eot":  # pieces of one text: the stream ends with one <|endoftext|>
-        ds = ds.add_item({"ids": [enc.eot_token], "len": 1})
+        ds = ds.add_item({"ids": [enc.eot_token], "len": 1, "has_text": False})
     lens = np.array(ds["len"], dtype=np.int64)  # tokens per row
     total = int(lens.sum())
-    if total <= len(lens) * (join == "eot"):
-        raise cli.UserError(f"{', '.join(files or [args.dataset])}: no text in it (only empty documents)")
     # where each row's tokens go: documents to val at random when there are enough of them,
     # else the last val_fraction of the token stream; an evaluation set is written whole
     is_val, cut = None, total

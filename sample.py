@@ -31,7 +31,7 @@ ckpt_path = ""  # or the checkpoint file itself
 start = "\n"  # prompt, or "FILE:path" to read it from a file
 num_samples = 3  # samples drawn (as one batch)
 max_new_tokens = 500
-temperature = 0.8  # 1.0: the model's distribution; lower: more conservative; 0: greedy
+temperature = 0.8  # 1.0: the model's distribution; lower: more conservative; 0 (or tiny, e.g. 1e-9): greedy
 top_k = 200  # sample among the top_k most likely tokens (0: all)
 seed = 1337
 device = "auto"  # "auto" (cuda if available), "cpu", "cuda", ...
@@ -45,7 +45,7 @@ num_threads = 0  # torch CPU threads (0: the training run's setting, else torch'
 
 def main(argv):
     C, _ = cli.configure(cli.config_defaults(globals()), argv)
-    cli.check(C, at_least_1=("num_samples",), non_negative=("max_new_tokens", "temperature", "top_k", "num_threads"),
+    cli.check(C, at_least_1=("num_samples",), non_negative=td.GENERATION, seed=("seed",), workers=("num_threads",),
               choices={"tssa_impl": kernels.IMPLS, "decode": ("auto", "eager")})
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     torch.manual_seed(C.seed)

@@ -11,8 +11,9 @@ A prepared dataset is a folder <data_dir>/<name>/ holding
                text came from) and command (the command that prepared it, which every error
                about the data quotes to say how to prepare it again)
 
-Reading:   open_dataset (checked), read_batch, windows (evaluation), load_tokenizer,
-           tokenizer_info / check_tokenizer, load_language_model (a train.py checkpoint)
+Reading:   open_dataset (checked), read_batch (which stops when the files change under a run),
+           windows (evaluation), load_tokenizer, gpt2_encoding, tokenizer_info / check_tokenizer,
+           load_language_model (a train.py checkpoint), GENERATION / check_generation (decoding)
 Writing:   ArgumentParser, command_line, check_destination, check_text_file, check_utf8,
            file_source, already_prepared, write_splits (all or nothing)
 """
@@ -25,6 +26,7 @@ import os
 import re
 import shlex
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -45,6 +47,7 @@ HUB = {
 }
 SPLIT_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # what a prepared folder holds
 TOKENIZER_KEYS = ("dataset", "tokenizer", "vocab_size", "chars", "eot_token")  # what a checkpoint keeps
+GENERATION = ("max_new_tokens", "temperature", "top_k")  # decoding settings: none negative (check_generation)
 
 # -----------------------------------------------------------------------------
 # reading a prepared dataset
@@ -77,6 +80,8 @@ def open_dataset(data_dir, dataset, splits, min_tokens):
         raise cli.UserError(f"{path} is damaged ({type(e).__name__}: {e}): prepare it again: "
                             f"{guess_command(dataset, ' --force')}") from None
     meta["redo"] = meta["command"] + " --force"
+    names = ["meta.json"] + [f"{split}.bin" for split in splits]
+    meta["stamp"] = {name: file_stamp(os.path.join(folder, name)) for name in names}  # check_unchanged compares
     for split in splits:
         path = os.path.join(folder, f"{split}.bin")
         if split not in meta["splits"]:
@@ -90,10 +95,30 @@ def open_dataset(data_dir, dataset, splits, min_tokens):
     return folder, meta
 
 
+def file_stamp(path):
+    """What changes when a file is replaced or edited: (inode, size, modification time), or None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def check_unchanged(folder, split, meta):
+    """Stop a run whose data changed since open_dataset (prepared again with --force, say: a
+    new vocabulary under the old model), before it reads any of it; say what is left."""
+    for name in ("meta.json", f"{split}.bin"):
+        if file_stamp(os.path.join(folder, name)) != meta["stamp"][name]:
+            raise cli.UserError(f"{os.path.join(folder, name)} changed while this run was reading the data (prepared "
+                                f"again?): stopped before reading it; {cli.left_behind()}")
+
+
 def read_batch(folder, split, starts, T, device, meta):
     """The windows of T + 1 tokens of a split that begin at `starts` (B,) -> x, y (B, T) int64
     on the device, y = x shifted by one. A fresh memory map per call (numpy keeps the pages of a
-    long-lived one in memory); token ids outside the vocabulary are a damaged file."""
+    long-lived one in memory), of the files open_dataset checked (check_unchanged: two stats);
+    token ids outside the vocabulary are a damaged file."""
+    check_unchanged(folder, split, meta)
     data = np.memmap(os.path.join(folder, f"{split}.bin"), dtype=np.uint16, mode="r")
     xy = np.stack([data[i:i + T + 1] for i in starts]).astype(np.int64)  # (B, T + 1)
     if xy.max() >= meta["vocab_size"]:  # checked here, on the CPU, at no cost
@@ -136,10 +161,30 @@ def load_tokenizer(info):
             return [stoi[ch] for ch in text]
 
         return encode, lambda ids: "".join(chars[i] for i in ids)
+    enc = gpt2_encoding()
+    return (lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})), enc.decode
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE; without network and not in tiktoken's cache, one line that says how."""
     import tiktoken
 
-    enc = tiktoken.get_encoding("gpt2")
-    return (lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})), enc.decode
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # no network and nothing in tiktoken's cache
+        raise cli.UserError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it "
+                            "once (needs network); set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
+
+
+def check_generation(**settings):
+    """sample.py's rules for decoding settings, which lm-eval's requests follow too: whole
+    max_new_tokens >= 0, temperature >= 0 (0: greedy, and a tiny one tends to it), whole
+    top_k >= 0 (0: no limit). Returns them (text made numbers); a UserError names the first
+    that is wrong."""
+    types = {"max_new_tokens": 0, "max_gen_toks": 0, "temperature": 0.0, "top_k": 0}  # (max_gen_toks: lm-eval's)
+    C = SimpleNamespace(**{k: cli.coerce(k, v, types[k]) for k, v in settings.items()})
+    cli.check(C, non_negative=tuple(settings))
+    return C
 
 
 def tokenizer_info(meta):
@@ -161,7 +206,7 @@ def load_language_model(path, device, tssa_impl="torch"):
     weights and the optimizer state (tokenizer, iter_num, config, ...)."""
     ckpt = tk.load_checkpoint(path, "language")
     model = GPT(tk.model_config(GPTConfig, ckpt, path))
-    model.load_state_dict(ckpt.pop("model"))
+    tk.load_weights(model, ckpt.pop("model"), path)
     ckpt.pop("optimizer", None)
     return kernels.use(model, tssa_impl).to(device).eval(), ckpt
 
@@ -237,21 +282,26 @@ def check_text_file(path):
 
 
 def check_utf8(path, chunk=1 << 24):
-    """Refuse a file that is not UTF-8 throughout, naming the line and byte of the first fault."""
-    decoder, offset, lines = codecs.getincrementaldecoder("utf-8")(), 0, 1
+    """Refuse a file that is not UTF-8 throughout, naming the line and byte of the first fault,
+    and one that holds only whitespace (no text to learn from)."""
+    decoder, offset, lines, blank = codecs.getincrementaldecoder("utf-8")(), 0, 1, True
     with open(path, "rb") as f:
         while True:
             block = f.read(chunk)
             try:
-                decoder.decode(block, final=not block)
+                text = decoder.decode(block, final=not block)
             except UnicodeDecodeError as e:
                 at = offset + max(e.start, 0)
                 line = lines + block[:max(e.start, 0)].count(b"\n")
                 raise cli.UserError(f"{path}:{line}: not UTF-8 text (byte {at}: {block[e.start:e.start + 4]!r}); "
                                     "convert it from its encoding first, e.g. iconv -f <encoding> -t utf-8") from None
+            blank = blank and not text.strip()
             if not block:
-                return
+                break
             offset, lines = offset + len(block), lines + block.count(b"\n")
+    if blank:
+        raise cli.UserError(f"{path} holds only whitespace ({offset:,} bytes of spaces, tabs or line breaks): there "
+                            "is no text to prepare")
 
 
 def file_source(path):

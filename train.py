@@ -104,8 +104,9 @@ def check_settings(C):
     cli.check(C, at_least_1=("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
                              "block_size", "n_layer", "n_head", "n_embd"),
               non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
-                            "max_time", "layer_scale_init", "num_threads", "short_conv", "hybrid_every"),
-              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
+                            "max_time", "layer_scale_init", "short_conv", "hybrid_every"),
+              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
+              workers=("num_threads",),
               choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
                        "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
@@ -146,8 +147,7 @@ def main(argv):
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-    if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
-        C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
+    again = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if there is one; `again` continues
 
     # -------------------------------------------------------------------------
     # the checkpoint to continue, read before the data: a resumed run is the checkpoint's run, so
@@ -212,7 +212,7 @@ def main(argv):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss = 0, float("inf")
         if ckpt is not None:
-            model.load_state_dict(ckpt["model"])
+            tk.load_weights(model, ckpt["model"], ckpt_path)
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt["scaler"]:  # (empty when the run that saved it had no float16 scaler)
                 scaler.load_state_dict(ckpt["scaler"])
@@ -232,9 +232,10 @@ def main(argv):
                         find_unused_parameters=C.pi == "uniform")  # uniform Pi leaves temp unused
 
         # ---------------------------------------------------------------------
-        # logging: log.jsonl is what plots and tests read (a scratch run starts it afresh); wandb
-        # optionally; and an interrupt says what it leaves behind
-        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch")
+        # logging: log.jsonl is what plots and tests read (a scratch run starts it afresh, a resumed one
+        # keeps what came before its checkpoint); wandb optionally; and an interrupt says what it leaves
+        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch",
+                                resume_at=iter_num if C.init_from == "resume" else None)
         wandb = None
         if C.wandb_log and d.is_master:
             try:
@@ -247,8 +248,7 @@ def main(argv):
             f"tokenizer, vocabulary {meta['vocab_size']}), {d.world_size} process(es) on {device}, {dtype}, "
             f"{tokens_per_iter:,} tokens per iteration ({C.gradient_accumulation_steps} x {C.batch_size} x {T})")
         if C.init_from == "resume":
-            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command and "
-                             "--init_from=resume")
+            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {again}")
         else:
             cli.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
@@ -279,8 +279,7 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, tokenizer=td.tokenizer_info(meta)), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
-                                     f"and --init_from=resume")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {again}")
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break

@@ -106,18 +106,25 @@ def make_shapes(n, size=32, num_classes=10, seed=0):
     return images, labels
 
 
-def rgb_tensor(im):
-    """A Pillow image -> uint8 (3, H, W), RGB. Greyscale deeper than 8 bits (16-bit PNGs open
-    as I;16 or I) is scaled from 0..65535 to 0..255: Pillow's convert("RGB") would clip it at
-    255, a white image. Float images (F) and integers outside 16 bits are refused (ValueError)."""
+def eight_bit(im):
+    """A Pillow image in a mode whose convert("RGB") / convert("L") keeps what it shows. Greyscale
+    deeper than 8 bits (16-bit PNGs open as I;16 or I) is scaled from 0..65535 to 0..255: Pillow's
+    own conversion would clip it at 255, a white image. Float images (F) and integers outside 16
+    bits are refused (ValueError); every other mode converts as it is (lra/data.py reads its
+    images through this too)."""
     if im.mode == "I" or im.mode.startswith("I;16"):
         grey = np.asarray(im, dtype=np.int64)  # (H, W)
         if grey.size and (grey.min() < 0 or grey.max() > 65535):
             raise ValueError(f"{im.mode} image with values outside 0..65535 (min {grey.min()}, max {grey.max()})")
-        im = Image.fromarray(((grey * 255 + 32767) // 65535).astype(np.uint8), mode="L")
-    elif im.mode == "F":
+        return Image.fromarray(((grey * 255 + 32767) // 65535).astype(np.uint8), mode="L")
+    if im.mode == "F":
         raise ValueError("32-bit float pixels (mode F) have no standard range; save it as an 8- or 16-bit image")
-    return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1).contiguous()
+    return im
+
+
+def rgb_tensor(im):
+    """A Pillow image -> uint8 (3, H, W), RGB (through eight_bit: no mode comes out clipped)."""
+    return torch.from_numpy(np.array(eight_bit(im).convert("RGB"))).permute(2, 0, 1).contiguous()
 
 
 def load_image(path):
@@ -173,7 +180,7 @@ def scan_image_folder(root):
             raise cli.UserError(f"class folder {os.path.join(root, name)} holds no images: add some, or remove it")
     if not classes:
         raise cli.UserError(f"{root} holds no class folders: expected {root}/<class>/<images>, one folder per class")
-    with ThreadPoolExecutor(16) as pool:  # file system latency, not compute: threads overlap it
+    with ThreadPoolExecutor(min(16, 4 * tk.cpu_cores())) as pool:  # file system latency: threads overlap it
         list(pool.map(check_image, [p for name in classes for p in files[name]]))
     return files
 
@@ -227,14 +234,18 @@ def build_sources(C):
         return folder_sources(C.data_dir, C.val_fraction)
     import datasets  # CIFAR-10/100 (decoded into memory once) or ImageNet-1k (decoded on demand)
     hub_id, image_key, label_key, train_split, val_split = HF_DATASETS[C.dataset]
+    online = tk.hub_reachable()  # offline: the cache or nothing, at once (no ~25 s of retries)
     try:
         splits = [datasets.load_dataset(hub_id, split=s) for s in (train_split, val_split)]
     except Exception as e:  # no network, offline mode, gated repository, ...
-        why = " ".join(str(e).split())[:200]
+        if isinstance(e, OSError) and e.filename:  # the cache's folder cannot be written: run_cli names it
+            raise
+        why = " ".join(str(e).split())[:200] + ("" if online else ", and the Hub cannot be reached from here")
         raise cli.UserError(
             f"could not load {hub_id!r} through Hugging Face datasets ({type(e).__name__}: {why}); "
-            "it needs the network the first time (imagenet-1k: accept its terms, `huggingface-cli login`). "
-            "Without it: --dataset=folder --data_dir=<image tree>, or --dataset=shapes") from None
+            "it needs the network the first time, into the Hugging Face cache (HF_HOME) (imagenet-1k: accept its "
+            "terms, `huggingface-cli login`). Without it: --dataset=folder --data_dir=<image tree>, or "
+            "--dataset=shapes") from None
     classes = splits[0].features[label_key].names
     if C.dataset == "imagenet-1k":
         return tuple(Source(ds, ds[label_key], classes, lambda row: rgb_tensor(row[image_key])) for ds in splits)
@@ -461,5 +472,5 @@ def load_vit_model(path, device="cpu", tssa_impl="torch", **overrides):
     ckpt = tk.load_checkpoint(path, "vit")
     config = dataclasses.replace(tk.model_config(ViTConfig, ckpt, path), **overrides)
     model = ToSTViT(config)
-    model.load_state_dict(ckpt["model"])
+    tk.load_weights(model, ckpt["model"], path)
     return kernels.use(model, tssa_impl).to(device), ckpt

@@ -66,7 +66,7 @@ def layer_numbers(text):
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or built."""
-    cli.check(C, at_least_1=("n_show", "n_rvar", "batch_size"), non_negative=("num_threads",))
+    cli.check(C, at_least_1=("n_show", "n_rvar", "batch_size"), workers=("num_threads",))
     cli.require(C.ckpt, "give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt (a vit_train.py run's)")
     layer_numbers(C.layers)
 

@@ -121,25 +121,21 @@ def check_settings(C):
     cli.check(C, at_least_1=("eval_interval", "log_interval", "img_size", "shapes_train_size", "shapes_val_size",
                              "shapes_source_size", "repeated_aug", "n_layer", "n_head", "n_embd", "patch_size",
                              "n_cls_layers", "batch_size", "gradient_accumulation_steps"),
-              non_negative=("eval_max_images", "num_workers", "shapes_seed", "mixup", "cutmix", "layer_scale_init",
-                            "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
-                            "max_time", "num_threads", "seed"),
-              positive=("mlp_ratio", "learning_rate"),
+              non_negative=("eval_max_images", "mixup", "cutmix", "layer_scale_init", "max_iters", "min_lr",
+                            "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "max_time"),
+              positive=("mlp_ratio", "learning_rate", "eval_crop_pct"), seed=("seed", "shapes_seed"),
               fraction=("val_fraction", "label_smoothing", "dropout", "drop_path", "beta1", "beta2"),
+              workers=("num_workers", "num_threads"),
+              between={"mix_prob": (0.0, 1.0), "random_erasing": (0.0, 1.0), "eval_crop_pct": (0.0, 1.0),
+                       "shapes_num_classes": (2, len(vit_data.SHAPES))},
               choices={"init_from": ("scratch", "resume", "auto", "finetune"),
                        "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
                        "attn": ("tssa", "softmax", "linear"), "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("cosine", "linear", "constant")})
-    for key in ("mix_prob", "random_erasing"):
-        cli.require(0 <= getattr(C, key) <= 1, f"{key} must be in [0, 1], got {getattr(C, key)}")
-    cli.require(0 < C.eval_crop_pct <= 1, f"eval_crop_pct must be in (0, 1], got {C.eval_crop_pct}")
     low_high = C.crop_scale
     cli.require(len(low_high) == 2 and all(type(v) in (int, float) for v in low_high)
                 and 0 < low_high[0] <= low_high[1] <= 1,
                 f"crop_scale must be two numbers (low, high) with 0 < low <= high <= 1, got {low_high!r}")
-    n_shapes = len(vit_data.SHAPES)
-    cli.require(2 <= C.shapes_num_classes <= n_shapes,
-                f"shapes_num_classes must be in 2..{n_shapes}, got {C.shapes_num_classes}")
     cli.require(C.patch_size >= 2 and C.patch_size & (C.patch_size - 1) == 0,
                 f"patch_size must be a power of two >= 2 (stride-2 convolutions), got {C.patch_size}")
     cli.require(C.img_size % C.patch_size == 0,
@@ -186,8 +182,7 @@ def main(argv):
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-    if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
-        C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
+    again = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if there is one; `again` continues
     if C.init_from != "resume" and os.path.exists(ckpt_path):  # before the data is read (claim_out_dir checks again)
         raise cli.UserError(f"{ckpt_path} already exists and init_from={C.init_from!r} would overwrite it: continue "
                             "that run with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
@@ -241,7 +236,7 @@ def main(argv):
         if d.is_master:
             tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
         torch.manual_seed(C.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
-        np.random.seed(C.seed + d.rank)  # timm's Mixup draws from numpy's and python's generators
+        np.random.seed((C.seed + d.rank) % 2**32)  # timm's Mixup draws from numpy's and python's generators
         random.seed(C.seed + d.rank)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
@@ -268,7 +263,7 @@ def main(argv):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss, best_val_acc = 0, float("inf"), 0.0
         if C.init_from == "resume":
-            model.load_state_dict(ckpt["model"])
+            tk.load_weights(model, ckpt["model"], ckpt_path)
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
@@ -286,14 +281,14 @@ def main(argv):
 
         # ---------------------------------------------------------------------
         # logging
-        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from != "resume")
+        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from != "resume",
+                                resume_at=iter_num if C.init_from == "resume" else None)  # each iteration once
         images_per_iter = C.gradient_accumulation_steps * C.batch_size
         say(f"{C.attn} ViT: {raw_model.get_num_params() / 1e6:.2f}M parameters, {num_classes} classes, "
             f"{len(train_src)} train / {len(val_src)} val images, {d.world_size} process(es) on {device}, {dtype}, "
             f"recipe {C.recipe}, {images_per_iter} images per iteration")
         if C.init_from == "resume":
-            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command and "
-                             "--init_from=resume")
+            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {again}")
 
         # ---------------------------------------------------------------------
         # the training loop
@@ -327,8 +322,7 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, best_val_acc=best_val_acc, classes=train_src.classes), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with the same command "
-                                     f"and --init_from=resume")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {again}")
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break

@@ -45,7 +45,8 @@ import torch
 from PIL import Image
 
 from cli import UserError
-from trainkit import atomic_write
+from trainkit import atomic_write, hub_reachable
+from vit_data import eight_bit
 
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 RELEASE_PAGE = "https://github.com/google-research/long-range-arena"
@@ -295,17 +296,21 @@ def read_retrieval(data_dir, split, max_len):
 
 def _hf_split(name, split, what):
     """A split of a Hugging Face dataset, by hub name or local folder, with a clear error."""
+    online = os.path.isdir(name) or hub_reachable()  # offline: the cache or nothing, at once (no ~25 s of retries)
     try:
         import datasets
 
         return datasets.load_dataset(name, split=split)
     except Exception as e:  # no network, not cached, bad name: all end here
-        first = (str(e).strip().splitlines() or [""])[0][:200]  # one line
+        if isinstance(e, OSError) and e.filename:  # the cache's folder cannot be written: run_cli names it
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:200] + ("" if online else " (the Hub cannot be reached)")
         raise DataError(
             f"could not load {what} ({name!r}, split {split!r}) through Hugging Face datasets: "
             f"{type(e).__name__}: {first}. It downloads on first use, which needs internet; on an offline machine "
             f"run once where there is internet: python -c \"import datasets; datasets.load_dataset('{name}')\" "
-            f"and copy ~/.cache/huggingface over, or point the setting at a local folder of parquet files "
+            f"and copy ~/.cache/huggingface over (or set HF_HOME to such a copy), or point the setting at a local "
+            f"folder of parquet files "
             f"(train-*.parquet / test-*.parquet).") from e
 
 
@@ -317,11 +322,13 @@ def read_text(hf_name, split, max_len):
 
 def _grey_pixels(item):
     """(name, PNG bytes) -> flat uint8 grey pixels, through Pillow (RGB -> ITU-R 601 luma, alpha
-    dropped); bytes that are no image are a DamagedData naming the image."""
+    dropped; 16-bit grey scaled, never clipped: vit_data.eight_bit); bytes that are no image
+    are a DamagedData naming the image."""
     name, png_bytes = item
     try:
         with Image.open(io.BytesIO(png_bytes)) as im:
-            return np.asarray(im.convert("L")).reshape(-1)
+            im = eight_bit(im)
+            return np.asarray(im if im.mode == "L" else im.convert("RGB").convert("L")).reshape(-1)  # (LAB: no L)
     except (OSError, SyntaxError, ValueError) as e:  # PIL: UnidentifiedImageError, truncated data, ...
         raise DamagedData(f"{name} is not a readable image ({type(e).__name__}: {str(e)[:80]})") from None
 
@@ -345,7 +352,8 @@ def read_image(hf_name, split, max_len, workers=1):
         ds = ds.select(range(cut) if split == "train" else range(cut, len(ds)))
     items = [(f"{hf_name} ({split}) image {i}", im["bytes"]) for i, im in enumerate(ds[column])]
     pixels = _decode_all(items, workers)
-    return Split((Ragged.from_list([p[:max_len] for p in pixels], shift=1),), np.asarray(list(ds["label"]), dtype=np.int64))
+    return Split((Ragged.from_list([p[:max_len] for p in pixels], shift=1),),
+                 np.asarray(list(ds["label"]), dtype=np.int64))
 
 
 def _pathfinder_root(data_dir, task):

@@ -22,7 +22,9 @@ metadata/<k>.npy with one line per image: "imgs/<k> sample_<i>.png <i> <label> .
     python lra/generate.py --task=listops --n_train=2000 --min_len=10 --max_len=60 --max_depth=3
     python lra/generate.py --task=pathfinder --size=32 --n_images=20000 --workers=2
 
-Every count and size is checked before anything is written; every file is written atomically
+Progress bars show the work as it goes; Pathfinder's images are drawn by --workers processes
+(0, the default: one per core this process may use). Every count and size is checked before
+anything is written; every file is written atomically
 (trainkit.atomic_write), ListOps's three splits together (all or none) and Pathfinder's
 metadata after all its images, so a failed or killed run leaves no partial file and no set
 that looks whole. An out_dir that already holds the task's set is refused, never overwritten.
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
+from tqdm import tqdm
 
 if __package__ in (None, ""):  # run as a script: make `lra` and the repo's modules importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -119,22 +122,24 @@ def generate_listops(n, seed=0, min_len=500, max_len=2000, max_depth=10, max_arg
     rng = random.Random(seed)
     seen, examples = set(), []
     tries, max_tries = 0, 2000 * n + 100_000
-    while len(examples) < n:
-        tries += 1
-        if tries > max_tries:
-            raise cli.UserError(f"found only {len(examples)} of {n} distinct ListOps trees with {min_len} < length < "
-                                f"{max_len} in {max_tries} tries: widen the length range (--min_len, --max_len), "
-                                "raise --max_depth / --max_args, or ask for fewer examples")
-        try:
-            tree = random_listops_tree(rng, max_depth, max_args, budget=max_len - 1)
-        except _TooLong:
-            continue
-        if not min_len < len(listops_tokens(tree)) < max_len:
-            continue
-        text = listops_text(tree, parens)
-        if text not in seen:
-            seen.add(text)
-            examples.append((text, listops_value(tree)))
+    with tqdm(total=n, desc="ListOps trees", unit="tree", leave=False) as bar:  # (cleared when it ends)
+        while len(examples) < n:
+            tries += 1
+            if tries > max_tries:
+                raise cli.UserError(f"found only {len(examples)} of {n} distinct ListOps trees with {min_len} < "
+                                    f"length < {max_len} in {max_tries} tries: widen the length range (--min_len, "
+                                    "--max_len), raise --max_depth / --max_args, or ask for fewer examples")
+            try:
+                tree = random_listops_tree(rng, max_depth, max_args, budget=max_len - 1)
+            except _TooLong:
+                continue
+            if not min_len < len(listops_tokens(tree)) < max_len:
+                continue
+            text = listops_text(tree, parens)
+            if text not in seen:
+                seen.add(text)
+                examples.append((text, listops_value(tree)))
+                bar.update(1)
     return examples
 
 
@@ -330,6 +335,7 @@ def _write_pathfinder_images(args):
         img, _ = pathfinder_sample(np.random.default_rng([seed, index]), style, int(label))
         with tk.atomic_write(os.path.join(root, rel_path)) as f:  # never a half-written PNG
             Image.fromarray(img).save(f, format="PNG")  # 8-bit grey
+    return len(items)
 
 
 def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, workers=1):
@@ -353,12 +359,14 @@ def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, w
                          f"{style.n_distractors}\n")
         metadata[os.path.join(root, "metadata", f"{k}.npy")] = lines
         jobs += [(root, size, seed, items[i:i + 100]) for i in range(0, len(items), 100)]
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            list(pool.map(_write_pathfinder_images, jobs))
-    else:
-        for job in jobs:
-            _write_pathfinder_images(job)
+    with tqdm(total=n_images, desc=f"pathfinder{size} images", unit="img") as bar:
+        if workers > 1:
+            with ProcessPoolExecutor(workers) as pool:
+                for done in pool.map(_write_pathfinder_images, jobs):
+                    bar.update(done)
+        else:
+            for job in jobs:
+                bar.update(_write_pathfinder_images(job))
     with ExitStack() as files:  # all metadata files or none
         for path, lines in metadata.items():
             files.enter_context(tk.atomic_write(path, "w")).writelines(lines)
@@ -384,7 +392,7 @@ parens = True
 size = 32  # 32 (Pathfinder) or 128 (Path-X)
 n_images = 20000  # at least 10: lra/data.py cuts them 80/10/10 into train/val/test
 per_folder = 1000
-workers = 1
+workers = 0  # processes drawing Pathfinder images (0: one per core this process may use)
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in cli.config_defaults(globals()).items() if k.islower()}  # not the constants above
 LISTOPS_LONGEST = TASKS["listops"].seq_len  # lra/data.py reads ListOps sequences of up to this many tokens
@@ -401,8 +409,10 @@ def longest_listops(max_depth, max_args):
 
 def check_settings(C):
     """Every count and size, checked before anything is written."""
-    cli.check(C, at_least_1=("n_train", "n_val", "n_test", "max_depth", "n_images", "per_folder", "workers"),
-              non_negative=("seed", "min_len"), choices={"task": ("listops", "pathfinder"), "size": (32, 128)})
+    cli.check(C, at_least_1=("n_train", "n_val", "n_test", "max_depth", "max_len", "max_args", "n_images",
+                             "per_folder"),
+              non_negative=("min_len",), seed=("seed",), workers=("workers",),
+              choices={"task": ("listops", "pathfinder"), "size": (32, 128)})
     cli.require(C.out_dir, "out_dir must not be empty")
     top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
     while not os.path.exists(top):
@@ -452,7 +462,7 @@ def main(argv):
         folder = write_listops(C.out_dir, C.n_train, C.n_val, C.n_test, seed=C.seed, min_len=C.min_len,
                                max_len=C.max_len, max_depth=C.max_depth, max_args=C.max_args, parens=C.parens)
     else:
-        folder = write_pathfinder(C.out_dir, C.size, C.n_images, C.seed, C.per_folder, C.workers)
+        folder = write_pathfinder(C.out_dir, C.size, C.n_images, C.seed, C.per_folder, C.workers or tk.cpu_cores())
     print(f"wrote {folder}; train with --data_dir={C.out_dir}")
     return folder
 

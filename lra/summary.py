@@ -29,7 +29,7 @@ hf_image = "uoft-cs/cifar10"  # the Hub dataset of the image task
 
 def main(argv):
     C, _ = cli.configure(cli.config_defaults(globals()), argv)
-    cli.check(C, at_least_1=("workers",), choices={"task": tuple(TASKS)})
+    cli.check(C, at_least_1=("workers",), workers=("workers",), choices={"task": tuple(TASKS)})
     for split in SPLITS:
         d = load_split(C.task, split, C.data_dir, cache_dir=C.cache_dir, hf_text=C.hf_text, hf_image=C.hf_image,
                        workers=C.workers)

@@ -108,9 +108,9 @@ def check_settings(C):
     cli.check(C, at_least_1=("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "n_layer",
                              "n_head", "n_embd", "mlp_hidden", "pad_multiple", "load_workers"),
               non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
-                            "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init", "num_threads",
-                            "seed"),
-              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"),
+                            "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init"),
+              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
+              workers=("load_workers", "num_threads"),
               choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
                        "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
@@ -199,8 +199,7 @@ def main(argv):
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-    if C.init_from == "auto":  # continue the run in out_dir if there is one, else start one
-        C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
+    again = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if there is one; `again` continues
     resume = C.init_from == "resume" or C.eval_only
 
     # -------------------------------------------------------------------------
@@ -264,7 +263,7 @@ def main(argv):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         start_iter, best_val_loss, best_val, test_at_best = 0, float("inf"), -1.0, None
         if ckpt is not None:
-            model.load_state_dict(ckpt["model"])
+            tk.load_weights(model, ckpt["model"], ckpt_path)
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
@@ -292,10 +291,10 @@ def main(argv):
         if d.ddp:
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[d.local_rank] if device_type == "cuda" else None)
-        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch")
+        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch",
+                                resume_at=start_iter if C.init_from == "resume" else None)  # each iteration once
         if start_iter:
-            cli.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with the same command and "
-                             "--init_from=resume")
+            cli.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with {again}")
         else:
             cli.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
@@ -329,8 +328,7 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), model_args=asdict(mconf),
                             iter_num=it, best_val_loss=best_val_loss, best_val_acc=best_val,
                             test_acc_at_best_val=test_at_best, config=vars(C), rng=rng), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {it}; continue with the same command and "
-                                     "--init_from=resume")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {it}; continue with {again}")
                     say(f"saved {ckpt_path}")
             if it == C.max_iters:
                 say(f"max_iters={C.max_iters} reached: best val acc {best_val:.4f}, test acc at best val "
