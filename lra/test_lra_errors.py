@@ -186,7 +186,7 @@ LISTOPS_SMALL = ["--n_train=20", "--n_val=4", "--n_test=4", "--min_len=10", "--m
     (["--max_depth=0"], "max_depth must be at least 1"),
     (["--max_args=1"], "max_args must be at least 2"),
     (["--min_len=-1"], "min_len must not be negative"),
-    (["--seed=-1"], "seed must not be negative"),
+    (["--seed=-1"], "seed must be a whole number in 0..4294967295"),
     (["--max_len=5000"], "max_len must be at most 2001"),
     (["--min_len=50", "--max_len=51"], "no ListOps tree has more than min_len (50) and fewer than max_len (51)"),
     (["--max_depth=2", "--max_args=3"], "a tree is one digit or has 4 to 5 tokens"),
@@ -197,7 +197,7 @@ LISTOPS_SMALL = ["--n_train=20", "--n_val=4", "--n_test=4", "--min_len=10", "--m
     (["--task=pathfinder", "--n_images=0"], "n_images must be at least 1"),
     (["--task=pathfinder", "--n_images=9"], "n_images must be at least 10"),
     (["--task=pathfinder", "--per_folder=0"], "per_folder must be at least 1"),
-    (["--task=pathfinder", "--workers=0"], "workers must be at least 1"),
+    (["--task=pathfinder", "--workers=-1"], "workers must be in 0.."),
     (["--task=pathfinder", "--size=64"], "size must be one of 32, 128"),
     *[([arg], words) for arg, words in CONFIG_CASES],
 ])
@@ -235,7 +235,7 @@ def disk_full_at(call, calls, real):
 
 @pytest.mark.parametrize("task, argv, fail_at", [
     ("listops", LISTOPS_SMALL, 2),  # the second of the three split files
-    ("pathfinder", ["--n_images=10", "--per_folder=5"], 5),  # the fifth image
+    ("pathfinder", ["--n_images=10", "--per_folder=5", "--workers=1"], 5),  # the fifth image (in this process)
 ])
 def test_a_failed_generator_run_leaves_no_partial_file(task, argv, fail_at, tmp_path, monkeypatch):
     """A disk that fills up mid-run: one line, no partial or temp file, and no set that looks

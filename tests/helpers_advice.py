@@ -15,7 +15,7 @@ import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("train.py", "sample.py", "evaluate.py", "prepare_char.py", "prepare_openwebtext.py", "vit_train.py",
-           "vit_inspect.py", "bench.py", "lra/train.py", "lra/generate.py")
+           "vit_inspect.py", "bench.py", "lra/train.py", "lra/generate.py", "lra/summary.py", "lm_harness.py")
 TOKEN = re.compile(r"(python\s+)?((?:[\w.-]+/)*[\w.-]+\.py)\b|(?<![\w-])--([a-z_][a-z0-9_]*)")
 
 
@@ -26,8 +26,14 @@ def _known(name):
 
 @functools.lru_cache(maxsize=None)
 def options_of(script):
-    """The options a script accepts (its settings and argparse options)."""
-    with open(os.path.join(REPO, script), encoding="utf-8") as f:
+    """The options a script accepts (its settings and argparse options; lm_harness.py's are
+    lm-eval's own command line's)."""
+    path = os.path.join(REPO, script)
+    if script == "lm_harness.py":
+        import lm_eval._cli.run
+
+        path = lm_eval._cli.run.__file__
+    with open(path, encoding="utf-8") as f:
         src = f.read()
     settings = set(re.findall(r"^([a-z_][a-z0-9_]*) = ", src, re.M))
     return settings | set(re.findall(r'add_argument\(\s*"--([\w-]+)"', src)) | {"help"}

@@ -24,8 +24,10 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers_advice import assert_advice_exists  # noqa: E402
 from test_train import REPO, TIKTOKEN_CACHE, call_main, greedy_by_full_forward, needs_bpe  # noqa: E402
 
+import cli  # noqa: E402
 import evaluate  # noqa: E402
 import prepare_char  # noqa: E402
 import textdata as td  # noqa: E402
@@ -218,6 +220,64 @@ def test_generate_until_is_greedy_generate_cut_at_the_stop_string(harness, char,
     assert got == expected
     assert got[1] == full[1] and len(encode(got[1])) == max_gen  # no stop string: max_gen_toks tokens
     assert len(got[0]) <= 6 and len(got[2]) <= 3  # cut at the first occurrence
+
+
+# -----------------------------------------------------------------------------
+# issue 26, class 2: the adapter inside the error mechanism (sample.py's rules, one line each)
+
+
+def task_requests(task, *args):
+    from lm_eval.api.instance import Instance
+
+    return [Instance("generate_until", {}, a, i, metadata=(task, i, 1)) for i, a in enumerate(args)]
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(until=[5]), "until must be a string or a list of strings, got [5]"),
+    (dict(until="."), None), (dict(until=["."], top_k=0, do_sample=True), None),  # 0: no limit, as sample.py
+    (dict(until=["."], do_sample=True, temperature=-1.0), "temperature must not be negative, got -1.0"),
+    (dict(until=["."], do_sample=True, top_k=-3), "top_k must not be negative, got -3"),
+    (dict(until=["."], max_gen_toks=-1), "max_gen_toks must not be negative, got -1"),
+    (dict(until=["."], top_k="many"), "top_k expects int"),
+    (dict(until=["."], max_gen_toks=2**64), "max_gen_toks must be within int64"),
+])
+def test_generation_settings_follow_sample_py_and_are_one_line_naming_the_task(harness, char, kwargs, words):
+    lm = harness.NanoToSTLM(out_dir=str(char["root"] / "tssa"), device="cpu")
+    if words is None:  # accepted: top_k 0 samples from every token, as no top_k does
+        torch.manual_seed(0)
+        got = lm.generate_until(task_requests("my_task", ("Th", dict(kwargs, max_gen_toks=6))))
+        torch.manual_seed(0)
+        free = {k: v for k, v in kwargs.items() if k != "top_k"}
+        assert got == lm.generate_until(task_requests("my_task", ("Th", dict(free, max_gen_toks=6))))
+        return
+    with pytest.raises(cli.UserError) as refusal:
+        lm.generate_until(task_requests("my_task", ("Th", kwargs)))
+    message = str(refusal.value)
+    assert message.startswith("lm-eval task 'my_task': generation_kwargs: ") and words in message, message
+    assert "\n" not in message and "nanotost follows sample.py" in message
+
+
+@pytest.mark.parametrize("args,own,clash", [
+    ("batch_size=4", {"batch_size": 1, "max_batch_size": None, "device": None}, "batch_size"),  # lm-eval's default 1
+    ("device=cpu,batch_size=4", {"batch_size": 1, "device": "cuda:0"}, "batch_size, device"),
+    ("stride=8", {"batch_size": 4, "max_batch_size": None, "device": "cpu"}, None),
+])
+def test_model_args_that_lm_eval_hands_the_model_itself_are_named(harness, char, args, own, clash):
+    """lm_harness.py --model_args out_dir=...,batch_size=4 (what the adapter once offered): lm-eval
+    passes its own --batch_size too, a TypeError inside lm-eval before; now one line naming both."""
+    arg_string = f"out_dir={char['root'] / 'tssa'},{args}"
+    if clash is None:
+        lm = harness.NanoToSTLM.create_from_arg_string(arg_string, own)
+        assert (lm.batch_size, lm._device, lm.stride) == (4, "cpu", 8)
+        return
+    with pytest.raises(cli.UserError) as refusal:
+        harness.NanoToSTLM.create_from_arg_string(arg_string, own)
+    message = f"lm_harness.py: {refusal.value}"
+    assert f"--model_args {clash}: lm-eval hands the model its own" in message and "\n" not in message
+    assert_advice_exists(message)
+    doc = harness.NanoToSTLM.__doc__
+    offered = doc[doc.index("model_args"):doc.index("tssa_impl")]  # the model_args the docstring lists
+    assert "batch_size" not in offered and "device" not in offered
 
 
 # -----------------------------------------------------------------------------

@@ -163,7 +163,9 @@ SETTINGS = [
     ("prepare_openwebtext.py", ["--text_field=body"], "--text_field names the column of --input files"),
     ("prepare_openwebtext.py", ["--val_fraction=1"], "--val_fraction must be between 0 and 1"),
     ("prepare_openwebtext.py", ["--num_proc=0"], "--num_proc must be at least 1"),
-    ("prepare_openwebtext.py", ["--seed=-1"], "--seed must not be negative"),
+    ("prepare_openwebtext.py", ["--seed=-1"], "--seed must be a whole number in 0..4294967295"),
+    ("prepare_openwebtext.py", ["--seed=4294967296"], "--seed must be a whole number in 0..4294967295"),
+    ("prepare_openwebtext.py", ["--num_proc=100000"], "--num_proc must be in 0.."),
     ("prepare_openwebtext.py", ["--num_proc=two"], "invalid int value"),
     ("prepare_openwebtext.py", ["--input={in}/*.none"], "matches no file"),
     ("prepare_openwebtext.py", ["--input={in}/missing.jsonl"], "missing.jsonl not found"),
@@ -181,7 +183,7 @@ SETTINGS = [
     ("bench.py", ["--repeats=0"], "repeats must be at least 1"),
     ("bench.py", ["--decode_steps=0"], "decode_steps must be at least 1"),
     ("bench.py", ["--warmup=-1"], "warmup must not be negative"),
-    ("bench.py", ["--threads=-2"], "threads must not be negative"),
+    ("bench.py", ["--threads=-2"], "threads must be in 0.."),
     ("bench.py", ["--max_case_s=0"], "max_case_s must be positive"),
     ("bench.py", ["--max_case_s=inf"], "max_case_s must be a finite number"),
     ("bench.py", ["--suites=op,attention"], "suites: unknown 'attention'"),
@@ -544,22 +546,32 @@ INPUTS = [
     ("prepare_char.py", "binary.txt", b"\x00\x01\x02" * 100, "binary.txt holds NUL bytes"),
     ("prepare_char.py", "latin1.txt", "line one\ncaf\u00e9\n".encode("latin-1"), "latin1.txt:2: not UTF-8 text"),
     ("prepare_char.py", "short.txt", "ab", "too few for a train and a val split"),
+    # issue 26, class 4: whitespace is no corpus (it tokenizes, so token counts do not see it)
+    ("prepare_char.py", "blank.txt", " \n\t\n   \r\n" * 50, "blank.txt holds only whitespace"),
+    ("prepare_char.py", "newlines.txt", "\n" * 1000, "newlines.txt holds only whitespace"),
+    ("prepare_openwebtext.py", "blank.txt", " \n\t\n   \r\n" * 50, "blank.txt holds only whitespace"),
+    ("prepare_openwebtext.py", "blank.jsonl", "".join(json.dumps({"text": " \n " * i}) + "\n" for i in range(5)),
+     "no text in it (only empty or whitespace documents)"),
+    ("prepare_openwebtext.py", "blank.parquet", ["   ", "\n\t", ""], "no text in it (only empty or whitespace"),
 ]
 
 
 @pytest.mark.parametrize("script, name, content, words", INPUTS, ids=[f"{s}-{n}" for s, n, _, _ in INPUTS])
 def test_input_data_is_refused_where_it_is_wrong(script, name, content, words, work, tmp_path, monkeypatch, capsys):
     path = work["inputs"] / name
-    if content is None:  # a parquet file whose text column has a null
+    if content is None or isinstance(content, list):  # a parquet file of these texts (None: "a" and a null)
         import pyarrow as pa
         import pyarrow.parquet as pq
-        pq.write_table(pa.table({"text": ["a", None]}), path)
+        pq.write_table(pa.table({"text": ["a", None] if content is None else content}), path)
     elif isinstance(content, bytes):
         path.write_bytes(content)
     else:
         path.write_text(content, encoding="utf-8")
     if script == "prepare_openwebtext.py":
         datasets_cache(monkeypatch, tmp_path)
+        if not os.path.isdir(TIKTOKEN_CACHE) and name.startswith("blank."):
+            pytest.skip("GPT-2 BPE files not available offline (set TIKTOKEN_CACHE_DIR)")  # tokenized, then refused
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.path.abspath(TIKTOKEN_CACHE))
     before = snapshot(work["work"])
     code, _, err = call(script, f"--input={path}", "--data_dir=data", "--num_proc=1" if "openweb" in script else
                         "--val_fraction=0.1", monkeypatch=monkeypatch, capsys=capsys)

@@ -179,7 +179,7 @@ def test_vit_train_refuses_bad_settings(setting, words, tmp_path, capsys):
     ("--n_show=0", "n_show must be at least 1"),
     ("--n_rvar=-3", "n_rvar must be at least 1"),
     ("--batch_size=0", "batch_size must be at least 1"),
-    ("--num_threads=-1", "num_threads must not be negative"),
+    ("--num_threads=-1", "num_threads must be in 0.."),
     ("--layers=1;2", "layers must be layer numbers like '1,6,12', got '1;2'"),
     ("--layers=9", "layers [9] out of range: this model has layers 1..2"),
     ("--device=gpu", "device must be auto, cpu, cuda or cuda:N"),
