@@ -307,7 +307,7 @@ def load_tasks(specs):
         except (ConnectionError, OSError) as e:
             if isinstance(e, OSError) and e.filename:  # the cache's folder cannot be written: run_cli names it
                 raise
-            offline = "" if online else ", and the Hub cannot be reached from here"
+            offline = "" if online else "; offline: the Hub was not reached"
             raise cli.UserError(f"lm-eval task {spec!r} could not load its data ({str(e).splitlines()[0][:160]}"
                                 f"{offline}): the harness's tasks fetch their data sets from the Hugging Face Hub, "
                                 "so run this once online (they are cached under HF_HOME), or give a task YAML file "

@@ -212,7 +212,7 @@ def load_rows(args, files, kind):
     except Exception as e:  # no network and not cached, a moved repository, ...
         if isinstance(e, OSError) and e.filename:  # the cache's folder cannot be written: run_cli names it
             raise
-        offline = "" if online else ", and the Hub cannot be reached from here"
+        offline = "" if online else "; offline: the Hub was not reached"
         raise cli.UserError(f"could not load {spec['path']} from the Hugging Face Hub ({type(e).__name__}: "
                             f"{' '.join(str(e).split())[:200]}{offline}). It downloads once (needs network) into the "
                             "Hugging Face cache (HF_HOME, default ~/.cache/huggingface); or pass the files yourself "

@@ -240,7 +240,7 @@ def build_sources(C):
     except Exception as e:  # no network, offline mode, gated repository, ...
         if isinstance(e, OSError) and e.filename:  # the cache's folder cannot be written: run_cli names it
             raise
-        why = " ".join(str(e).split())[:200] + ("" if online else ", and the Hub cannot be reached from here")
+        why = " ".join(str(e).split())[:200] + ("" if online else "; offline: the Hub was not reached")
         raise cli.UserError(
             f"could not load {hub_id!r} through Hugging Face datasets ({type(e).__name__}: {why}); "
             "it needs the network the first time, into the Hugging Face cache (HF_HOME) (imagenet-1k: accept its "

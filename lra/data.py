@@ -304,7 +304,8 @@ def _hf_split(name, split, what):
     except Exception as e:  # no network, not cached, bad name: all end here
         if isinstance(e, OSError) and e.filename:  # the cache's folder cannot be written: run_cli names it
             raise
-        first = (str(e).strip().splitlines() or [""])[0][:200] + ("" if online else " (the Hub cannot be reached)")
+        first = (str(e).strip().splitlines() or [""])[0][:200]  # one line
+        first += "" if online else " (offline: the Hub was not reached)"
         raise DataError(
             f"could not load {what} ({name!r}, split {split!r}) through Hugging Face datasets: "
             f"{type(e).__name__}: {first}. It downloads on first use, which needs internet; on an offline machine "
