@@ -3,7 +3,7 @@ bench.py: speed and memory of TSSA (readable reference and fused fast paths) aga
 attention through F.scaled_dot_product_attention, on CPU or CUDA. Two modes:
 
 THE REPORT (--report): one fixed protocol for a GPU, the source of SPEED.md's GPU tables.
-    python bench.py --report --out=results/<gpu>.json  # every section, into the committed report
+    python bench.py --report --out=results/          # every section, into the committed results/<gpu>.json
     python bench.py --report --budget_s=540          # what fits in 9 minutes (out-bench/); run again to continue
     python bench.py --report --sections=op,decode    # these sections again (the others kept)
     python bench.py --report --device=cpu --quick    # a smoke run of every section (tiny shapes, seconds)
@@ -17,10 +17,10 @@ train_gpt2_cudnn / train_tost_triton (the compiled training step at 4K..64K, equ
 step), main_job (train.py, config/tost_owt.py, main_iters iterations on synthetic tokens:
 tokens/s, MFU). Each section writes its rows as it goes; one that hangs is stopped at its limit
 and recorded as timed_out with the rows it measured, and the next section runs. The parent
-merges the sections into one JSON after each (--out; by default out-bench/<gpu>.json for a
-full CUDA report, out-bench/cpu-report.json or out-bench/<gpu>-quick.json for a CPU or quick
-one: a committed path only when named) and, run again with sections=all, runs only the
-sections not yet done. A quick
+merges the sections into one JSON after each (--out, a file or a folder ending in /; by default
+out-bench/<gpu>.json for a full CUDA report, out-bench/cpu-report.json or <gpu>-quick.json for a
+CPU or quick one: results/, committed, only when named) and, run again with sections=all, runs
+only the sections not yet done. A quick
 report runs every section at the tiniest shapes; rows a device cannot run (Triton, FlashAttention,
 cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says more.
 
@@ -90,7 +90,7 @@ warmup = 1
 decode_steps = 50  # tokens per decode timing
 max_case_s = 60.0  # skip a case whose estimated run time (from the previous T) is longer
 quick = False  # a short run: suites: T = 1K, 4K, 16K, op and decode, 3 repeats; report: the tiniest shapes
-out = "auto"  # "auto": bench_results.json (suites), out-bench/<gpu>[-quick].json or cpu-report.json (report)
+out = "auto"  # "auto": bench_results.json (suites); report: out-bench/<gpu>[-quick].json, or a folder/ for it
 # the report (--report)
 report = False  # run the report's sections (each its own process, time-limited) into one JSON
 sections = "all"  # report: the sections to run; "all" runs those not yet done in the JSON at out
@@ -138,9 +138,10 @@ def check_settings(C):
     section_limits(C, list(SECTIONS))
     if C.out == "auto":
         return plan
-    if os.path.isdir(C.out):
+    into_folder = C.report and C.out.endswith(("/", os.sep))  # the report: a folder takes <gpu>.json
+    if os.path.isdir(C.out) and not into_folder:
         raise cli.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
-    folder = os.path.dirname(os.path.abspath(C.out))
+    folder = os.path.abspath(C.out) if into_folder else os.path.dirname(os.path.abspath(C.out))
     while not os.path.lexists(folder):
         folder = os.path.dirname(folder)
     if not os.path.isdir(folder):
@@ -1266,12 +1267,13 @@ def run_child(ctx, name, C, tmp, limit_s, previous=None):
 
 def report_out(C, meta):
     """The merged JSON's path: --out, else under the ignored out-bench/: <gpu>.json for a full
-    CUDA report, <gpu>-quick.json or cpu-report.json otherwise. The committed results/<gpu>.json
-    is written only when named (--out=results/<gpu>.json): no run replaces it by default."""
-    if C.out != "auto":
-        return C.out
+    CUDA report, <gpu>-quick.json or cpu-report.json otherwise; an --out ending in / is the
+    folder for that name. The committed results/<gpu>.json is written only when named
+    (--out=results/): no run replaces it by default."""
     name = "cpu-report" if not meta["gpu"] else meta["slug"] + ("-quick" if C.quick else "")
-    return os.path.join("out-bench", f"{name}.json")
+    if C.out == "auto" or C.out.endswith(("/", os.sep)):
+        return os.path.join("out-bench" if C.out == "auto" else C.out, f"{name}.json")
+    return C.out
 
 
 def load_report(path, meta):

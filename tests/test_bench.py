@@ -154,6 +154,8 @@ def test_another_devices_report_is_not_overwritten(tmp_path):
     with pytest.raises(cli.UserError, match="NVIDIA H100.*choose another --out"):
         bench.load_report(str(path), dict(slug="cpu", quick=True, name="cpu"))
     assert bench.load_report(str(path), h100)["meta"] == h100  # the same device continues it
+    assert bench.report_out(SimpleNamespace(out="results/", quick=False), dict(h100, gpu="x")) == \
+        os.path.join("results", "nvidia-h100-80gb-hbm3.json")  # the committed report: only when named
     for quick, gpu, where in ((False, "x", "nvidia-h100-80gb-hbm3.json"),  # never results/ (committed) unless named
                               (True, "x", "nvidia-h100-80gb-hbm3-quick.json"), (False, None, "cpu-report.json")):
         assert bench.report_out(SimpleNamespace(out="auto", quick=quick), dict(h100, gpu=gpu)) == \
