@@ -3,11 +3,11 @@ Triton kernels of TSSA (CUDA; TRITON_INTERPRET=1 runs them on the CPU, slowly: t
 tests run them). Imported only when tssa_impl="triton" asks for them; kernels/fused.py falls
 back to model.py's reference, with a warning, when Triton is missing or a launch fails.
 
-Three launches each way and no PyTorch compute between them: TritonKernels.forward and
-.backward only allocate (torch.empty) and launch; the padding mask, the sums over the batch
-(dtemp, dpos_bias) and the carries of the running sums are all done inside the kernels.
+Three launches each way and no PyTorch compute around them: TritonKernels.forward and
+.backward only allocate (torch.empty) and launch; the padding mask, the carries of the running
+sums and the sums over the batch (dtemp, dpos_bias) are all done inside the kernels.
 
-    TRITON_INTERPRET=1 python -m pytest -q tests/test_kernels.py -k triton   # the tests run them so
+    python -m pytest -q tests/test_kernels.py -k triton   # under the interpreter, in a subprocess
 """
 
 import contextlib
@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_T = 64  # tokens per chunk (tile height; fewer when p is large)
+BLOCK_T = 64  # tokens per chunk, at most (tile height; fewer when p is large)
+SCAN_CHUNKS = 32  # chunk totals a scan takes per step, at most (tests lower it to cross steps)
 # Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when this file is imported
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -27,45 +28,55 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Tokens are cut into chunks of BT. Every kernel works on (BT, P) tiles of w (P = p rounded up
 # to a power of two, masked). A running sum over tokens is (scan inside the tile) + (carry:
 # the sum of the earlier chunks' totals, of the later ones in the backward, or the total for
-# the non-causal form). The carries come from chunk totals that the kernel before wrote.
+# the non-causal form). The carries come from chunk totals that an earlier launch wrote.
 #
-#   forward : K1 chunk totals of w^2                                  -> carries of S
-#             K2 all heads of a chunk: u, logits, Pi (softmax across heads in registers),
-#                chunk totals of Pi w^2 and Pi                         -> carries of M, N
+#   forward : K1 chunk totals of w^2                                   -> carries of S
+#             K2 all heads of a chunk: u, the logits of every head in a (BT, HP) register
+#                tile (one walk over the heads), Pi = its softmax across heads (a row
+#                operation), chunk totals of Pi w^2 and Pi                -> carries of M, N
 #             K3 out
-#   backward: B1 chunk totals of dL/dM, dL/dN                         -> carries of G_M, G_N
-#             B2 all heads of a chunk: dL/dPi, the softmax backward across heads in
-#                registers, R = temp dL/dlogit, dtemp partials, chunk totals of dL/dS -> G_S
+#   backward: B1 chunk totals of dL/dM, dL/dN                          -> carries of G_M, G_N
+#                and the in-chunk part of dL/dPi (B1 has the in-chunk suffix sums at hand)
+#             B2 all heads of a chunk: dL/dPi = B1's part + the carries' part, in a (BT, HP)
+#                register tile; the softmax backward across heads (a row operation);
+#                R = temp dL/dlogit, dtemp partials, chunk totals of dL/dS  -> carries of G_S
 #             B3 dL/dw; the programs of batch row 0 also sum dtemp and dpos_bias over the batch
 # K1, K3, B1, B3 run one program per (batch row b, head h, chunk); K2 and B2 one per (b, chunk)
 # walking the heads, because the softmax couples them. Statistics in fp32; w, out, g, dw in
-# their own dtype.
+# their own dtype. Padding tokens (the non-causal mask, read as bool) are loaded as zeros and
+# get Pi = 0, hence zero out and zero dw, and no part in any statistic.
 #
 # The scan inside the producer. Each program of K1, K2, B1, B2 writes its chunk totals, then
-# takes a ticket from its row's counter; the program that draws the last ticket (count n - 1)
-# turns the row's totals into carries, in place, reading the chunks in a FIXED order (0, 1, ...,
-# or n-1, ..., 0 for a suffix), and puts the counter back to 0. Which program that is depends
-# on scheduling; what it computes does not: the totals are each program's own deterministic
-# sums and the scan's order is fixed, so the results are bitwise the same from run to run.
-# The counters are one int32 per row in a zeroed buffer kept per device (_counters): every
-# launch leaves them at zero, so no launch needs a memset. (Launches that use the counters
-# must be ordered, i.e. on one stream, as every launch of a training step is.)
+# takes a ticket from its row's counter; the program that draws the last ticket (n - 1 of n)
+# puts the counter back to 0 and turns the row's totals into carries, in place, reading the
+# chunks in a FIXED order (0, 1, ..., or n-1, ..., 0 for a suffix). Which program that is
+# depends on scheduling; what it computes does not: the totals are each program's own
+# deterministic sums and the scan's order is fixed, so the results are bitwise the same from
+# run to run (the tests run the programs in reverse order too). The counters are one int32
+# per row in a buffer zeroed once per device (_counters), at zero again after every launch:
+# no memset per call. Launches that share the counters must not overlap, i.e. they run on one
+# stream, as every launch of a training step does.
 #
-# Why the last program sees every total (the memory-ordering argument, PTX's model):
-#  1. a program stores its totals (many threads), then tl.debug_barrier() (bar.sync): those
+# Why the last program sees every total (the memory-ordering argument; PTX's model):
+#  1. a program stores its totals (many threads), then tl.debug_barrier() (bar.sync): the
 #     stores are performed with respect to the whole program before the next instruction;
-#  2. one thread then adds 1 to the counter with an atomic of acq_rel semantics at gpu scope:
-#     its release half makes everything ordered before it (1., cumulatively through the
+#  2. one thread then adds 1 to the counter, an atomic with acq_rel semantics at gpu scope:
+#     its release half makes everything ordered before it (1., cumulative through the
 #     barrier) visible at gpu scope before the new count is;
-#  3. the program that reads n - 1 read a value written by the chain of every other program's
-#     atomic adds (a read-modify-write chain: a release sequence), so its acquire half
-#     synchronizes with each of their releases: all n programs' totals happen-before it;
-#  4. after another barrier (the rest of the program ordered after the acquiring thread), it
-#     reads the totals with cache_modifier=".cg" (L2, the coherence point: no stale L1 line).
-# The counter's reset is a plain store: every program of the launch has already taken its
-# ticket, and the next launch on the stream starts after this one ends. This is the pattern
-# of CUDA's threadFenceReduction sample and of split-K semaphores; the interpreter runs
-# programs one after the other, so only a GPU exercises it (kernels/gpu_check.py determinism).
+#  3. the program that reads n - 1 reads the end of the chain of every other program's
+#     read-modify-writes of that counter (C++'s release sequence), so its acquire half
+#     synchronizes with each of their releases: all n programs' totals happen before it;
+#  4. after a second barrier (the rest of the program ordered after the acquiring thread) it
+#     reads the totals with cache_modifier=".cg" (L2, the point of coherence: no stale L1).
+# The reset is a plain store: every program of the launch has taken its ticket by then, and
+# the next launch on the stream starts after this one ends. The carries it writes are read
+# only by later launches. This is the pattern of CUDA's threadFenceReduction sample and of
+# split-K semaphores. The interpreter runs programs one after the other, so only a GPU
+# exercises the ordering (python -m kernels.gpu_check determinism).
+#
+# Registers: a tile has at most 2K values and a program a warp per 256 of them (8 fp32
+# registers a thread per live tile; TritonKernels.plan), so that every kernel stays within
+# 128 registers a thread without spilling (tests compile them for sm_80 and sm_90).
 
 
 # what a scan makes of the chunk totals: the sums of the earlier chunks, of the later ones, of all
@@ -291,7 +302,8 @@ def _k_pi(w_ptr, s_b, s_h, s_t, mask_ptr, m_b, m_t, temp_ptr, bias_ptr, bias_h, 
         logit = tl.where(hh[None, :] == h, (tl.load(temp_ptr + h) * u)[:, None], logit)
     # Pi: the softmax across heads, a row operation on the register tile; 0 for padding tokens
     e = tl.exp(logit - tl.max(logit, axis=1)[:, None])
-    pi = tl.where(_keep(mask_ptr, m_b, m_t, b, t, T, HAS_MASK)[:, None], e / tl.sum(e, axis=1)[:, None], 0.0)  # (BT, HP)
+    keep = _keep(mask_ptr, m_b, m_t, b, t, T, HAS_MASK)  # read again here: not live across the loop
+    pi = tl.where(keep[:, None], e / tl.sum(e, axis=1)[:, None], 0.0)  # (BT, HP)
     offs, m = _heads_offsets(b, t, H, T, HP)
     tl.store(pi_ptr + offs, pi, mask=m)
     # the chunk totals: of Pi (every head at once), then of Pi w^2 (a second load of each tile)
@@ -477,9 +489,9 @@ def on_device(t):
 
 
 def _scan_tile(W):
-    """(CB chunks, WB columns) of a scan step: at most 2K values."""
+    """(CB chunks, WB columns) of a scan step over W columns: at most 2K values."""
     WB = min(256, triton.next_power_of_2(W))
-    return dict(CB=max(2, 2048 // WB), WB=WB)
+    return dict(CB=min(SCAN_CHUNKS, max(2, 2048 // WB)), WB=WB)
 
 
 def _warps(values):
@@ -511,7 +523,8 @@ class TritonKernels:
         """Why these kernels cannot run w, or None."""
         if w.device.type == "cuda" or INTERPRET:
             return None
-        return f"the Triton kernels take CUDA tensors, got a {w.device.type} tensor (TRITON_INTERPRET=1 runs them on the CPU)"
+        return (f"the Triton kernels take CUDA tensors, got a {w.device.type} tensor "
+                "(TRITON_INTERPRET=1 runs them on the CPU)")
 
     @staticmethod
     def prepare(w):  # any float dtype is read as is; unit stride along p
@@ -552,6 +565,11 @@ class TritonKernels:
 
     @classmethod
     def forward(cls, w, temp, bias, mask, causal, eps):
+        """out (w's dtype and strides), Pi and u (B, H, T) fp32, and the carries to save.
+        bias: the whole position bias (H, T_max), given exactly for the causal form; mask:
+        (B, T) bool or None."""
+        if (bias is not None) != causal:
+            raise ValueError("the Triton kernels take a position bias for the causal form, and only for it")
         wk, temp = cls.prepare(w), temp.float().contiguous()
         B, H, T, p = wk.shape
         plan = cls.plan(p, H, causal, mask is not None)
@@ -574,7 +592,8 @@ class TritonKernels:
 
     @classmethod
     def backward(cls, w, g, temp, pi, u, mask, saved, causal, eps, bias_width=0):
-        """dw (w's dtype), dtemp (H,) and, with bias_width > 0, dpos_bias (H, bias_width) fp32."""
+        """dw (w's dtype and strides), dtemp (H,) and, causal, dpos_bias (H, bias_width) fp32:
+        the gradient of the whole position bias (zeros past T)."""
         cS, cMN = saved
         wk, g, temp = cls.prepare(w), cls.prepare(g), temp.float().contiguous()
         B, H, T, p = wk.shape
