@@ -10,7 +10,6 @@ to it where the kernels do not apply or cannot run:
     A failing backward recomputes the gradients through the reference instead.
 """
 
-import contextlib
 import importlib
 import warnings
 
@@ -23,15 +22,16 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PROBE_ON_CPU = False  # tests: also probe the custom operators under TRITON_INTERPRET=1
 
 
-def on_device(t):
-    """Launch on t's GPU (Triton launches on the current CUDA device: a tensor on cuda:1 while
-    cuda:0 is current would be an illegal address); nothing to do elsewhere."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
-
-
 def masked(w, mask):
-    """w with the padded tokens zeroed (mask (B, T) float, or None: w itself)."""
+    """w with the padded tokens zeroed (mask (B, T) bool or float, or None: w itself)."""
     return w if mask is None else w * mask[:, None, :, None].to(w.dtype)
+
+
+def raw_inputs(kernels):
+    """Whether kernels take w unmasked with the padding mask, and the whole position bias
+    (H, T_max) whose whole gradient they return (the Triton kernels: no PyTorch op around
+    them). Otherwise (the C kernels) w and dw are masked here and the bias is cut to T."""
+    return getattr(kernels, "raw_inputs", False)
 
 
 def guards(causal):
@@ -44,33 +44,46 @@ def guards(causal):
 class FusedTSSA(torch.autograd.Function):
     """out, Pi = TSSA(w) with the hand-derived backward of kernels/__init__.py. Saves w, Pi
     and u (B, H, T) and per-chunk carries, about 1/p of w besides w itself, where autograd
-    through the reference keeps ~10 tensors the size of w. bias (H, T) or None; mask (B, T)
-    float or None (non-causal only); ops: the FusedOps whose kernels run. Pi is returned
-    detached, as model.py returns it."""
+    through the reference keeps ~10 tensors the size of w. bias: the position bias or None
+    (the whole (H, T_max) for raw_inputs kernels, else (H, T)); mask (B, T) or None
+    (non-causal only); ops: the FusedOps whose kernels run. Pi is returned detached, as
+    model.py returns it, and autograd makes no zero gradient for it (materialize_grads off)."""
 
     @staticmethod
     def forward(ctx, w, temp, bias, mask, causal, ops):
-        eps = guards(causal)
-        with torch.autocast(w.device.type, enabled=False), on_device(w):
-            out, pi, u, saved = ops.kernels.forward(masked(w, mask), temp, bias, mask, causal, eps)
+        eps, kernels = guards(causal), ops.kernels
+        with torch.autocast(w.device.type, enabled=False):
+            x = w if raw_inputs(kernels) else masked(w, mask)
+            out, pi, u, saved = kernels.forward(x, temp, bias, mask, causal, eps)
         ctx.causal, ctx.ops, ctx.eps, ctx.n_saved = causal, ops, eps, len(saved)
         ctx.save_for_backward(w, temp, bias, mask, pi, u, *saved)
         ctx.mark_non_differentiable(pi)
+        ctx.set_materialize_grads(False)
         return out, pi
 
     @staticmethod
-    def backward(ctx, g_out, _g_pi):  # _g_pi is ignored: Pi is returned detached
+    def backward(ctx, g_out, _g_pi):  # _g_pi is None: Pi is returned detached
+        if g_out is None:  # out took no part in what is differentiated
+            return None, None, None, None, None, None
         w, temp, bias, mask, pi, u, *saved = ctx.saved_tensors
         try:
-            with torch.autocast(w.device.type, enabled=False), on_device(w):
-                gw, gtemp, gbias = ctx.ops.kernels.backward(masked(w, mask), g_out, temp, pi, u, mask, saved,
-                                                            ctx.causal, ctx.eps)
-                gw = masked(gw, mask)
+            with torch.autocast(w.device.type, enabled=False):
+                gw, gtemp, gbias = _kernel_grads(ctx.ops.kernels, w, g_out, temp, bias, pi, u, mask, saved,
+                                                 ctx.causal, ctx.eps)
         except Exception as e:  # e.g. the backward kernels failed to compile: the reference's gradients
             ctx.ops.disable(f"the backward kernels raised {type(e).__name__}: {e}")
             gw, gtemp, gbias = _reference_grads(w, temp, bias, mask, g_out, ctx.causal)
         gbias = None if bias is None else gbias.to(bias.dtype)
         return gw.to(w.dtype), gtemp.to(temp.dtype), gbias, None, None, None
+
+
+def _kernel_grads(kernels, w, g_out, temp, bias, pi, u, mask, saved, causal, eps):
+    """(dw, dtemp, dbias) from the backward kernels."""
+    if raw_inputs(kernels):
+        width = 0 if bias is None else bias.shape[1]
+        return kernels.backward(w, g_out, temp, pi, u, mask, saved, causal, eps, width)
+    gw, gtemp, gbias = kernels.backward(masked(w, mask), g_out, temp, pi, u, mask, saved, causal, eps)
+    return masked(gw, mask), gtemp, gbias
 
 
 def _reference_grads(w, temp, bias, mask, g_out, causal):
@@ -153,9 +166,8 @@ class FusedOps:
                     else model.tssa(w, temp, return_pi, mask, pi_mode))
         model.check_w(w, temp)
         B, H, T, p = w.shape
-        bias = model.check_pos_bias(pos_bias, H, T, w.dtype)[:, :T] if causal else None  # (H, T)
-        mask_f = None if mask is None else mask.to(torch.float32)
-        out, pi, *_ = torch.ops.nanotost.tssa_fwd(w, temp.reshape(H).float(), bias, mask_f, causal, *guards(causal))
+        bias = model.check_pos_bias(pos_bias, H, T, w.dtype) if causal else None  # (H, T_max)
+        out, pi, *_ = torch.ops.nanotost.tssa_fwd(w, temp.reshape(H).float(), bias, mask, causal, *guards(causal))
         return (out, pi) if return_pi else out
 
     @torch.compiler.disable  # Dynamo must not trace into ctypes calls or Triton launches
@@ -164,8 +176,7 @@ class FusedOps:
         model.check_mask(w, mask)
         res = None
         if self.kernels_for(w, pi_mode) is not None:
-            mask_f = None if mask is None else mask.to(torch.float32)
-            res = self._apply(w, temp.reshape(-1), None, mask_f, False)
+            res = self._apply(w, temp.reshape(-1), None, mask, False)
         if res is None:
             return model.tssa(w, temp, return_pi, mask, pi_mode)
         return res if return_pi else res[0]
@@ -176,8 +187,8 @@ class FusedOps:
         B, H, T, p = w.shape
         res = None
         if self.kernels_for(w, pi_mode) is not None:
-            bias = model.check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
-            res = self._apply(w, temp.reshape(H), bias, None, True)
+            bias = model.check_pos_bias(pos_bias, H, T, w.dtype)  # (H, T_max)
+            res = self._apply(w, temp.reshape(H), bias if raw_inputs(self.kernels) else bias[:, :T], None, True)
         if res is None:
             return model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
         return res if return_pi else res[0]
@@ -194,7 +205,7 @@ class FusedOps:
         if kernels is not None:
             H = w_t.shape[1]
             try:  # a launch that raises (a compile error) has not touched the state
-                with torch.no_grad(), on_device(w_t):
+                with torch.no_grad():
                     out, _ = kernels.step(w_t, temp.reshape(H), bias_t.reshape(H).float(), state, guards(True))
                 return out
             except Exception as e:
@@ -221,7 +232,7 @@ def _triton_ready(device_type):
             w = torch.randn(1, 2, 16, 8, device=device_type)
             temp, bias = torch.ones(2, device=device_type), torch.zeros(2, 16, device=device_type)
             out, pi, u, cS, cMN = torch.ops.nanotost.tssa_fwd(w, temp, bias, None, True, *guards(True))
-            torch.ops.nanotost.tssa_bwd(w, torch.ones_like(out), temp, pi, u, None, cS, cMN, True, *guards(True))
+            torch.ops.nanotost.tssa_bwd(w, torch.ones_like(out), temp, pi, u, None, cS, cMN, True, *guards(True), 16)
             if device_type == "cuda":
                 torch.cuda.synchronize()
     except Exception as e:
