@@ -401,6 +401,7 @@ def model_decode_case(C, impl, T_):
     _, amp = autocast(C)
 
     def run():
+        state.pos.fill_(T_)  # every call decodes the same positions (the KV cache holds T_ + decode_steps)
         with torch.no_grad(), amp:
             for _ in range(C.decode_steps):
                 m.step(tok, state)
