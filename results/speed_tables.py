@@ -304,12 +304,19 @@ def cpu_command(data):
 
 
 def cpu_cell(r):
-    """Median ms (fastest-slowest repeat), or what happened instead."""
+    """Process CPU ms (median); wall ms: median, fastest-slowest repeat; or what happened instead."""
     if r is None:
         return "-"
     if r.get("ms") is None:
         return r.get("note") or "not run"
-    return f"{num(r['ms'])} ({num(min(r['ms_all']))}-{num(max(r['ms_all']))})"
+    return f"{num(r['cpu_ms'])} ({num(r['ms'])}; {num(min(r['ms_all']))}-{num(max(r['ms_all']))})"
+
+
+def cpu_ratio(a, b, name):
+    """a vs b in process CPU time, worded as it reads; '-' where either is missing."""
+    if not (a and b and a.get("cpu_ms") and b.get("cpu_ms")):
+        return "-"
+    return ratio_words(a["cpu_ms"], b["cpu_ms"], name)
 
 
 def cpu_rows(data, suite):
@@ -321,8 +328,11 @@ def cpu_footer(data):
     m = data["meta"]
     load = ", ".join(f"{x:.1f}" for x in m["load_average"])
     return (f"{m['device']}, {m['dtype']}, torch {m['torch']}; load average {load} (1, 5, 15 minutes) when the run "
-            f"ended, on a machine shared with other jobs: the ranges show the spread of the repeats, and the ratios, "
-            f"taken from medians of the same run, are the figures to read. Written by `{cpu_command(data)}`.")
+            f"ended, on a machine shared with other jobs. Written by `{cpu_command(data)}`.")
+
+
+CPU_CELLS = ("Each cell: process CPU ms (median), then wall ms: median; fastest-slowest of {n} repeats. The "
+             "ratios compare CPU time, which other jobs on a shared machine stretch less than wall time.")
 
 
 def table_cpu_op(data):
@@ -331,13 +341,11 @@ def table_cpu_op(data):
     body = []
     for T in sorted({t for _, t in rows}):
         torch_, cpu, sdpa = (rows.get((i, T)) for i in ("torch", "cpu", "sdpa"))
-        vs = lambda a, b, name: ratio_words(a["ms"], b["ms"], name) if a and b and a.get("ms") and b.get("ms") \
-            else "-"  # noqa: E731
-        body.append([f"{T:,}", cpu_cell(torch_), cpu_cell(cpu), cpu_cell(sdpa), vs(cpu, torch_, "`torch`"),
-                     vs(cpu, sdpa, "SDPA"), vs(torch_, sdpa, "SDPA")])
+        body.append([f"{T:,}", cpu_cell(torch_), cpu_cell(cpu), cpu_cell(sdpa), cpu_ratio(cpu, torch_, "`torch`"),
+                     cpu_ratio(cpu, sdpa, "SDPA"), cpu_ratio(torch_, sdpa, "SDPA")])
     c = data["meta"]["config"]
-    head = (f"Forward+backward, causal, B={c['B']}, {c['H']} heads of {c['p']}; ms per call, median of "
-            f"{c['repeats']} (fastest-slowest).\n\n")
+    head = (f"Forward+backward, causal, B={c['B']}, {c['H']} heads of {c['p']}, per call. "
+            + CPU_CELLS.format(n=c["repeats"]) + "\n\n")
     return head + table(["T", "TSSA `torch`", "TSSA `cpu` (C kernels)", "SDPA", "`cpu` vs `torch`", "`cpu` vs SDPA",
                          "`torch` vs SDPA"], body) + "\n\n" + cpu_footer(data)
 
@@ -346,7 +354,7 @@ def state_mb(row):
     """The state a decoding row carried, as bench.py notes it ("state 0.071 MB")."""
     if not row or "state " not in row.get("note", ""):
         return "-"
-    return row["note"].split("state ")[1].split(" MB")[0]
+    return num(float(row["note"].split("state ")[1].split(" MB")[0]))
 
 
 def table_cpu_decode(data):
@@ -355,14 +363,13 @@ def table_cpu_decode(data):
     body = []
     for T in sorted({t for _, t in rows}):
         tost, cpu, gpt2 = (rows.get((i, T)) for i in ("torch", "cpu", "sdpa"))
-        best = min((r for r in (tost, cpu) if r and r.get("ms")), key=lambda r: r["ms"], default=None)
-        vs = ratio_words(best["ms"], gpt2["ms"], "GPT-2") + f" (`{best['impl']}`)" if best and gpt2 and \
-            gpt2.get("ms") else "-"
+        best = min((r for r in (tost, cpu) if r and r.get("cpu_ms")), key=lambda r: r["cpu_ms"], default=None)
+        vs = cpu_ratio(best, gpt2, "GPT-2") + (f" (`{best['impl']}`)" if best and gpt2 and gpt2.get("cpu_ms") else "")
         body.append([f"{T:,}", cpu_cell(tost), cpu_cell(cpu), cpu_cell(gpt2), f"{state_mb(tost)} / {state_mb(gpt2)}",
                      vs])
     c = data["meta"]["config"]
-    head = (f"One token after a context of T tokens (synthetic state), batch {c['B']}; ms per token, median of "
-            f"{c['repeats']} timings of {c['decode_steps']} tokens (fastest-slowest).\n\n")
+    head = (f"One token after a context of T tokens (synthetic state), batch {c['B']}, per token (each repeat times "
+            f"{c['decode_steps']} tokens). " + CPU_CELLS.format(n=c["repeats"]) + "\n\n")
     return head + table(["context", "ToST-Base `torch`", "ToST-Base `cpu`", "GPT-2 Base, KV cache",
                          "state MB, ToST / GPT-2", "faster ToST vs GPT-2"], body) + "\n\n" + cpu_footer(data)
 
@@ -372,20 +379,21 @@ def table_cpu_summary(data):
     op, dec = cpu_rows(data, "op"), cpu_rows(data, "model_decode")
     lines = []
     T = max((t for i, t in op if i == "sdpa"), default=None)
-    if T and all(op.get((i, T), {}).get("ms") for i in ("torch", "cpu", "sdpa")):
+    if T and all(op.get((i, T), {}).get("cpu_ms") for i in ("torch", "cpu", "sdpa")):
         lines.append(f"- the operator, forward+backward at {T:,} tokens: the C kernels (`cpu`) "
-                     f"{ratio_words(op[('cpu', T)]['ms'], op[('torch', T)]['ms'], 'the reference')}, and "
-                     f"{ratio_words(op[('cpu', T)]['ms'], op[('sdpa', T)]['ms'], 'SDPA')};")
+                     f"{cpu_ratio(op[('cpu', T)], op[('torch', T)], 'the reference')}, and "
+                     f"{cpu_ratio(op[('cpu', T)], op[('sdpa', T)], 'SDPA')}; the reference "
+                     f"{cpu_ratio(op[('torch', T)], op[('sdpa', T)], 'SDPA')};")
     T = max((t for i, t in dec if i == "sdpa"), default=None)
-    if T and all(dec.get((i, T), {}).get("ms") for i in ("cpu", "sdpa")):
-        r, g = dec[("cpu", T)], dec[("sdpa", T)]
-        lines.append(f"- decoding ToST-Base after {T:,} tokens: {r['ms'] / g['ms']:.2f}x GPT-2 Base's time per "
-                     f"token with the C kernels, from a state of {state_mb(r)} MB against {state_mb(g)} MB of KV "
-                     "cache.")
+    if T and all(dec.get((i, T), {}).get("cpu_ms") for i in ("torch", "sdpa")):
+        r, g = dec[("torch", T)], dec[("sdpa", T)]
+        lines.append(f"- decoding ToST-Base after {T:,} tokens (the reference, the default): "
+                     f"{r['cpu_ms'] / g['cpu_ms']:.2f}x GPT-2 Base's time per token, from a state of {state_mb(r)} MB "
+                     f"against {state_mb(g)} MB of KV cache.")
     m = data["meta"]
     return "\n".join(lines or ["- (no row of the CPU run has both sides)"]) + (
-        f"\n\nOne CPU thread, `{CPU_BENCH}`, load average {m['load_average'][0]:.1f} at the end of the run "
-        "(SPEED.md, On the CPU).")
+        f"\n\nProcess CPU time on one thread, `{CPU_BENCH}`, load average {m['load_average'][0]:.1f} at the end "
+        "of the run (SPEED.md, On the CPU).")
 
 
 TABLES = {name: (REPORT, fn) for name, fn in (
