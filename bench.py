@@ -7,7 +7,7 @@ THE REPORT (--report): one fixed protocol for a GPU, the source of SPEED.md's GP
     python bench.py --report --budget_s=540          # what fits in 9 minutes (out-bench/); run again to continue
     python bench.py --report --sections=op,decode    # these sections again (the others kept)
     python bench.py --report --device=cpu --quick    # a smoke run of every section (tiny shapes, seconds)
-    python results/speed_tables.py                   # SPEED.md's GPU tables from the committed JSON
+    python results/render.py                         # SPEED.md's GPU tables from the committed JSON
 Sections (SECTIONS below; each in its own process under a time limit, --section_s to change):
 meta, gpu_check_accuracy, gpu_check_determinism (python -m kernels.gpu_check), op (TSSA fwd+bwd
 vs SDPA with FlashAttention-2 and cuDNN forced, B=1 at T, and the training shape B=16 T=1K; GPU
@@ -403,6 +403,7 @@ def model_decode_case(C, impl, T_):
     _, amp = autocast(C)
 
     def run():
+        state.pos.fill_(T_)  # every call decodes the same positions (the KV cache holds T_ + decode_steps)
         with torch.no_grad(), amp:
             for _ in range(C.decode_steps):
                 m.step(tok, state)
@@ -577,7 +578,7 @@ def write_results(path, obj):
 # writes its rows to a part file after every row (atomically), so a section killed at its limit
 # keeps what it measured. The parent merges the parts into one JSON after every section (a
 # parent killed in turn loses only the section in flight) and, run again, runs only what is
-# missing. results/speed_tables.py renders SPEED.md's GPU tables from that JSON.
+# missing. results/render.py renders SPEED.md's GPU tables from that JSON.
 
 REPORT_SCHEMA = "nanotost-bench-report/1"
 # name: (time limit in seconds, what it measures). Run in this order (the report's priorities).
@@ -1369,10 +1370,9 @@ def run_report(C):
     stopped = [n for n in SECTIONS if merged["sections"][n]["status"] in ("timed_out", "failed") and n not in missing]
     print(f"\nwrote {out}", flush=True)
     root = os.path.dirname(os.path.abspath(__file__))
-    shown = subprocess.run([sys.executable, os.path.join(root, "results", "speed_tables.py"), f"--report={out}",
-                            "--print"], capture_output=True, text=True)
-    print(shown.stdout + (f"(results/speed_tables.py failed: {shown.stderr.strip()[-500:]})" if shown.returncode
-                          else ""))
+    shown = subprocess.run([sys.executable, os.path.join(root, "results", "render.py"), "--show=gpu_*",
+                            f"--json_path={out}"], capture_output=True, text=True)
+    print(shown.stdout + (f"(results/render.py failed: {shown.stderr.strip()[-500:]})" if shown.returncode else ""))
     statuses = ", ".join(f"{n} {merged['sections'][n]['status']}" for n in SECTIONS)
     print(f"sections: {statuses}")
     if missing:

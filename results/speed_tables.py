@@ -1,23 +1,18 @@
 """
-SPEED.md's GPU tables, rendered from the JSON that `python bench.py --report` writes
-(results/<gpu>.json): every figure in those tables comes from that file, by this script.
+SPEED.md's tables: the functions that turn the JSON `python bench.py --report` writes
+(results/<gpu>.json) into markdown, registered in TABLES for results/render.py, which renders
+every table of the documents:
 
-    python results/speed_tables.py                  # rewrite SPEED.md's tables from REPORT
-    python results/speed_tables.py --check          # exit 1 naming each table SPEED.md has otherwise
-    python results/speed_tables.py --report=out-bench/cpu-report.json --print   # any report, to stdout
+    python results/render.py                 # SPEED.md's tables (and every other document's)
+    python results/render.py --check         # exit 1 naming each table that differs from its JSON
+    python results/render.py --show=speed_tables --json_path=out-bench/cpu-report.json   # any report
 
-A table sits in SPEED.md between `<!-- table: NAME -->` and `<!-- /table -->`; TABLES maps
-NAME to a function of the report's JSON (data -> markdown). With no report at REPORT the tables
-say so. Ratios are worded as they read: "2.0x faster than", "3.3x slower than". Standard
-library only (results/render.py, when it lands, registers these functions by NAME).
+With no report committed at REPORT, its tables say so (AWAITED). Ratios are worded as they
+read: "2.0x faster than", "3.3x slower than". Standard library only.
 """
 
-import json
-import os
-import re
-import sys
-
-REPORT = "results/nvidia-h100-80gb-hbm3.json"  # the committed GPU report SPEED.md shows
+REPORT = "results/nvidia-h100-80gb-hbm3.json"  # the committed GPU report SPEED.md shows (an H200's: its own file)
+AWAITED = {REPORT: "`python bench.py --report` on a GPU (SPEED.md, The GPU report)"}
 # the targets of issue 25 (bf16, one H100); None: no target for that row
 OP_TARGETS = {(1, 16384): 0.15, (16, 1024): 0.2}  # TSSA fwd+bwd GPU busy ms
 TRAIN_TARGETS = {4096: 0.75, 16384: 0.45, 65536: 0.2}  # ToST / faster GPT-2 step time
@@ -208,8 +203,8 @@ def table_gpu_train(data):
     peak_is = next((r["peak_is"] for rows in found.values() for r in rows.values() if r.get("peak_is")), "-")
     head += (f"Forward, backward and AdamW of one step of {s['train_tokens']:,} tokens (T x B), "
              f"{'compiled (torch.compile, a fresh compile per row)' if s.get('compiled') else 'eager'}, "
-             f"{s.get('dtype') + ' autocast' if s.get('dtype') != 'float32' else 'float32'}; ms per step (the attention kernel that ran). Peak GB, ToST / GPT-2: "
-             f"{peak_is}.\n\n")
+             f"{s.get('dtype') + ' autocast' if s.get('dtype') != 'float32' else 'float32'}; ms per step (the "
+             f"attention kernel that ran). Peak GB, ToST / GPT-2: {peak_is}.\n\n")
     return head + table(["T x B"] + labels + ["ToST / faster GPT-2", "target", "peak GB"], body) + notes.text()
 
 
@@ -294,65 +289,115 @@ def table_gpu_check(data):
     return out.strip() or "No gpu_check rows."
 
 
-TABLES = {"gpu_meta": table_gpu_meta, "gpu_op": table_gpu_op, "gpu_train": table_gpu_train,
-          "gpu_decode": table_gpu_decode, "gpu_main_job": table_gpu_main_job, "gpu_check": table_gpu_check}
-BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- /table -->)", re.S)
+# -----------------------------------------------------------------------------
+# the CPU: `bench.py`'s suites on one thread, results/cpu_bench.json (what bench.py writes without --report)
+
+CPU_BENCH = "results/cpu_bench.json"
+CPU_KEYS = ("device", "threads", "suites", "impls", "modes", "T", "decode_T", "repeats", "max_case_s", "out")
 
 
-def render_doc(text, data, report):
-    """text with every registered table block rewritten; the names of the blocks that changed."""
-    changed = []
-
-    def one(m):
-        name = m.group(2)
-        if name not in TABLES:
-            return m.group(0)
-        body = TABLES[name](data) if data is not None else (
-            f"_No GPU report is committed yet ({report}): `python bench.py --report` on a GPU writes it "
-            "(SPEED.md, The GPU report)._")
-        new = m.group(1) + body.rstrip() + "\n" + m.group(4)
-        if new != m.group(0):
-            changed.append(name)
-        return new
-    return BLOCK.sub(one, text), changed
+def cpu_command(data):
+    """The bench.py command that wrote the JSON, from the settings it recorded."""
+    c = data["meta"]["config"]
+    return "python bench.py " + " ".join(f"--{k}={c[k]:g}" if isinstance(c[k], float) else f"--{k}={c[k]}"
+                                         for k in CPU_KEYS)
 
 
-def main(argv):
-    opts = dict(report=REPORT, doc="SPEED.md", check=False, print=False)
-    for arg in argv:
-        key, sep, value = arg.lstrip("-").partition("=")
-        if key not in opts or (key in ("check", "print") and sep) or (key in ("report", "doc") and not value):
-            sys.exit(f"speed_tables.py: unknown or malformed option {arg!r}; options: --report=PATH --doc=PATH "
-                     "--check --print")
-        opts[key] = value if sep else True
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = opts["report"] if os.path.isabs(opts["report"]) or os.path.exists(opts["report"]) else \
-        os.path.join(root, opts["report"])
-    data = None
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    if opts["print"]:
-        if data is None:
-            sys.exit(f"speed_tables.py: no report at {opts['report']}")
-        for name, fn in TABLES.items():
-            print(f"## {name}\n\n{fn(data)}\n")
-        return
-    doc = opts["doc"] if os.path.isabs(opts["doc"]) or os.path.exists(opts["doc"]) else os.path.join(root, opts["doc"])
-    with open(doc, encoding="utf-8") as f:
-        text = f.read()
-    new, changed = render_doc(text, data, opts["report"])
-    if opts["check"]:
-        if changed:
-            sys.exit(f"speed_tables.py: {doc} differs from {opts['report']} in table(s) {', '.join(changed)}: "
-                     f"run python results/speed_tables.py")
-        print(f"{doc}: every table matches {opts['report']}")
-        return
-    with open(doc, "w", encoding="utf-8") as f:
-        f.write(new)
-    print(f"{doc}: {len(changed)} table(s) rewritten from {opts['report']}"
-          + (f": {', '.join(changed)}" if changed else ""))
+def cpu_cell(r):
+    """Process CPU ms (median); wall ms: median, fastest-slowest repeat; or what happened instead."""
+    if r is None:
+        return "-"
+    if r.get("ms") is None:
+        return r.get("note") or "not run"
+    return f"{num(r['cpu_ms'])} ({num(r['ms'])}; {num(min(r['ms_all']))}-{num(max(r['ms_all']))})"
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def cpu_ratio(a, b, name):
+    """a vs b in process CPU time, worded as it reads; '-' where either is missing."""
+    if not (a and b and a.get("cpu_ms") and b.get("cpu_ms")):
+        return "-"
+    return ratio_words(a["cpu_ms"], b["cpu_ms"], name)
+
+
+def cpu_rows(data, suite):
+    """(impl, T) -> row, for one suite."""
+    return {(r["impl"], r["T"]): r for r in data["results"] if r["suite"] == suite}
+
+
+def cpu_footer(data):
+    m = data["meta"]
+    load = ", ".join(f"{x:.1f}" for x in m["load_average"])
+    return (f"{m['device']}, {m['dtype']}, torch {m['torch']}; load average {load} (1, 5, 15 minutes) when the run "
+            f"ended, on a machine shared with other jobs. Written by `{cpu_command(data)}`.")
+
+
+CPU_CELLS = ("Each cell: process CPU ms (median), then wall ms: median; fastest-slowest of {n} repeats. The "
+             "ratios compare CPU time, which other jobs on a shared machine stretch less than wall time.")
+
+
+def table_cpu_op(data):
+    """The operator fwd+bwd on the CPU: the reference, the C kernels and SDPA, side by side."""
+    rows = cpu_rows(data, "op")
+    body = []
+    for T in sorted({t for _, t in rows}):
+        torch_, cpu, sdpa = (rows.get((i, T)) for i in ("torch", "cpu", "sdpa"))
+        body.append([f"{T:,}", cpu_cell(torch_), cpu_cell(cpu), cpu_cell(sdpa), cpu_ratio(cpu, torch_, "`torch`"),
+                     cpu_ratio(cpu, sdpa, "SDPA"), cpu_ratio(torch_, sdpa, "SDPA")])
+    c = data["meta"]["config"]
+    head = (f"Forward+backward, causal, B={c['B']}, {c['H']} heads of {c['p']}, per call. "
+            + CPU_CELLS.format(n=c["repeats"]) + "\n\n")
+    return head + table(["T", "TSSA `torch`", "TSSA `cpu` (C kernels)", "SDPA", "`cpu` vs `torch`", "`cpu` vs SDPA",
+                         "`torch` vs SDPA"], body) + "\n\n" + cpu_footer(data)
+
+
+def state_mb(row):
+    """The state a decoding row carried, as bench.py notes it ("state 0.071 MB")."""
+    if not row or "state " not in row.get("note", ""):
+        return "-"
+    return num(float(row["note"].split("state ")[1].split(" MB")[0]))
+
+
+def table_cpu_decode(data):
+    """Whole-model decoding per token on the CPU: ToST-Base's state against GPT-2 Base's KV cache."""
+    rows = cpu_rows(data, "model_decode")
+    body = []
+    for T in sorted({t for _, t in rows}):
+        tost, cpu, gpt2 = (rows.get((i, T)) for i in ("torch", "cpu", "sdpa"))
+        best = min((r for r in (tost, cpu) if r and r.get("cpu_ms")), key=lambda r: r["cpu_ms"], default=None)
+        vs = cpu_ratio(best, gpt2, "GPT-2") + (f" (`{best['impl']}`)" if best and gpt2 and gpt2.get("cpu_ms") else "")
+        body.append([f"{T:,}", cpu_cell(tost), cpu_cell(cpu), cpu_cell(gpt2), f"{state_mb(tost)} / {state_mb(gpt2)}",
+                     vs])
+    c = data["meta"]["config"]
+    head = (f"One token after a context of T tokens (synthetic state), batch {c['B']}, per token (each repeat times "
+            f"{c['decode_steps']} tokens). " + CPU_CELLS.format(n=c["repeats"]) + "\n\n")
+    return head + table(["context", "ToST-Base `torch`", "ToST-Base `cpu`", "GPT-2 Base, KV cache",
+                         "state MB, ToST / GPT-2", "faster ToST vs GPT-2"], body) + "\n\n" + cpu_footer(data)
+
+
+def table_cpu_summary(data):
+    """README.md's two lines: the longest operator and decoding contexts of the CPU run."""
+    op, dec = cpu_rows(data, "op"), cpu_rows(data, "model_decode")
+    lines = []
+    T = max((t for i, t in op if i == "sdpa"), default=None)
+    if T and all(op.get((i, T), {}).get("cpu_ms") for i in ("torch", "cpu", "sdpa")):
+        lines.append(f"- the operator, forward+backward at {T:,} tokens: the C kernels (`cpu`) "
+                     f"{cpu_ratio(op[('cpu', T)], op[('torch', T)], 'the reference')}, and "
+                     f"{cpu_ratio(op[('cpu', T)], op[('sdpa', T)], 'SDPA')}; the reference "
+                     f"{cpu_ratio(op[('torch', T)], op[('sdpa', T)], 'SDPA')};")
+    T = max((t for i, t in dec if i == "sdpa"), default=None)
+    if T and all(dec.get((i, T), {}).get("cpu_ms") for i in ("torch", "sdpa")):
+        r, g = dec[("torch", T)], dec[("sdpa", T)]
+        lines.append(f"- decoding ToST-Base after {T:,} tokens (the reference, the default): "
+                     f"{r['cpu_ms'] / g['cpu_ms']:.2f}x GPT-2 Base's time per token, from a state of {state_mb(r)} MB "
+                     f"against {state_mb(g)} MB of KV cache.")
+    m = data["meta"]
+    return "\n".join(lines or ["- (no row of the CPU run has both sides)"]) + (
+        f"\n\nProcess CPU time on one thread, `{CPU_BENCH}`, load average {m['load_average'][0]:.1f} at the end "
+        "of the run (SPEED.md, On the CPU).")
+
+
+TABLES = {name: (REPORT, fn) for name, fn in (
+    ("gpu_meta", table_gpu_meta), ("gpu_op", table_gpu_op), ("gpu_train", table_gpu_train),
+    ("gpu_decode", table_gpu_decode), ("gpu_main_job", table_gpu_main_job), ("gpu_check", table_gpu_check))}
+TABLES.update({"cpu_op": (CPU_BENCH, table_cpu_op), "cpu_decode": (CPU_BENCH, table_cpu_decode),
+               "cpu_summary": (CPU_BENCH, table_cpu_summary)})

@@ -3,7 +3,8 @@ bench.py --report on the CPU (issue 25 item 4): a quick report at the tiniest sh
 section in its own process and merges them into one JSON; the rows a CPU cannot run (Triton,
 FlashAttention-2, cuDNN, CUDA graphs, gpu_check) are rows saying why; a section that hangs is
 stopped at its limit and recorded as timed out while the next section still runs; a second run
-runs only what is missing; results/speed_tables.py renders SPEED.md's tables from the JSON.
+runs only what is missing; results/render.py renders SPEED.md's GPU tables from the JSON (and
+bench.py prints them at the end of the run).
 Ratios read the way they are worded (issue 26).
 
     python -m pytest -q tests/test_bench.py          # ~20 s on two cores
@@ -13,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -117,23 +119,17 @@ def test_a_named_section_runs_again_and_the_rest_is_kept(hung_report):
         assert json.load(f)["runs"][2]["sections"] == []
 
 
-def test_the_tables_render_from_the_report(hung_report, tmp_path):
-    doc = tmp_path / "SPEED.md"
-    blocks = "".join(f"\n<!-- table: {name} -->\nold\n<!-- /table -->\n" for name in speed_tables.TABLES)
-    doc.write_text("# speed\n" + blocks)
-    run = lambda *a: subprocess.run([sys.executable, os.path.join(REPO, "results", "speed_tables.py"),  # noqa: E731
-                                     f"--report={hung_report['out']}", f"--doc={doc}", *a],
-                                    capture_output=True, text=True)
-    p = run("--check")
-    assert p.returncode == 1 and "gpu_op" in p.stderr
-    assert run().returncode == 0
-    text = doc.read_text()
-    assert run("--check").returncode == 0
-    assert "old" not in text and "| B=1, T=32 |" in text and "FlashAttention-2 is a CUDA kernel" in text
+def test_the_tables_render_from_the_report(hung_report):
+    shown = subprocess.run([sys.executable, os.path.join(REPO, "results", "render.py"), "--show=gpu_*",
+                            f"--json_path={hung_report['out']}"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert re.findall(r"^## (\S+)$", text, re.M) == [n for n in speed_tables.TABLES if n.startswith("gpu_")]
+    assert "| B=1, T=32 |" in text and "FlashAttention-2 is a CUDA kernel" in text
     assert "Section `gpu_check_accuracy` was skipped" in text and "n/a (a quick report)" in text
-    missing = subprocess.run([sys.executable, os.path.join(REPO, "results", "speed_tables.py"),
-                              f"--report={tmp_path / 'none.json'}", f"--doc={doc}"], capture_output=True, text=True)
-    assert missing.returncode == 0 and "No GPU report is committed yet" in doc.read_text()
+    # bench.py --report printed the same tables at the end of its run
+    assert "## gpu_op" in hung_report["stdout"] and "| B=1, T=32 |" in hung_report["stdout"]
+    assert "results/render.py failed" not in hung_report["stdout"]
 
 
 def test_settings_are_checked_before_anything_runs(monkeypatch, tmp_path):

@@ -1,0 +1,152 @@
+"""
+Every table of the project's documents, rendered from committed JSON. README.md, SPEED.md,
+recall/README.md and lra/README.md hold each table between `<!-- table: NAME -->` and
+`<!-- /table -->`; this script rewrites what lies between from the JSON the table is
+registered with, so a figure in a table is the figure in its JSON.
+
+    python results/render.py             # rewrite every table of the documents from its JSON
+    python results/render.py --check     # exit 1 naming each table whose text differs from its JSON
+    python results/render.py --show='gpu_*' --json_path=out-bench/cpu-report.json   # some tables, to stdout
+
+The tables are registered by the modules beside this script (MODULES), each with
+TABLES = {NAME: (json path relative to the repository, fn(data) -> markdown)}. A module may
+also have AWAITED = {json path: the command that writes it} for a JSON that no machine here
+could write yet (SPEED.md's GPU report): until it is committed, its tables say so. Every other
+JSON must exist. --show prints the tables whose NAMEs match its patterns, from --json_path if
+given (bench.py --report prints its report this way). Standard library only.
+"""
+
+import fnmatch
+import importlib
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
+
+import cli  # noqa: E402
+
+# -----------------------------------------------------------------------------
+# settings
+check = False  # compare only: exit 1 naming each table that differs from its JSON
+show = ""  # table NAMEs, comma separated, * and ? as in file names: print them to stdout, rewrite nothing
+json_path = ""  # with show: render every table from this JSON instead of its own
+root = ""  # the repository whose documents and JSON are used ("": the one this script is in)
+# -----------------------------------------------------------------------------
+SETTINGS = cli.config_defaults(globals())
+DOCS = ("README.md", "SPEED.md", "recall/README.md", "lra/README.md")
+MODULES = ("speed_tables", "lra_tables", "recall_tables", "pydocs_tables")
+BLOCK = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+def registry():
+    """NAME -> (module, json path, fn) over every module; (json path -> command) of awaited JSON."""
+    tables, awaited = {}, {}
+    for name in MODULES:
+        module = importlib.import_module(name)
+        for table, (path, fn) in module.TABLES.items():
+            if table in tables:
+                raise cli.UserError(f"table {table!r} is registered twice ({tables[table][0]} and {name})")
+            tables[table] = (name, path, fn)
+        awaited.update(getattr(module, "AWAITED", {}))
+    return tables, awaited
+
+
+def load_json(path, where, awaited):
+    """The data at `path` (relative to `where`), or None for an awaited JSON not committed yet."""
+    full = os.path.join(where, path)
+    if not os.path.isfile(full):
+        if path in awaited:
+            return None
+        raise cli.UserError(f"{path} does not exist: it is the JSON of a table; write it with the command "
+                            "the document gives beside the table")
+    with open(full, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise cli.UserError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+
+
+def render_table(name, tables, awaited, where, cache):
+    """The markdown of table `name` from its JSON (`cache`: path -> data, read once)."""
+    _, path, fn = tables[name]
+    if path not in cache:
+        cache[path] = load_json(path, where, awaited)
+    if cache[path] is None:
+        return f"_No report is committed yet (`{path}`): {awaited[path]} writes it._"
+    return fn(cache[path]).rstrip()
+
+
+def render_doc(text, tables, awaited, where, cache, doc="the document"):
+    """`text` with every table block rewritten; the names of the blocks whose text changed.
+    A block whose NAME no module registers is an error."""
+    changed = []
+
+    def one(m):
+        name = m.group(2)
+        if name not in tables:
+            raise cli.UserError(f"{doc}: table {name!r} is not registered by any of {', '.join(MODULES)} "
+                                f"(registered: {', '.join(sorted(tables))})")
+        new = m.group(1) + render_table(name, tables, awaited, where, cache) + "\n" + m.group(4)
+        if new != m.group(0):
+            changed.append(name)
+        return new
+    return BLOCK.sub(one, text), changed
+
+
+def write_atomically(path, text):
+    """Write through a temporary file renamed over `path`: a document is never half written."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def names_in(text):
+    """The NAMEs of the table blocks in a document's text, in order."""
+    return [m.group(2) for m in BLOCK.finditer(text)]
+
+
+def main(argv):
+    argv = [a + "=1" if a == "--check" else a for a in argv]
+    C, _ = cli.configure(SETTINGS, argv)
+    where = os.path.abspath(C.root or REPO)
+    tables, awaited = registry()
+    cache = {}
+    if C.show:
+        chosen = [n for n in tables if any(fnmatch.fnmatchcase(n, p) for p in C.show.split(","))]
+        cli.require(chosen, f"show: no table matches {C.show!r}; the tables: {', '.join(sorted(tables))}")
+        if C.json_path:
+            cli.require(os.path.isfile(C.json_path), f"no JSON at {C.json_path}")
+            data = load_json(os.path.abspath(C.json_path), where, {})
+        for name in chosen:
+            body = tables[name][2](data).rstrip() if C.json_path else render_table(name, tables, awaited, where, cache)
+            print(f"## {name}\n\n{body}\n")
+        return
+    cli.require(not C.json_path, "json_path goes with show (a module's tables to stdout)")
+    differ, rendered = [], {}
+    for doc in DOCS:  # every document rendered before any is written: an error writes nothing
+        with open(os.path.join(where, doc), encoding="utf-8") as f:
+            text = f.read()
+        new, changed = render_doc(text, tables, awaited, where, cache, doc)
+        differ += [f"{doc}: {name} ({tables[name][1]})" for name in changed]
+        rendered[doc] = (new, changed, len(names_in(text)))
+    for doc, (new, changed, count) in rendered.items():
+        if changed and not C.check:
+            write_atomically(os.path.join(where, doc), new)
+        print(f"{doc}: {count} table(s)" + (f", {'differ' if C.check else 'rewritten'}: {', '.join(changed)}"
+                                            if changed else ", as rendered"))
+    if C.check and differ:
+        raise cli.UserError(f"{len(differ)} table(s) differ from their JSON: {'; '.join(differ)}; "
+                            "python results/render.py rewrites them")
+
+if __name__ == "__main__":
+    cli.run_cli(main, sys.argv[1:])
