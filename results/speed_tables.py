@@ -12,7 +12,7 @@ read: "2.0x faster than", "3.3x slower than". Standard library only.
 """
 
 REPORT = "results/nvidia-h100-80gb-hbm3.json"  # the committed GPU report SPEED.md shows (an H200's: its own file)
-AWAITED = {REPORT: "`python bench.py --report` on a GPU (SPEED.md, The GPU report)"}
+AWAITED = {REPORT: "`python bench.py --report --out=results/` on a GPU (SPEED.md, The GPU report)"}
 # the targets of issue 25 (bf16, one H100); None: no target for that row
 OP_TARGETS = {(1, 16384): 0.15, (16, 1024): 0.2}  # TSSA fwd+bwd GPU busy ms
 TRAIN_TARGETS = {4096: 0.75, 16384: 0.45, 65536: 0.2}  # ToST / faster GPT-2 step time
