@@ -8,7 +8,7 @@ three default samples (runs of 4+ ASCII letters that occur as whole words in tra
     python prepare_char.py
     python compare/pydocs.py --calibrate                     # s/iter of each model -> compare/pydocs_calibration.json
     python compare/pydocs.py --out=compare/pydocs_cpu.json   # both conditions x 3 seeds: JSON, table, figure
-    python compare/pydocs.py --quick                         # the whole path on a tiny ToST, in seconds
+    python compare/pydocs.py --quick                         # the whole path on a tiny ToST (a smoke test)
 
 Equal wall time is made reproducible: the calibration step times every model in the same
 conditions (short train.py runs, one thread, interleaved round by round, the load recorded),
@@ -57,7 +57,7 @@ out_root = "out-compare/pydocs"  # every run's out_dir, and results.json (the fi
 out = ""  # the JSON to write (and a .png figure beside it); "": print the table only
 data_dir = "data"  # the character-level dataset every model trains on (prepare_char.py)
 dataset = "pydocs_char"
-quick = False  # a tiny ToST, 1 seed, 8 iterations: the whole path in seconds (a smoke test)
+quick = False  # a tiny ToST, 1 seed, 8 iterations: the whole path, its own files (a smoke test)
 # -----------------------------------------------------------------------------
 SETTINGS = cli.config_defaults(globals())
 CONFIG_DATA = dict(data_dir="data", dataset="pydocs_char")  # what the configs train on
@@ -72,7 +72,7 @@ MODELS = {
     "hybrid_conv": ("hybrid (softmax in blocks 2, 4, 6) + short conv", "config/pydocs_char_tost.py",
                     ["--hybrid_every=2", "--short_conv=4"]),
 }
-# --quick: the same models, tiny (every run a few seconds, most of it starting Python)
+# --quick: tiny models and runs (each a few seconds, most of it starting Python)
 QUICK_MODEL = ["--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=32", "--batch_size=4", "--warmup_iters=2"]
 QUICK = dict(iters=8, calib_iters=6, calib_skip=2, calib_rounds=1, seeds="1337", models="tost",
              out_root="out-compare/quick")
@@ -296,15 +296,16 @@ def plot(data, path):
             if cond not in data["conditions"]:
                 continue
             counts = data["conditions"][cond]["iters"]
+            ax.scatter([], [], marker=marker, color="gray", label=pydocs_tables.CONDITION_LABELS[cond])
             for i, name in enumerate(names):
                 ys = [r[key] for r in data["rows"] if r["model"] == name and r["iters"] == counts[name]]
-                ax.scatter([i + shift] * len(ys), ys, marker=marker, s=18, color=f"C{i}",
-                           label=pydocs_tables.CONDITION_LABELS[cond] if i == 0 else None)
+                ax.scatter([i + shift] * len(ys), ys, marker=marker, s=18, color=f"C{i}")
         ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=8)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("character-level pydocs, 3 seeds (dots), the first screen's budget", fontsize=10)
+    seeds = len(data["settings"]["seeds"])
+    fig.suptitle(f"character level, the first screen's budget: {seeds} seed(s) per model (dots)", fontsize=10)
     fig.tight_layout()
     with tk.atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=90)

@@ -9,6 +9,7 @@ the blocks and checks them; compare/pydocs.py prints the same table when it fini
 """
 
 import statistics
+import textwrap
 
 CONDITION_LABELS = {"iters": "equal iterations", "time": "equal wall time"}
 
@@ -46,7 +47,7 @@ def compare_table(data):
             line += [f"{n} ({ms:.0f} ms each)", *cells(rows, name, n)]
         lines.append("| " + " | ".join(line) + " |")
     seeds = data["settings"]["seeds"]
-    note = f"\nMean (min–max) over seeds {', '.join(map(str, seeds))}. " if len(seeds) > 1 else f"\nSeed {seeds[0]}. "
+    note = f"Mean (min–max) over seeds {', '.join(map(str, seeds))}. " if len(seeds) > 1 else f"Seed {seeds[0]}. "
     note += ("Val loss: every token of val (evaluate.py); corpus words: the share of runs of 4+ ASCII letters in "
              "sample.py's three default samples that occur as whole words in train.bin.")
     c = data["counting"]["val_loss"]
@@ -58,7 +59,7 @@ def compare_table(data):
         note += (f" Equal time: {data['settings']['iters']} iterations of {ref} at its calibrated s/iter "
                  f"(`--calibrate`, {cal['date']}, {cal['rounds']} interleaved round(s), load average "
                  f"{min(loads):.1f}–{max(loads):.1f}).")
-    return "\n".join(lines) + "\n" + note + "\n"
+    return "\n".join(lines) + "\n\n" + textwrap.fill(note.strip(), 96, break_on_hyphens=False) + "\n"
 
 
 TABLES = {"pydocs_compare": ("compare/pydocs_cpu.json", compare_table)}

@@ -1,6 +1,7 @@
 """
 Tests of the first screen's comparison (compare/pydocs.py) and its README table
-(results/pydocs_tables.py). CPU only, offline; about 30 s, most of it the --quick run.
+(results/pydocs_tables.py). CPU only, offline; about 90 s at load average 7 on 2 cores,
+most of it the --quick run (four Python processes: the calibration, train.py, evaluate.py, sample.py).
 
     python -m pytest -q tests/test_compare.py
 
