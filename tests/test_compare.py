@@ -1,6 +1,6 @@
 """
 Tests of the first screen's comparison (compare/pydocs.py) and its README table
-(results/pydocs_tables.py). CPU only, offline; about 90 s at load average 7 on 2 cores,
+(results/pydocs_tables.py). CPU only, offline; 1.5 to 4 min on a shared 2-core machine (load average 3-7),
 most of it the --quick run (four Python processes: the calibration, train.py, evaluate.py, sample.py).
 
     python -m pytest -q tests/test_compare.py
