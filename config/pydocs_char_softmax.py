@@ -1,5 +1,6 @@
 # The softmax-attention (GPT-2 style) baseline of config/pydocs_char_tost.py: same data,
-# schedule and parameter budget (5 softmax layers = 6 ToST layers: 578,592 vs 583,032 parameters).
+# schedule and parameter budget (5 softmax layers = 6 ToST layers: 578,592 vs 585,336
+# parameters, 583,032 without the short convolution).
 #   python prepare_char.py && python train.py config/pydocs_char_softmax.py
 #   python sample.py --out_dir=out-pydocs-char-softmax
 
