@@ -1,5 +1,5 @@
 # A small character-level ToST (0.59M parameters) on the embedded corpus (docstrings of Python's
-# standard library): the README's first command. 800 iterations of 16 x 128 characters on one
+# standard library): the README's first command. 1200 iterations of 16 x 128 characters on one
 # CPU core, no download:
 #   python prepare_char.py && python train.py config/pydocs_char_tost.py
 #   python sample.py --out_dir=out-pydocs-char-tost
@@ -26,8 +26,8 @@ short_conv = 4
 batch_size = 16
 gradient_accumulation_steps = 1
 learning_rate = 2e-3
-max_iters = 800
-lr_decay_iters = 800
+max_iters = 1200
+lr_decay_iters = 1200
 min_lr = 2e-4
 warmup_iters = 100
 beta2 = 0.99  # few tokens per step: a longer second-moment average steadies Adam
