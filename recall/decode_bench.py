@@ -5,12 +5,16 @@ width 96, 4 heads; 6 layers for the ToST variants and the hybrid, 5 for softmax 
 attention, the equal-parameter pairing of the README). Untrained weights: the cost does not
 depend on their values. Prints a table and writes JSON.
 
-    python recall/decode_bench.py                               # T = 128, 1024, 4096; one thread
-    python recall/decode_bench.py --T=128,1024 --steps=100 --out=results/variants_cpu.json
+    python recall/decode_bench.py                               # T = 128, 1024, 4096 into out-recall/decode_cpu.json
+    python recall/decode_bench.py --out=recall/decode_cpu.json   # the table of recall/README.md
+    python recall/decode_bench.py --T=128,1024 --steps=100 --out=/tmp/decode.json
 
 Each case: a prefill of T tokens through GPT.prefill (parallel), then `steps` tokens
 one at a time; the median over `repeats` of the per-token time. The state bytes are what
-the model carries after the prefill (KV caches grow with T; TSSA and linear attention do not).
+the model carries after the T tokens of the prompt (KV caches grow with T; TSSA and linear
+attention do not): a KV cache's buffers are allocated for the whole block, of which the T
+filled positions are counted. Nothing the repository ships is an output default: the JSON
+goes to out-recall/ unless --out names the committed file.
 """
 
 import json
@@ -25,7 +29,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cli
-from model import GPT, GPTConfig
+import trainkit as tk
+from model import GPT, GPTConfig, KVCache
 
 # -----------------------------------------------------------------------------
 T = "128,1024,4096"  # prompt lengths (the decoding context)
@@ -33,7 +38,7 @@ steps = 50  # tokens decoded per timing
 repeats = 3
 batch_size = 1
 num_threads = 1
-out = "results/variants_cpu.json"
+out = "out-recall/decode_cpu.json"  # the README's command names recall/decode_cpu.json
 # -----------------------------------------------------------------------------
 SETTINGS = cli.config_defaults(globals())
 
@@ -43,13 +48,27 @@ VARIANTS = {  # name -> GPTConfig fields (config/pydocs_char_tost.py / _softmax.
     "tost_uniform": dict(n_layer=6, attn="tssa", pi="uniform"),
     "tost_conv": dict(n_layer=6, attn="tssa", short_conv=4),
     "hybrid": dict(n_layer=6, attn="tssa", hybrid_every=2),
+    "hybrid_conv": dict(n_layer=6, attn="tssa", hybrid_every=2, short_conv=4),
     "softmax": dict(n_layer=5, attn="softmax", layer_scale_init=None),
     "linear": dict(n_layer=5, attn="linear", layer_scale_init=None),
 }
 
 
-def state_bytes(states):
-    return sum(s.nbytes() for s in states)
+LABELS = {"tost": "ToST", "tost_uniform": "ToST, uniform Pi", "tost_conv": "ToST + short_conv(4)",
+          "hybrid": "hybrid (every 2nd block softmax)", "hybrid_conv": "hybrid + short_conv(4)",
+          "softmax": "softmax attention", "linear": "linear attention"}
+
+
+def state_bytes(layers, T_):
+    """Bytes of the layers' decoding states holding T_ tokens: a KV cache counts its T_ filled
+    positions of the max_len allocated; the other states do not depend on T_."""
+    total = 0
+    for layer in layers:
+        if isinstance(layer, KVCache):
+            total += layer.nbytes() * T_ // layer.max_len
+        else:
+            total += layer.nbytes()
+    return total
 
 
 @torch.no_grad()
@@ -61,7 +80,7 @@ def measure(name, T_, C):
     for _ in range(C.repeats):
         state = m.init_state(C.batch_size)
         logits = m.prefill(prompt, state)
-        size = state_bytes(state.layers)
+        size = state_bytes(state.layers, T_)
         t0 = time.perf_counter()
         for t in range(C.steps):
             tok = logits.argmax(-1, keepdim=True)  # (B, 1) greedy
@@ -69,7 +88,7 @@ def measure(name, T_, C):
         times.append((time.perf_counter() - t0) / C.steps)
     return dict(variant=name, T=T_, ms_per_token=round(1000 * statistics.median(times), 3),
                 state_bytes_after_prompt=size, state_bytes_per_sequence=size // C.batch_size,
-                params=m.get_num_params(non_embedding=True))
+                params=m.get_num_params(non_embedding=True), n_layer=m.config.n_layer)
 
 
 def main(argv):
@@ -80,6 +99,7 @@ def main(argv):
     except ValueError:
         raise cli.ConfigError(f"T must be integers separated by commas, got {C.T!r}") from None
     cli.require(lengths and min(lengths) >= 1, f"T must be positive lengths, got {C.T!r}")
+    cli.require(not os.path.isdir(C.out), f"out is a folder ({C.out}); give a file name (\"\" for none)")
     if C.num_threads:
         torch.set_num_threads(C.num_threads)
     rows = []
@@ -92,9 +112,9 @@ def main(argv):
                   flush=True)
     load = os.getloadavg()
     if C.out:
-        os.makedirs(os.path.dirname(C.out) or ".", exist_ok=True)
-        with open(C.out, "w") as f:
-            json.dump(dict(settings=vars(C), rows=rows, loadavg=load, torch=torch.__version__), f, indent=1)
+        with tk.atomic_write(C.out, "w") as f:
+            json.dump(dict(settings=vars(C), rows=rows, loadavg=load, torch=torch.__version__, labels=LABELS), f,
+                      indent=1)
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return rows
 

@@ -1,24 +1,31 @@
 """
-The in-context recall suite: trains every model variant on every task from scratch, then
-prints one table (accuracy on the answers only, chance beside every number), writes the
-results as JSON and draws a matplotlib figure.
+The in-context recall suite, reported the way the field reports it (Zoology, Arora et al.
+2023): each model's learning rate is swept on multi-query associative recall (MQAR), the best
+rate per model is kept, and that rate is run with more seeds; accuracy on the query tokens,
+plotted against the bytes of the decoding state per layer. Two recipes: the one the earlier
+search found for softmax attention, and the plain one a user starts from (train.py's GPT).
 
-    python recall/suite.py                          # the default setting: CPU, 2 processes of 1 thread
-    python recall/suite.py --quick=True             # seconds: a smoke run (the tests use it)
-    python recall/suite.py --models=softmax,tost --tasks=mqar --learning_rate=3e-4
-    python recall/suite.py --niah_lengths=256,512,1024,2048 --device=cuda --out_json=recall/results_gpu.json
+    python recall/suite.py --quick=True       # seconds: a smoke run into out-recall/ (the tests run it)
+    python recall/suite.py --out_json=recall/results_cpu.json --figure=recall/recall.png   # the README's sweep
+    python recall/suite.py --out_json=recall/results_cpu.json --figure=recall/recall.png \\
+        --recipes=tuned --tasks=mqar,copy,niah             # then copy and the needle at the selected rates
+    python recall/suite.py --models=softmax,tost --recipes=plain --learning_rates=1e-3,1e-2
 
-Tasks (recall/tasks.py): multi-query associative recall (mqar), copying a segment (copy),
-needle in a haystack at several lengths (niah). Models (MODELS below): one GPT layout
-(n_layer, n_head, n_embd) with softmax attention, causal linear attention, ToST (TSSA), ToST
-with uniform Pi, ToST with a short causal convolution before TSSA, the hybrid (every second
-block softmax attention), and the hybrid with the convolution. Every model gets the same
-embedding and readout (build_model says which and why). Each (model, task) run: AdamW,
-warmup then a constant learning rate, a fresh batch every step (seeded by the step), an
-evaluation on held-out batches every eval_interval steps, stopping early once the hardest
-length reaches early_stop. The final numbers are on eval_examples fresh sequences (per length
-for niah). Settings are the globals below, overridden by --key=value (as in train.py);
-recall/README.md lists the settings searched until softmax attention solved MQAR.
+The protocol, for every recipe and model (the first task of --tasks is the swept one):
+  1. sweep    the swept task at every rate of --learning_rates, seed 0;
+  2. select   the rate of the best validation accuracy (ties: fewer steps, then the smaller rate);
+  3. seeds    the swept task at that rate with seeds 1 .. seeds - 1;
+  4. tasks    every other task of --tasks at that rate, seed 0.
+Every run trains from scratch: AdamW, warmup then a constant rate, a fresh batch every step
+(seeded by seed and step), a validation every eval_interval steps on held-out sequences,
+stopping once it reaches early_stop. Its score: accuracy on the answers of eval_examples test
+sequences (per length for niah) that no run trains or selects on.
+
+Nothing the repository ships is an output default: runs go to out-recall/ unless --out_json
+and --figure name a file (the README's commands name the committed ones). Each run is added to
+out_json as it ends and a rerun continues from it: a run already there is never trained again,
+so an interruption costs at most the run in progress. A file of other settings (layout, tasks,
+optimisation) is refused, not mixed. The tables are results/recall_tables.py's, printed at the end.
 """
 
 import functools
@@ -28,6 +35,7 @@ import multiprocessing
 import os
 import sys
 import time
+from collections import namedtuple
 
 import torch
 
@@ -38,34 +46,34 @@ import cli
 import trainkit as tk
 from model import GPT, GPTConfig
 from recall import tasks as gen
+from results import recall_tables
 
 # -----------------------------------------------------------------------------
 # settings
-models = "softmax,linear,tost,tost_uniform,tost_conv,hybrid,hybrid_conv"  # names in MODELS, comma separated
-tasks = "mqar,copy,niah"  # names in TASKS, comma separated
-# the layout every variant shares
+models = "softmax,linear,tost,tost_conv,hybrid_conv"  # names in MODELS, comma separated
+recipes = "tuned,plain"  # names in RECIPES, comma separated
+learning_rates = "3e-4,1e-3,3e-3,1e-2"  # the sweep, comma separated
+seeds = 3  # seeds of the swept task at the selected rate (0 selects, 1 .. seeds - 1 follow)
+tasks = "mqar"  # names in TASKS, comma separated: the first is swept, the others run at its selected rates
+# the layout every model shares
 n_layer = 2
 n_head = 4
 n_embd = 64
-layer_scale_init = 0.0  # 0: no layer scale
-tied_head = False  # False: an untied output layer for every model (see build_model); True: GPT's tied head
-embed_init = 1.0  # std of the token and position embeddings at initialisation (GPT's own: 0.02)
-# optimisation (AdamW, linear warmup, then constant or cosine decay to learning_rate / 10)
-learning_rate = 1e-3
+# optimisation, the same for both recipes (AdamW, linear warmup, then constant or cosine to lr / 10)
 lr_schedule = "constant"  # "constant" | "cosine"
 beta2 = 0.999
 warmup_steps = 100
-weight_decay = 0.0
 grad_clip = 1.0
-eval_interval = 250  # evaluate every this many steps (and stop once early_stop is reached)
-early_stop = 0.99  # accuracy at which training stops (1.01: never)
-eval_examples = 1024  # held-out sequences of the final score (per length for niah)
+eval_interval = 250  # validate every this many steps (and stop once early_stop is reached)
+early_stop = 0.99  # validation accuracy at which a run stops (1.01: never)
+val_examples = 256  # held-out sequences of each validation (early stopping and the selection)
+eval_examples = 1024  # test sequences of the final score (per length for niah)
 # multi-query associative recall
 mqar_pairs = 8
 mqar_queries = 8
 mqar_keys = 64
 mqar_values = 64
-mqar_batch = 128
+mqar_batch = 64
 mqar_steps = 3000  # at most (early_stop)
 # copying
 copy_length = 32
@@ -78,17 +86,16 @@ niah_tokens = 64
 niah_batch = 64
 niah_steps = 2000
 # run
-quick = False  # a smoke run: tiny model, few steps, short sequences
-seed = 1337
+quick = False  # a smoke run: tiny model, few steps, short sequences, two rates (into out-recall/quick.*)
 device = "cpu"
 num_threads = 1  # torch CPU threads per run
-workers = 2  # runs at a time, each in its own process
-out_json = "recall/results_cpu.json"
-figure = "recall/recall.png"  # "" for none
+workers = 1  # runs at a time, each in its own process (results do not depend on it; only the wall time)
+out_json = "out-recall/results.json"  # the README's command names recall/results_cpu.json
+figure = "out-recall/recall.png"  # "" for none
 # -----------------------------------------------------------------------------
 SETTINGS = cli.config_defaults(globals())
 
-# every variant is the same GPT layout with these GPTConfig fields changed
+# every model is the same GPT layout with these GPTConfig fields changed
 MODELS = {
     "softmax": dict(attn="softmax"),
     "linear": dict(attn="linear"),
@@ -98,29 +105,68 @@ MODELS = {
     "hybrid": dict(attn="tssa", hybrid_every=2),
     "hybrid_conv": dict(attn="tssa", hybrid_every=2, short_conv=4),
 }
+LABELS = {"softmax": "softmax attention", "linear": "linear attention", "tost": "ToST",
+          "tost_uniform": "ToST, uniform Pi", "tost_conv": "ToST + short_conv(4)",
+          "hybrid": "hybrid (every 2nd block softmax)", "hybrid_conv": "hybrid + short_conv(4)"}
+# what differs between the recipes: the weight decay, the readout and the embeddings' scale
+RECIPES = {
+    # found by the search of recall/README.md: softmax attention leaves the 1/K plateau early
+    "tuned": dict(weight_decay=0.0, tied_head=False, embed_init=1.0),
+    # train.py's GPT as it is built (the head tied to the embeddings, N(0, 0.02)) and weight
+    # decay 0.1 (Zoology's, and the ToST paper's text)
+    "plain": dict(weight_decay=0.1, tied_head=True, embed_init=0.02),
+}
 TASKS = ("mqar", "copy", "niah")
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, mqar_batch=16, copy_batch=16, niah_batch=16, mqar_steps=20,
-             copy_steps=20, niah_steps=20, eval_interval=10, eval_examples=64, warmup_steps=5, mqar_pairs=4, mqar_queries=4, mqar_keys=16, mqar_values=16, copy_length=8,
-             copy_tokens=16, niah_lengths="16,32", niah_tokens=16)
-EVAL_SEED = 10 ** 9  # evaluation batches are seeded from here up, training batches below
+             copy_steps=20, niah_steps=20, eval_interval=10, val_examples=64, eval_examples=64, warmup_steps=5,
+             mqar_pairs=4, mqar_queries=4, mqar_keys=16, mqar_values=16, copy_length=8, copy_tokens=16,
+             niah_lengths="16,32", niah_tokens=16, learning_rates="1e-3,1e-2", seeds=2,
+             out_json="out-recall/quick.json", figure="out-recall/quick.png")
+# settings that only choose which runs to do, or where and how fast: a rerun may change them
+# and keep the runs it finds; any other setting changes the runs' results
+RUN_ONLY = ("models", "recipes", "learning_rates", "seeds", "tasks", "num_threads", "workers", "out_json", "figure")
+VAL_SEED, TEST_SEED = 10 ** 9, 2 * 10 ** 9  # held-out batches are seeded from here up, training batches below
+
+Job = namedtuple("Job", "recipe model task lr seed")  # one training run
 
 
 def parse_list(text):
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+def names(C, key, known):
+    """The names of setting `key`, each one of `known`, at least one."""
+    chosen = parse_list(getattr(C, key))
+    cli.require(chosen, f"{key} is empty; give at least one of {', '.join(known)}")
+    for name in chosen:
+        cli.require(name in known, f"unknown name {name!r} in {key}; choose from {', '.join(known)}")
+    cli.require(len(set(chosen)) == len(chosen), f"{key} names one twice: {getattr(C, key)!r}")
+    return chosen
+
+
+def rates(C):
+    try:
+        lrs = [float(s) for s in parse_list(C.learning_rates)]
+    except ValueError:
+        raise cli.ConfigError(f"learning_rates must be numbers separated by commas, got {C.learning_rates!r}") from None
+    cli.require(lrs and all(0 < lr < 1 for lr in lrs),
+                f"learning_rates must be one or more rates in (0, 1), got {C.learning_rates!r}")
+    cli.require(len(set(lrs)) == len(lrs), f"learning_rates names one twice: {C.learning_rates!r}")
+    return sorted(lrs)
+
+
 def check_settings(C):
-    for name in parse_list(C.models):
-        cli.require(name in MODELS, f"unknown model {name!r} in --models; choose from {', '.join(MODELS)}")
-    for name in parse_list(C.tasks):
-        cli.require(name in TASKS, f"unknown task {name!r} in --tasks; choose from {', '.join(TASKS)}")
-    cli.check(C, at_least_1=("workers", "n_layer", "n_head", "n_embd", "mqar_batch", "copy_batch", "niah_batch",
-                             "eval_interval", "eval_examples",
-                             "mqar_pairs", "mqar_queries", "mqar_keys", "mqar_values", "copy_length", "copy_tokens",
-                             "niah_tokens"),
-              non_negative=("mqar_steps", "copy_steps", "niah_steps", "warmup_steps", "weight_decay", "grad_clip", "layer_scale_init"),
-              positive=("learning_rate", "embed_init"))
+    names(C, "models", MODELS)
+    names(C, "recipes", RECIPES)
+    names(C, "tasks", TASKS)
+    rates(C)
+    cli.check(C, at_least_1=("seeds", "workers", "n_layer", "n_head", "n_embd", "mqar_batch", "copy_batch",
+                             "niah_batch", "mqar_steps", "copy_steps", "niah_steps", "eval_interval",
+                             "val_examples", "eval_examples", "mqar_pairs", "mqar_queries", "mqar_keys",
+                             "mqar_values", "copy_length", "copy_tokens", "niah_tokens"),
+              non_negative=("warmup_steps", "grad_clip", "num_threads"), positive=("early_stop",))
     cli.check(C, fraction=("beta2",), choices={"lr_schedule": ("constant", "cosine")})
+    cli.require(C.seeds <= 100, f"seeds must be at most 100 (training batches are seeded per seed), got {C.seeds}")
     cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     cli.require(C.mqar_pairs <= min(C.mqar_keys, C.mqar_values),
                 f"mqar_pairs ({C.mqar_pairs}) must not exceed mqar_keys and mqar_values (distinct pairs)")
@@ -129,6 +175,14 @@ def check_settings(C):
     except ValueError:
         raise cli.ConfigError(f"niah_lengths must be integers separated by commas, got {C.niah_lengths!r}") from None
     cli.require(lengths and min(lengths) >= 4, f"niah_lengths must be at least 4 each, got {C.niah_lengths!r}")
+    for key in ("out_json", "figure"):
+        path = getattr(C, key)
+        cli.require(not path or not os.path.isdir(path), f"{key} is a folder ({path}); give a file name")
+    cli.require(C.out_json, "out_json must name a file: every run is written there as it ends")
+
+
+# -----------------------------------------------------------------------------
+# the tasks and the models
 
 
 class Task:
@@ -160,47 +214,56 @@ class Task:
             self.chance = gen.chance("niah", n_tokens=n_tokens)
             self.setting = dict(lengths=self.lengths, n_tokens=n_tokens)
         self.block_size = max(self.lengths)
+        self.batch, self.steps = getattr(C, f"{name}_batch"), getattr(C, f"{name}_steps")
 
     def train_batch(self, B, step, seed):
         T = self.lengths[step % len(self.lengths)]  # niah: the lengths in turn
         return self.make(B, seed * 1_000_003 + step, T)
 
-    def eval_batches(self, n, B, T, seed):
-        """Held-out batches of length T (seeds no training batch uses), n sequences in all."""
+    def held_out(self, n, T, first_seed, B=256):
+        """n held-out sequences of length T in batches of at most B, the same for every run
+        (seeded from first_seed up: VAL_SEED for validation, TEST_SEED for the score)."""
         for k in range(math.ceil(n / B)):
-            x, y = self.make(min(B, n - k * B), EVAL_SEED + seed * 1009 + k, T)
-            yield x, y
+            yield self.make(min(B, n - k * B), first_seed + k, T)
 
 
-def build_model(name, task, C):
-    """The repository's GPT with the variant's settings, and the same embedding and readout
-    for every variant: unless tied_head, the output layer is a separate matrix (init N(0, 0.02));
-    the token and position embeddings start at std embed_init. With GPT's own choices (tied
-    head, embeddings at 0.02) the softmax baseline sat at the 1/K plateau for over 500k
-    training sequences at K = 4 pairs, far beyond a CPU run; with these it leaves it after
-    about 50k (recall/README.md lists every setting searched). The sequence mixers are what
-    the suite compares, not the readout."""
+def build_model(name, recipe, task, C):
+    """The repository's GPT with the model's settings, and the recipe's readout and embeddings:
+    tied_head keeps GPT's head tied to the token embedding; otherwise the output layer is a
+    separate matrix (init N(0, 0.02)). The token and position embeddings start at std
+    embed_init (GPT's own: 0.02). No layer scale (layer_scale_init None), as GPT-2."""
     c = GPTConfig(vocab_size=task.vocab_size, block_size=task.block_size, n_layer=C.n_layer, n_head=C.n_head,
-                  n_embd=C.n_embd, bias=False, dropout=0.0, layer_scale_init=C.layer_scale_init or None,
-                  **MODELS[name])
+                  n_embd=C.n_embd, bias=False, dropout=0.0, layer_scale_init=None, **MODELS[name])
     model = GPT(c)
-    if not C.tied_head:
+    r = RECIPES[recipe]
+    if not r["tied_head"]:
         model.lm_head = torch.nn.Linear(c.n_embd, c.vocab_size, bias=False)
         torch.nn.init.normal_(model.lm_head.weight, mean=0.0, std=0.02)
     with torch.no_grad():
-        model.wte.weight.normal_(0.0, C.embed_init)  # (tied: the head too)
-        model.wpe.weight.normal_(0.0, C.embed_init)
+        model.wte.weight.normal_(0.0, r["embed_init"])  # (tied: the head too)
+        model.wpe.weight.normal_(0.0, r["embed_init"])
     return model
 
 
 @torch.no_grad()
-def accuracy(model, task, C, T, n=None):
+def state_bytes_per_layer(model, task):
+    """Bytes of the decoding state after one sequence of the task's (longest) length, per
+    layer: what a model carries from token to token (fp32). ToST 2C + H floats (+ (k - 1) C
+    with the short convolution), linear attention H p^2 + H p, a KV cache 2 T C."""
+    x, _ = task.make(1, 0, task.block_size)  # (1, T)
+    state = model.init_state(1)
+    model.prefill(x.to(model.wte.weight.device), state)
+    return sum(layer.nbytes() for layer in state.layers) / len(state.layers)
+
+
+@torch.no_grad()
+def accuracy(model, task, n, T, first_seed, device):
     """Fraction of the scored positions (y != -1) whose argmax prediction is the answer."""
     model.eval()
     right = total = 0
-    for x, y in task.eval_batches(n or C.eval_examples, 256, T, C.seed):
-        x, y = x.to(C.device), y.to(C.device)
-        logits, _ = model(x)
+    for x, y in task.held_out(n, T, first_seed):
+        logits, _ = model(x.to(device))  # (B, T, V)
+        y = y.to(device)
         scored = y != -1
         right += (logits.argmax(-1)[scored] == y[scored]).sum().item()
         total += scored.sum().item()
@@ -208,34 +271,39 @@ def accuracy(model, task, C, T, n=None):
     return right / total
 
 
-def lr_at(step, C, max_steps):
-    """Linear warmup over warmup_steps, then constant, or cosine decay to learning_rate / 10
-    at the task's last step."""
+def lr_at(step, lr, C, max_steps):
+    """Linear warmup over warmup_steps, then constant, or cosine decay to lr / 10 at the last step."""
     if step < C.warmup_steps:
-        return C.learning_rate * (step + 1) / (C.warmup_steps + 1)
+        return lr * (step + 1) / (C.warmup_steps + 1)
     if C.lr_schedule == "constant":
-        return C.learning_rate
+        return lr
     ratio = (step - C.warmup_steps) / max(max_steps - C.warmup_steps, 1)
-    return C.learning_rate * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(ratio, 1.0))))
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(ratio, 1.0))))
 
 
-def train_one(name, task, C, say=None):
-    """Train model `name` on `task`; returns its record (accuracy per length, steps, time)."""
+# -----------------------------------------------------------------------------
+# one run
+
+
+def train_one(job, C, say=None):
+    """Train job.model under job.recipe on job.task at job.lr from seed job.seed; its record."""
     say = say or functools.partial(print, flush=True)
-    torch.manual_seed(C.seed)
-    model = build_model(name, task, C).to(C.device)
-    opt = model.configure_optimizers(C.weight_decay, C.learning_rate, (0.9, C.beta2))
-    t0, step, curve = time.time(), 0, []
-    evaluate = lambda n: min(accuracy(model, task, C, T, n) for T in task.lengths)  # the hardest length
-    max_steps, batch = getattr(C, f"{task.name}_steps"), getattr(C, f"{task.name}_batch")
-    while step < max_steps:
-        lr = lr_at(step, C, max_steps)
+    if C.num_threads > 0:
+        torch.set_num_threads(C.num_threads)
+    task = Task(job.task, C)
+    torch.manual_seed(job.seed)
+    model = build_model(job.model, job.recipe, task, C).to(C.device)
+    opt = model.configure_optimizers(RECIPES[job.recipe]["weight_decay"], job.lr, (0.9, C.beta2))
+    # the hardest length decides the validation (niah: the longest)
+    validate = lambda: min(accuracy(model, task, C.val_examples, T, VAL_SEED, C.device) for T in task.lengths)
+    t0, step, curve, val = time.time(), 0, [], 0.0
+    while step < task.steps:
         for group in opt.param_groups:
-            group["lr"] = lr
-        x, y = task.train_batch(batch, step, C.seed)
+            group["lr"] = lr_at(step, job.lr, C, task.steps)
+        x, y = task.train_batch(task.batch, step, job.seed)  # (B, T) each
         _, loss = model(x.to(C.device), y.to(C.device))
         if not math.isfinite(loss.item()):
-            say(f"  {name} {task.name}: non-finite loss at step {step}; stopping this run")
+            say(f"    non-finite loss at step {step}: this run stops here")
             break
         loss.backward()
         if C.grad_clip > 0:
@@ -243,64 +311,152 @@ def train_one(name, task, C, say=None):
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        if step % C.eval_interval == 0 or step == max_steps:
-            acc = evaluate(256)
-            curve.append((step, round(time.time() - t0, 1), acc))
-            say(f"  {name:<13}{task.name:<6}step {step:>5}  loss {loss.item():.4f}  acc {acc:.3f}  "
-                f"{time.time() - t0:.0f}s")
-            if acc >= C.early_stop:
+        if step % C.eval_interval == 0 or step == task.steps:
+            val = validate()
+            curve.append([step, round(time.time() - t0, 1), round(val, 4)])  # lists: as JSON reads back
+            say(f"    step {step:>5}  loss {loss.item():.4f}  val acc {val:.3f}  {time.time() - t0:.0f}s")
+            if val >= C.early_stop:
                 break
     train_s = time.time() - t0
-    acc = {T: accuracy(model, task, C, T) for T in task.lengths}
-    return dict(model=name, task=task.name, acc={str(T): a for T, a in acc.items()}, chance=task.chance,
-                steps=step, train_s=round(train_s, 1), params=model.get_num_params(), curve=curve,
-                setting=task.setting, config={k: v for k, v in MODELS[name].items()})
+    acc = {str(T): accuracy(model, task, C.eval_examples, T, TEST_SEED, C.device) for T in task.lengths}
+    return dict(job._asdict(), acc=acc, val_acc=round(val, 4), steps=step, train_s=round(train_s, 1),
+                load=round(os.getloadavg()[0], 2), curve=curve, params=model.get_num_params(),
+                state_bytes_per_layer=state_bytes_per_layer(model, task))
 
 
-def run_job(name, task_name, C):
-    """One (model, task) run; in a worker process when workers > 1."""
-    if C.num_threads > 0:
-        torch.set_num_threads(C.num_threads)
-    return train_one(name, Task(task_name, C), C)
+def run_job(job, C):
+    """One run in a worker process (or inline): its Job and its record."""
+    return job, train_one(job, C, say=lambda text: print(f"  [{job.recipe} {job.model} {job.task} lr {job.lr:g} "
+                                                         f"seed {job.seed}] {text.strip()}", flush=True))
 
 
-def table(results, task_list, model_list):
-    """Markdown table: one row per model, one column per task (and niah length), chance beside."""
-    cols = []
-    for t in task_list:
-        rec = next(r for r in results if r["task"] == t.name)
-        cols += [(t.name, T) for T in rec["acc"]] if t.name == "niah" else [(t.name, next(iter(rec["acc"])))]
-    head = ["model", "params"] + [f"{n} (T={T})" if n == "niah" else n for n, T in cols] + ["train s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    chance = {t.name: t.chance for t in task_list}
-    for m in model_list:
-        recs = {r["task"]: r for r in results if r["model"] == m}
-        cells = [m, f"{next(iter(recs.values()))['params']:,}"]
-        cells += [f"{recs[n]['acc'][T]:.3f} (chance {chance[n]:.3f})" for n, T in cols]
-        cells.append(f"{sum(r['train_s'] for r in recs.values()):.0f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+# -----------------------------------------------------------------------------
+# the results file: read, continued, written after every run
 
 
-def draw(results, task_list, model_list, path):
+def identity(C):
+    """The settings that decide the runs' results (RUN_ONLY aside)."""
+    return {k: v for k, v in vars(C).items() if k not in RUN_ONLY}
+
+
+def load_results(C):
+    """The runs already in out_json (none if it does not exist); refused if it holds runs of
+    other settings, so that a table never mixes two setups."""
+    if not os.path.exists(C.out_json):
+        return dict(runs=[])
+    try:
+        with open(C.out_json, encoding="utf-8") as f:
+            data = json.load(f)
+        old = data["identity"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise cli.UserError(f"{C.out_json} is not a results file of this suite; name another --out_json "
+                            "or move it away") from None
+    new = identity(C)
+    differ = [f"{k}: {old.get(k)!r} there, {new[k]!r} here" for k in new if old.get(k) != new[k]]
+    cli.require(not differ, f"{C.out_json} holds runs of other settings ({'; '.join(differ)}); name another "
+                            "--out_json, or move it away to start over")
+    return data
+
+
+def selected_rates(data, task):
+    """{recipe: {model: lr}} of `task`'s sweep: the best validation accuracy on seed 0 over the
+    rates (ties: fewer steps, then the smaller rate)."""
+    best = {}
+    for r in data["runs"]:
+        if r["task"] == task and r["seed"] == 0:  # the sweep (other seeds run only at the selected rate)
+            key = (-r["val_acc"], r["steps"], r["lr"])
+            current = best.get((r["recipe"], r["model"]))
+            if current is None or key < current[0]:
+                best[(r["recipe"], r["model"])] = (key, r["lr"])
+    out = {}
+    for (recipe, model), (_, lr) in sorted(best.items()):
+        out.setdefault(recipe, {})[model] = lr
+    return out
+
+
+def save_results(C, data, swept):
+    """Write out_json (atomically) with what the tables need beside the runs."""
+    data["identity"] = identity(C)
+    data["settings"] = vars(C)
+    data["swept"] = swept
+    data["selected"] = selected_rates(data, swept)
+    data["chance"] = {name: Task(name, C).chance for name in TASKS}
+    data["lengths"] = {name: Task(name, C).lengths for name in TASKS}
+    data["labels"], data["recipes"] = LABELS, RECIPES
+    data["torch"] = torch.__version__
+    with tk.atomic_write(C.out_json, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def run_all(jobs, C, data, swept, phase):
+    """Run the jobs not in data yet (`workers` at a time), adding each record as it ends."""
+    done = {Job(*(r[k] for k in Job._fields)) for r in data["runs"]}
+    todo = [j for j in jobs if j not in done]
+    print(f"{phase}: {len(jobs) - len(todo)} of {len(jobs)} runs already in {C.out_json}, {len(todo)} to run",
+          flush=True)
+    if not todo:
+        return
+    t0 = time.time()
+    if C.workers > 1:  # one process per run (spawned: no forked thread pools)
+        pool = multiprocessing.get_context("spawn").Pool(C.workers)
+        results = pool.imap_unordered(functools.partial(run_job, C=C), todo)
+    else:
+        pool, results = None, (run_job(job, C) for job in todo)
+    try:
+        for k, (job, record) in enumerate(results, 1):
+            data["runs"].append(record)
+            save_results(C, data, swept)
+            chance = Task(job.task, C).chance
+            print(f"{phase} {k}/{len(todo)}: {job.recipe} {job.model} {job.task} lr {job.lr:g} seed {job.seed}: "
+                  f"test acc {min(record['acc'].values()):.3f} (chance {chance:.3f}), {record['steps']} steps, "
+                  f"{record['train_s']:.0f}s; {time.time() - t0:.0f}s in this phase", flush=True)
+    finally:
+        if pool is not None:
+            pool.terminate()
+
+
+def draw(data, path):
+    """Accuracy of the swept task against the decoding-state bytes per layer (Zoology's
+    recall-memory plot): one point per model and recipe at its selected rate, the seeds' mean,
+    their range as the error bar; filled circles the tuned recipe, open squares the plain one."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    panels = [(t, T) for t in task_list for T in (t.lengths if t.name == "niah" else t.lengths[:1])]
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.2), sharey=True, squeeze=False)
-    for ax, (t, T) in zip(axes[0], panels):
-        accs = [next(r for r in results if r["model"] == m and r["task"] == t.name)["acc"][str(T)] for m in model_list]
-        ax.bar(range(len(model_list)), accs, color="tab:blue")
-        ax.axhline(t.chance, color="tab:red", linestyle="--", linewidth=1, label="chance")
-        ax.set_xticks(range(len(model_list)), model_list, rotation=60, ha="right", fontsize=8)
-        ax.set_title(f"{t.name} (T={T})", fontsize=9)
-        ax.set_ylim(0, 1.02)
-    axes[0][0].set_ylabel("accuracy on the answers")
-    axes[0][0].legend(fontsize=7, loc="upper right")
+    swept, rows = data["swept"], recall_tables.best_rows(data, data["swept"])
+    fig, ax = plt.subplots(figsize=(7.2, 4.2))
+    colors = dict(zip(MODELS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    markers = {"tuned": "o", "plain": "s"}
+    for row in rows:
+        accs, color = row["accs"], colors[row["model"]]
+        mean = sum(accs) / len(accs)
+        ax.errorbar(row["state_bytes"], mean, yerr=[[mean - min(accs)], [max(accs) - mean]], linestyle="none",
+                    marker=markers[row["recipe"]], markersize=7, color=color, capsize=3,
+                    markerfacecolor=color if row["recipe"] == "tuned" else "white")
+    ax.axhline(data["chance"][swept], color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda b, _: f"{b:,.0f}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_ylim(0, 1.03)
+    ax.set_xlabel("decoding state per layer (bytes, fp32, one sequence)")
+    ax.set_ylabel("accuracy on the query tokens")
+    n_seeds = max((len(row["accs"]) for row in rows), default=0)
+    ax.set_title(f"{swept.upper()}: the best rate per model, mean and range of "
+                 f"{recall_tables.plural(n_seeds, 'seed')}", fontsize=10)
+    # the legend in two parts: the models by colour, the recipes by marker
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    handles = [Line2D([], [], color=colors[m], marker="o", linestyle="none", label=LABELS[m]) for m in models]
+    handles += [Line2D([], [], color="black", marker=markers[r], markerfacecolor="black" if r == "tuned" else "white",
+                       linestyle="none", label=f"{r} recipe") for r in RECIPES if any(row["recipe"] == r for row in rows)]
+    handles.append(Line2D([], [], color="grey", linestyle="--", label="chance"))
+    ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with tk.atomic_write(path) as f:
+        fig.savefig(f, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -314,23 +470,33 @@ def main(argv):
     C.device, _ = tk.choose_device_dtype(C.device, "float32")
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
-    model_list, task_list = parse_list(C.models), [Task(n, C) for n in parse_list(C.tasks)]
-    jobs = [(name, task.name, C) for task in task_list for name in model_list]
-    t0 = time.time()
-    if C.workers > 1:  # one process per run, `workers` at a time (spawned: no forked thread pools)
-        with multiprocessing.get_context("spawn").Pool(C.workers) as pool:
-            results = pool.starmap(run_job, jobs, chunksize=1)
-    else:
-        results = [run_job(*job) for job in jobs]
-    print(table(results, task_list, model_list))
-    print(f"{time.time() - t0:.0f}s in all on {C.device} ({C.workers} process(es) of {C.num_threads} thread(s))")
-    if C.out_json:
-        os.makedirs(os.path.dirname(C.out_json) or ".", exist_ok=True)
-        with open(C.out_json, "w") as f:
-            json.dump(dict(settings=vars(C), results=results, torch=torch.__version__), f, indent=1)
+    model_list, recipe_list, task_list = parse_list(C.models), parse_list(C.recipes), parse_list(C.tasks)
+    swept, lrs = task_list[0], rates(C)
+    data = load_results(C)
+    cli.on_interrupt(f"the runs that ended are in {C.out_json}: the same command continues from them")
+    cli.require(data.get("swept", swept) == swept,
+                f"{C.out_json} holds a sweep of {data.get('swept')}: --tasks must start with it")
+    t0, load0 = time.time(), os.getloadavg()
+    print(f"{C.device}, {C.workers} process(es) of {C.num_threads} thread(s); load average {load0[0]:.2f}",
+          flush=True)
+    for recipe in recipe_list:  # one recipe after the other: an interrupted suite has whole recipes first
+        # 1. the sweep: every rate on seed 0
+        run_all([Job(recipe, m, swept, lr, 0) for m in model_list for lr in lrs], C, data, swept, f"{recipe} sweep")
+        # 2. more seeds at each selected rate, and the other tasks at it
+        chosen = selected_rates(data, swept)[recipe]
+        more = [Job(recipe, m, swept, chosen[m], s) for m in model_list for s in range(1, C.seeds)]
+        more += [Job(recipe, m, t, chosen[m], 0) for t in task_list[1:] for m in model_list]
+        run_all(more, C, data, swept, f"{recipe} at the selected rates")
+    save_results(C, data, swept)
+    for name in recall_tables.SUITE_TABLES:
+        print(f"\n{name}:\n{recall_tables.TABLES[name][1](data)}")
+    load1 = os.getloadavg()
+    print(f"\n{time.time() - t0:.0f}s; load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end; "
+          f"runs in {C.out_json}")
     if C.figure:
-        draw(results, task_list, model_list, C.figure)
-    return results
+        draw(data, C.figure)
+        print(f"figure: {C.figure}")
+    return data
 
 
 if __name__ == "__main__":

@@ -9,11 +9,15 @@ one token at a time from the decoding state (float64). The maths: the chunked ca
 attention against a direct double loop, the short convolution against its definition, the
 non-causal linear attention's padding mask. The settings: train.py trains with each new
 setting and refuses a bad one in one line. The recall suite: keys and values disjoint, the
-targets exactly the answers, chance computed from the format, and a --quick run.
+targets exactly the answers, chance computed from the format; a --quick run sweeps, selects,
+continues from its file and refuses one of other settings; bad lists end in one line; the
+state bytes follow the formulas; no output default is a committed file (issue 26, class 6).
 """
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -29,7 +33,8 @@ import trainkit as tk  # noqa: E402
 from lra.encoder import LRAClassifier, LRAConfig  # noqa: E402
 from model import (GPT, LINEAR_CHUNK, GPTConfig, LinearAttention, SoftmaxAttention, TSSA,  # noqa: E402
                    causal_linear_attention, elu_feature_map)
-from recall import suite, tasks  # noqa: E402
+from recall import decode_bench, suite, tasks  # noqa: E402
+from results import recall_tables  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and steady on a shared machine
 
@@ -259,13 +264,129 @@ def test_copy_and_niah_targets():
     assert (x[:, 0] == 0).all()  # depth 0: the needle opens the haystack
 
 
-def test_suite_quick_run(tmp_path, capsys):
-    out = tmp_path / "r.json"
-    results = suite.main(["--quick=True", "--models=softmax,tost", "--tasks=mqar,niah", f"--out_json={out}",
-                          f"--figure={tmp_path / 'r.png'}"])
-    assert {(r["model"], r["task"]) for r in results} == {(m, t) for m in ("softmax", "tost") for t in ("mqar", "niah")}
-    saved = json.loads(out.read_text())
-    assert saved["results"][0]["chance"] == pytest.approx(1 / 4)  # quick MQAR: 4 pairs
-    assert set(saved["results"][-1]["acc"]) == {"16", "32"}  # quick NIAH lengths
+def quick_suite(tmp_path, *extra):
+    """A --quick run of two models into tmp_path; (its data, its printed output)."""
+    argv = ["--quick=True", "--models=softmax,tost", f"--out_json={tmp_path / 'r.json'}",
+            f"--figure={tmp_path / 'r.png'}", *extra]
+    return suite.main(argv)
+
+
+def test_suite_quick_run_sweeps_selects_and_continues(tmp_path, capsys):
+    data = quick_suite(tmp_path)
+    # the sweep: both recipes x both models x the two quick rates on seed 0; then seed 1 at the selected rate
+    sweep = {(r["recipe"], r["model"], r["lr"]) for r in data["runs"] if r["seed"] == 0}
+    assert sweep == {(rec, m, lr) for rec in ("tuned", "plain") for m in ("softmax", "tost") for lr in (1e-3, 1e-2)}
+    for rec in ("tuned", "plain"):
+        for m in ("softmax", "tost"):
+            lr = data["selected"][rec][m]
+            [follow] = [r for r in data["runs"] if (r["recipe"], r["model"], r["seed"]) == (rec, m, 1)]
+            assert follow["lr"] == lr  # seed 1 runs at the rate seed 0 selected
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["runs"] == data["runs"] and saved["chance"]["mqar"] == pytest.approx(1 / 4)  # quick MQAR: 4 pairs
     assert (tmp_path / "r.png").stat().st_size > 1000
-    assert "chance 0.250" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "recall_summary:" in out and "| softmax attention |" in out
+    # a rerun trains nothing: every run is in the file, and the file is the same
+    again = quick_suite(tmp_path)
+    assert again["runs"] == data["runs"]
+    assert "tuned sweep: 4 of 4 runs already in" in capsys.readouterr().out
+    # more tasks later: copy at the rates the MQAR sweep selected, the MQAR runs kept
+    more = quick_suite(tmp_path, "--recipes=tuned", "--tasks=mqar,copy")
+    copies = [r for r in more["runs"] if r["task"] == "copy"]
+    assert {(r["model"], r["lr"]) for r in copies} == {(m, data["selected"]["tuned"][m]) for m in ("softmax", "tost")}
+    assert more["runs"][:len(data["runs"])] == data["runs"]
+
+
+def test_suite_selection_best_validation_then_fewer_steps_then_smaller_rate():
+    run = lambda lr, val, steps, model="m", seed=0: dict(recipe="tuned", model=model, task="mqar", lr=lr,  # noqa: E731
+                                                        seed=seed, val_acc=val, steps=steps)
+    data = dict(runs=[run(1e-3, 0.5, 300), run(3e-3, 0.9, 300), run(1e-2, 0.9, 300), run(3e-2, 0.2, 100),
+                      run(1e-3, 1.0, 100, seed=1),  # another seed never selects
+                      run(1e-3, 0.99, 250, "n"), run(3e-3, 0.99, 200, "n")])
+    assert suite.selected_rates(data, "mqar") == {"tuned": {"m": 3e-3, "n": 3e-3}}
+
+
+def test_suite_state_bytes_per_layer_follow_the_formulas():
+    C, _ = cli.configure(suite.SETTINGS, ["--n_embd=32", "--n_head=4", "--mqar_pairs=4", "--mqar_queries=4"])
+    task = suite.Task("mqar", C)  # T = 16
+    T, Cw, H, p = 16, 32, 4, 8
+    expect = {"tost": 2 * Cw + H, "tost_conv": 2 * Cw + H + 3 * Cw, "linear": H * p * p + H * p,
+              "softmax": 2 * T * Cw, "hybrid_conv": ((2 * Cw + H + 3 * Cw) + 2 * T * Cw) / 2}
+    for name, floats in expect.items():
+        model = suite.build_model(name, "plain", task, C)
+        assert suite.state_bytes_per_layer(model, task) == 4 * floats, name  # fp32: exact integers
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("--models=", "models is empty; give at least one of softmax"),
+    ("--tasks=", "tasks is empty; give at least one of mqar"),
+    ("--recipes= ,", "recipes is empty"),
+    ("--models=softmax,performer", "unknown name 'performer' in models"),
+    ("--tasks=mqar,bogus", "unknown name 'bogus' in tasks"),
+    ("--models=tost,tost", "models names one twice"),
+    ("--learning_rates=", "learning_rates must be one or more rates"),
+    ("--learning_rates=1e-3,fast", "learning_rates must be numbers"),
+    ("--learning_rates=0,1e-3", "learning_rates must be one or more rates in \\(0, 1\\)"),
+    ("--seeds=0", "seeds must be at least 1"),
+    ("--out_json=", "out_json must name a file"),
+])
+def test_suite_refuses_bad_lists_in_one_line(tmp_path, bad, says):
+    with pytest.raises(cli.UserError, match=says):
+        suite.main(["--quick=True", bad, f"--figure={tmp_path / 'r.png'}"] +
+                   ([] if bad.startswith("--out_json") else [f"--out_json={tmp_path / 'r.json'}"]))
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_suite_empty_models_is_one_line_from_the_command_line(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "recall", "suite.py"), "--models=",
+                           f"--out_json={tmp_path / 'r.json'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == ["suite.py: models is empty; give at least one of softmax, linear, "
+                                                "tost, tost_uniform, tost_conv, hybrid, hybrid_conv"]
+
+
+def test_suite_refuses_a_file_of_other_settings(tmp_path):
+    quick_suite(tmp_path, "--recipes=tuned", "--models=tost")
+    before = (tmp_path / "r.json").read_bytes()
+    with pytest.raises(cli.UserError, match="holds runs of other settings \\(n_embd: 32 there, 48 here\\)"):
+        quick_suite(tmp_path, "--recipes=tuned", "--models=tost", "--n_embd=48")
+    assert (tmp_path / "r.json").read_bytes() == before  # nothing mixed, nothing lost
+
+
+def git_tracked_or_not_ignored(path):
+    """Why `path` (relative to the repository) would be a bad output default, or None."""
+    if subprocess.run(["git", "ls-files", "--error-unmatch", path], cwd=REPO, capture_output=True).returncode == 0:
+        return "tracked by git"
+    if subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, capture_output=True).returncode != 0:
+        return "not ignored by git"
+    return None
+
+
+@pytest.mark.parametrize("script, key", [(suite, "out_json"), (suite, "figure"), (decode_bench, "out")])
+def test_recall_output_defaults_are_ignored_files_not_committed_results(script, key):
+    """Smoke runs and reruns never overwrite committed results (issue 26, class 6): every
+    default output, and the quick run's, is a git-ignored path; the README's commands name
+    the committed files."""
+    if shutil.which("git") is None or subprocess.run(["git", "rev-parse"], cwd=REPO, capture_output=True).returncode:
+        pytest.skip("not a git checkout: nothing to compare the defaults with")
+    defaults = [script.SETTINGS[key]] + ([suite.QUICK[key]] if script is suite else [])
+    for path in defaults:
+        assert path and git_tracked_or_not_ignored(path) is None, (path, git_tracked_or_not_ignored(path))
+    readme = open(os.path.join(REPO, "recall", "README.md"), encoding="utf-8").read()
+    committed = {"out_json": "recall/results_cpu.json", "figure": "recall/recall.png", "out": "recall/decode_cpu.json"}
+    assert f"--{key}={committed[key]}" in readme  # the README's command names the committed file
+    assert git_tracked_or_not_ignored(committed[key]) == "tracked by git"
+
+
+def test_decode_bench_counts_the_filled_part_of_a_kv_cache(tmp_path):
+    rows = decode_bench.main(["--T=8,24", "--steps=2", "--repeats=1", f"--out={tmp_path / 'd.json'}"])
+    size = {(r["variant"], r["T"]): r["state_bytes_per_sequence"] for r in rows}
+    C, H = 96, 4  # the pydocs layout
+    for T in (8, 24):
+        assert size[("tost", T)] == 6 * (2 * C + H) * 4  # 6 layers of 2C + H fp32 numbers, whatever T
+        assert size[("tost_conv", T)] == 6 * (2 * C + H + 3 * C) * 4
+        assert size[("linear", T)] == 5 * (H * (C // H) ** 2 + C) * 4
+        assert size[("softmax", T)] == 5 * 2 * T * C * 4  # the T filled positions of 5 caches
+        assert size[("hybrid", T)] == 3 * (2 * C + H) * 4 + 3 * 2 * T * C * 4
+    saved = json.loads((tmp_path / "d.json").read_text())
+    assert saved["rows"] == rows and "softmax" in recall_tables.table_decode(saved)
