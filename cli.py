@@ -114,10 +114,16 @@ def _out_of_memory(e):
         (isinstance(e, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text))
 
 
+def script_name(path):
+    """How messages name a script: train.py, or lra/train.py for one in a folder of the repository."""
+    parts = os.path.normpath(path).split(os.sep)
+    in_folder = len(parts) >= 2 and os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), *parts[-2:]))
+    return "/".join(parts[-2:]) if in_folder else parts[-1]
+
+
 def run_cli(main, *args):
     """Run a script's main(*args) for a person at a terminal (see the module docstring)."""
-    parts = os.path.normpath(sys.argv[0]).split(os.sep)
-    name = "/".join(parts[-2:]) if parts[-2:-1] == ["lra"] else parts[-1]  # train.py, lra/train.py
+    name = script_name(sys.argv[0])
     if os.environ.get("NANOTOST_DEBUG"):
         return main(*args)
     old = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (a scheduler, kill) ends as Ctrl-C

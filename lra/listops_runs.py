@@ -1,9 +1,10 @@
 """
 The runs behind lra/README.md's results tables: one command that writes one JSON
-(lra/results_listops.json), from which `python results/render.py` writes the tables.
+(lra/results_listops.json when --out names it; a run told nothing writes out-lra/listops.json,
+so a trial never overwrites the committed results), from which `python results/render.py` writes the tables.
 
-    python lra/listops_runs.py                     # both grids, one thread: tiny ~10 min, mini ~35 min
-    python lra/listops_runs.py --grids=tiny        # one grid again (the other grid's results are kept)
+    python lra/listops_runs.py --out=lra/results_listops.json              # both grids, one thread: tiny ~10 min, mini ~35 min
+    python lra/listops_runs.py --out=lra/results_listops.json --grids=tiny # one grid again (the other grid's results are kept)
     python lra/listops_runs.py --grids=tiny --runs=shared_tssa --seeds=1 --vector_paths=native --out=/tmp/l.json
 
 For each grid it generates the data when absent (lra/generate.py with fixed settings and seed:
@@ -46,7 +47,7 @@ seeds = "1,2,3"
 vector_paths = "grid"  # "grid": each grid's own (VECTOR_PATHS); or e.g. "native" or "native,avx2,default"
 max_iters = 0  # 0: each config's; n: a shorter smoke run (the JSON says so)
 data_root = "data"  # the grids' data are generated under it when absent
-out = "lra/results_listops.json"
+out = "out-lra/listops.json"  # the README's command names the committed lra/results_listops.json
 # -----------------------------------------------------------------------------
 SETTINGS = cli.config_defaults(globals())
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

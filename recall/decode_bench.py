@@ -43,7 +43,7 @@ out = "out-recall/decode_cpu.json"  # the README's command names recall/decode_c
 SETTINGS = cli.config_defaults(globals())
 
 LAYOUT = dict(vocab_size=128, n_head=4, n_embd=96)  # pydocs_char: 107 characters, padded to 128
-VARIANTS = {  # name -> GPTConfig fields (config/pydocs_char_tost.py / _softmax.py, and the variants)
+VARIANTS = {  # name -> GPTConfig fields, config/pydocs_char_*.py's layout (the first screen trains tost_conv)
     "tost": dict(n_layer=6, attn="tssa"),
     "tost_uniform": dict(n_layer=6, attn="tssa", pi="uniform"),
     "tost_conv": dict(n_layer=6, attn="tssa", short_conv=4),

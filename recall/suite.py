@@ -164,8 +164,8 @@ def check_settings(C):
                              "niah_batch", "mqar_steps", "copy_steps", "niah_steps", "eval_interval",
                              "val_examples", "eval_examples", "mqar_pairs", "mqar_queries", "mqar_keys",
                              "mqar_values", "copy_length", "copy_tokens", "niah_tokens"),
-              non_negative=("warmup_steps", "grad_clip", "num_threads"), positive=("early_stop",))
-    cli.check(C, fraction=("beta2",), choices={"lr_schedule": ("constant", "cosine")})
+              non_negative=("warmup_steps", "grad_clip", "num_threads"), fraction=("beta2",),
+              between={"early_stop": (0.0, 1.01)}, choices={"lr_schedule": ("constant", "cosine")})
     cli.require(C.seeds <= 100, f"seeds must be at most 100 (training batches are seeded per seed), got {C.seeds}")
     cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     cli.require(C.mqar_pairs <= min(C.mqar_keys, C.mqar_values),

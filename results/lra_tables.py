@@ -13,7 +13,7 @@ def grid_or_note(data, name):
     """The grid's record, or a line saying why there is none to show."""
     grid = data.get("grids", {}).get(name)
     if grid is None:
-        return None, f"_No {name} runs in `{RESULTS}`: `python lra/listops_runs.py --grids={name}` writes them._"
+        return None, f"_No {name} runs in `{RESULTS}`: `python lra/listops_runs.py --out={RESULTS} --grids={name}` writes them._"
     if not grid.get("complete"):
         return None, f"_The {name} runs in `{RESULTS}` stopped before the end: run `{grid['command']}` again._"
     return grid, None

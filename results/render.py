@@ -118,6 +118,7 @@ def names_in(text):
 def main(argv):
     argv = [a + "=1" if a == "--check" else a for a in argv]
     C, _ = cli.configure(SETTINGS, argv)
+    cli.check(C)  # no numeric settings: the check asserts that none was added unchecked
     where = os.path.abspath(C.root or REPO)
     tables, awaited = registry()
     cache = {}

@@ -157,7 +157,7 @@ def test_bad_settings_are_refused_before_any_run(bad, message):
 def test_a_refusal_is_one_line(corpus, capsys):
     p = script("--models=tost,gpt")
     assert p.returncode == 1 and p.stdout == ""
-    assert p.stderr == ("pydocs.py: unknown model 'gpt': choose from tost, tost_conv, softmax, linear, "
+    assert p.stderr == ("compare/pydocs.py: unknown model 'gpt': choose from tost, tost_conv, softmax, linear, "
                         "hybrid_conv\n")
     data = [f"--data_dir={corpus / 'data'}", "--dataset=t_char"]
     with pytest.raises(cli.UserError, match="no calibration at .*none.json: measure one first with python "

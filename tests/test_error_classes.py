@@ -64,13 +64,13 @@ torch.set_num_threads(1)  # tiny models on a shared machine
 
 # -----------------------------------------------------------------------------
 # the scripts, found: every entry script that reads settings through cli.configure or
-# textdata.ArgumentParser (recall/ aside: its scripts are issue 26's other change)
+# textdata.ArgumentParser
 
 
 def entry_scripts():
     found = []
     for folder, dirs, files in os.walk(REPO):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "out", "data", "tests", "recall", "__")))
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "out", "data", "tests", "__")))
         for name in sorted(files):
             path = os.path.join(folder, name)
             if not name.endswith(".py") or name.startswith("test_"):
@@ -425,7 +425,8 @@ def test_no_default_output_is_a_file_the_repository_ships(script):
         ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", inside], cwd=REPO).returncode == 0
         tracked = subprocess.run(["git", "ls-files", "--", path], cwd=REPO, capture_output=True, text=True).stdout
         assert ignored and not tracked, (script, path, tracked)
-    assert default_outputs(script) or script in ("vit_inspect.py", "lra/summary.py")  # (those two: beside the input)
+    # vit_inspect and lra/summary write beside their input; render.py's output is the documents
+    assert default_outputs(script) or script in ("vit_inspect.py", "lra/summary.py", "results/render.py")
 
 
 # -----------------------------------------------------------------------------

@@ -86,8 +86,8 @@ def test_the_commands_that_wrote_the_json_stand_in_the_documents():
         assert speed_tables.cpu_command(json.load(f)) in read("SPEED.md").split("```")[-2]
     with open(os.path.join(REPO, "lra", "results_listops.json")) as f:
         grids = json.load(f)["grids"]
-    assert grids["tiny"]["command"] == grids["mini"]["command"] == "python lra/listops_runs.py"
-    assert "python lra/listops_runs.py " in read("lra/README.md")
+    assert grids["tiny"]["command"] == grids["mini"]["command"] == "python lra/listops_runs.py --out=lra/results_listops.json"
+    assert "python lra/listops_runs.py --out=lra/results_listops.json " in read("lra/README.md")
     for name, grid in grids.items():  # full runs of the committed code, on the documented data
         assert not grid["max_iters_override"] and grid["complete"] and not grid["dirty"]
         spec = listops_runs.GRIDS[name]
@@ -117,7 +117,7 @@ def test_check_names_an_edited_number_and_render_repairs_it(tmp_path):
     (root / doc).write_text(text.replace(body, edited), encoding="utf-8")
     check = run_render("--check", f"--root={root}")
     assert check.returncode == 1 and "lra/README.md: lra_listops_tiny" in check.stderr, check.stderr
-    assert check.stderr.startswith("render.py: ") and len(check.stderr.strip().splitlines()) == 1
+    assert check.stderr.startswith("results/render.py: ") and len(check.stderr.strip().splitlines()) == 1
     assert read(doc, root) != text  # --check writes nothing
     fixed = run_render(f"--root={root}")
     assert fixed.returncode == 0 and "rewritten: lra_listops_tiny" in fixed.stdout, fixed.stdout + fixed.stderr
@@ -150,7 +150,7 @@ def test_mistakes_are_one_line(tmp_path):
                         (["--json_path=x.json"], "json_path goes with show"),
                         (["--chek=1"], "unknown setting 'chek'")):
         p = run_render(*args)
-        assert p.returncode == 1 and p.stderr.startswith("render.py: ") and words in p.stderr, (args, p.stderr)
+        assert p.returncode == 1 and p.stderr.startswith("results/render.py: ") and words in p.stderr, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 

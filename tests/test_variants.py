@@ -341,7 +341,7 @@ def test_suite_empty_models_is_one_line_from_the_command_line(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(REPO, "recall", "suite.py"), "--models=",
                            f"--out_json={tmp_path / 'r.json'}"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == ["suite.py: models is empty; give at least one of softmax, linear, "
+    assert proc.stderr.strip().splitlines() == ["recall/suite.py: models is empty; give at least one of softmax, linear, "
                                                 "tost, tost_uniform, tost_conv, hybrid, hybrid_conv"]
 
 
