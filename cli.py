@@ -26,6 +26,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import traceback
 from types import SimpleNamespace
 
@@ -62,11 +63,12 @@ def at_end(undo):
 
 def _cache_roots():
     """The caches other packages write, by the variables that move them: {variables: [folders]}."""
-    home, tmp = os.path.expanduser("~"), os.environ.get("TMPDIR", "/tmp")
+    home, tmp = os.path.expanduser("~"), tempfile.gettempdir()  # where tiktoken and inductor put theirs
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     return {"HF_HOME (or HF_DATASETS_CACHE)": [os.environ.get("HF_DATASETS_CACHE"), os.environ.get("HF_HOME"),
                                                os.path.join(xdg, "huggingface")],
-            "TIKTOKEN_CACHE_DIR": [os.environ.get("TIKTOKEN_CACHE_DIR"), os.path.join(tmp, "data-gym-cache")],
+            "TIKTOKEN_CACHE_DIR": [os.environ.get("TIKTOKEN_CACHE_DIR"), os.environ.get("DATA_GYM_CACHE_DIR"),
+                                   os.path.join(tmp, "data-gym-cache")],
             "TRITON_CACHE_DIR": [os.environ.get("TRITON_CACHE_DIR"), os.path.join(home, ".triton")],
             "TORCHINDUCTOR_CACHE_DIR": [os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
                                         os.path.join(tmp, f"torchinductor_{_user()}")]}

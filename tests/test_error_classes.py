@@ -36,6 +36,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from types import SimpleNamespace
 
 import numpy as np
@@ -377,7 +378,8 @@ def test_evaluate_refuses_what_it_would_ignore_or_lose_before_any_work(argv, wor
 
 def cache_file(variable):
     return {"HF_HOME (or HF_DATASETS_CACHE)": os.path.expanduser("~/.cache/huggingface/datasets/x.lock"),
-            "TIKTOKEN_CACHE_DIR": os.path.join(os.environ.get("TIKTOKEN_CACHE_DIR") or "/tmp/data-gym-cache", "ab"),
+            "TIKTOKEN_CACHE_DIR": os.path.join(os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+                                               or os.path.join(tempfile.gettempdir(), "data-gym-cache"), "ab"),
             "TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache/k")}[variable]
 
 
