@@ -25,6 +25,7 @@ import getpass
 import math
 import os
 import signal
+import stat
 import sys
 import tempfile
 import traceback
@@ -131,9 +132,16 @@ def run_cli(main, *args):
     old = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (a scheduler, kill) ends as Ctrl-C
     _on_interrupt[0] = "nothing was saved"
     try:
-        return main(*args)
+        result = main(*args)
+        sys.stdout.flush()  # a reader that went away (| head) shows here, not at exit
+        return result
     except UserError as e:
         sys.exit(f"{name}: {e}")
+    except BrokenPipeError as e:
+        if e.filename is not None or not stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
+            sys.exit(f"{name}: {os_error_line(e)}")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as `cmd | head`: stop, quietly
+        sys.exit(141)  # what a shell reports for a command ended by SIGPIPE
     except OSError as e:
         sys.exit(f"{name}: {os_error_line(e)}")
     except UnicodeDecodeError as e:  # a text file that is not UTF-8 (scripts name the file where they can)

@@ -188,8 +188,8 @@ def table_summary(data):
     return table(head, out) + "\n\n" + paragraph(
         f"{TASK_NAMES[swept]} ({mqar_setting(data) if swept == 'mqar' else swept}; chance "
         f"{data['chance'][swept]:.3f}), {plural(s['n_layer'], 'layer')} of width {s['n_embd']}: accuracy at the "
-        f"best of the rates {', '.join(map(rate, lrs))} (selected on seed 0), mean (min–max) of "
-        f"{plural(n_seeds, 'seed')}. " + " ".join(f"{rec}: {recipe_text(data, rec)}." for rec in recipes))
+        f"best of {plural(len(lrs), 'rate')} (selected on seed 0), mean (min–max) of {plural(n_seeds, 'seed')}; "
+        "the recipes: recall/README.md.")
 
 
 def table_decode(data):

@@ -19,7 +19,7 @@ checkpoint), they are, so that a new script or setting is tested without being l
   8. what a resumed or long run says: log.jsonl holds each iteration once after an interrupt and
      a resume (all three trainers); the command that continues is the one that applies; long
      work shows progress and sizes its workers by the machine; ratios read as worded; an
-     unreachable Hub fails at once
+     unreachable Hub fails at once; output into a reader that went away (| head) ends quietly
 
 Class 2 (the lm-eval adapter) is in tests/test_harness.py, whitespace corpora (class 4) in
 tests/test_prepare_errors.py. In this process through cli.run_cli, tiny runs; about 30 s.
@@ -539,6 +539,16 @@ def test_the_logger_keeps_what_came_before_the_checkpoint(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"iter": 4, "lo')  # a line cut by a kill
     tk.JsonlLogger(str(path), resume_at=2)
     assert [json.loads(line) for line in path.read_text().splitlines()] == lines[:4] + lines[-1:]
+
+
+@pytest.mark.parametrize("argv", [["results/render.py", "--show=*"], ["train.py", "--help"]])
+def test_output_into_a_reader_that_went_away_ends_quietly(argv):
+    """`script | head`: once the reader has gone, a script stops as Unix tools do (status 141,
+    nothing on stderr), not with a Broken pipe line or Python's 'Exception ignored' at exit."""
+    proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the script writes (it takes ~1 s to start)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
 
 
 def test_long_generation_shows_progress_and_takes_its_workers_from_the_machine(tmp_path, monkeypatch, capsys):
