@@ -564,7 +564,7 @@ def write_results(path, obj):
     """The results as JSON, atomically (a failure leaves no file and no temp file), an error
     naming `path` rather than the temp file."""
     try:
-        with tk.atomic_write(path, "w") as f:
+        with cli.atomic_write(path, "w") as f:
             json.dump(obj, f, indent=1)
     except OSError as e:
         if e.filename and ".tmp" not in os.path.basename(str(e.filename)):
@@ -707,7 +707,7 @@ class Part:
         self.write()
 
     def write(self):
-        with tk.atomic_write(self.path, "w") as f:
+        with cli.atomic_write(self.path, "w") as f:
             json.dump(self.data, f, indent=1)
 
     def row(self, **row):

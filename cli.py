@@ -10,6 +10,7 @@ the preparation scripts, bench.py, lra/, recall/), so that each script reads as 
               numbers within int64, finite floats
   check       every setting checked once by kind before any work, and every number must have
               a kind (a range); require for the rest
+  atomic_write  a file written whole or not at all (a temp file renamed over it; errors name it)
 
     def main(argv):
         C, given = cli.configure(cli.config_defaults(globals()), argv)
@@ -29,6 +30,7 @@ import stat
 import sys
 import tempfile
 import traceback
+from contextlib import contextmanager, suppress
 from types import SimpleNamespace
 
 # -----------------------------------------------------------------------------
@@ -120,7 +122,8 @@ def _out_of_memory(e):
 def script_name(path):
     """How messages name a script: train.py, or lra/train.py for one in a folder of the repository."""
     parts = os.path.normpath(path).split(os.sep)
-    in_folder = len(parts) >= 2 and os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), *parts[-2:]))
+    repo = os.path.dirname(os.path.abspath(__file__))
+    in_folder = len(parts) >= 2 and os.path.isfile(os.path.join(repo, *parts[-2:]))
     return "/".join(parts[-2:]) if in_folder else parts[-1]
 
 
@@ -159,6 +162,44 @@ def run_cli(main, *args):
         signal.signal(signal.SIGTERM, old)
         while _cleanups:  # the run is over, however it ended (e.g. trainkit's out_dir lock)
             _cleanups.pop()()
+
+
+@contextmanager
+def atomic_write(path, mode="wb"):
+    """with atomic_write(path) as f: ... -- written to .<name>.tmp<pid> beside path, flushed to
+    disk and renamed over path only if the block ends normally; otherwise the temp file goes
+    and path is untouched. Temp files of dead processes (kill -9) are removed first."""
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    for entry in os.listdir(folder):
+        head, sep, pid = entry.rpartition(".tmp")
+        if sep and head == f".{name}" and pid.isdigit() and not pid_alive(int(pid)):
+            with suppress(OSError):
+                os.remove(os.path.join(folder, entry))
+    tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, OSError) and e.errno and (not e.filename or e.filename == tmp):  # name the file meant
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
+        raise
+
+
+def pid_alive(pid):
+    """Whether process `pid` is alive (signal 0 sends nothing: it only asks)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def require(condition, message):

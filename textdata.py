@@ -352,7 +352,7 @@ def remove_stale(out_dir):
     """Undo what a killed run left: its temp folder goes; the old data it had set aside for a
     swap comes back if the swap did not happen (a kill -9 between the two renames)."""
     for path, tag, pid in _debris(out_dir):
-        if pid == os.getpid() or tk.pid_alive(pid):
+        if pid == os.getpid() or cli.pid_alive(pid):
             continue
         if tag == "old" and not os.path.lexists(out_dir):
             os.rename(path, out_dir)

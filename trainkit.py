@@ -6,7 +6,7 @@ the settings of every script are cli.py's.
   devices, processes   choose_device_dtype ("auto" everywhere), distributed (DDP from torchrun),
                        cpu_cores, hub_reachable (offline: the Hugging Face libraries fail at once)
   files, checkpoints   claim_out_dir (a lock that run_cli releases; no scratch run over a
-                       checkpoint), atomic_write (errors name the file), save_checkpoint (a full
+                       checkpoint), save_checkpoint (through cli.atomic_write: a full
                        disk is an OSError naming it) / load_checkpoint / load_weights, JsonlLogger
                        (a resumed run's log holds each iteration once)
   training             init_from_auto, resume_settings, get_lr, non_finite, gather_rng_states /
@@ -26,14 +26,14 @@ import shutil
 import socket
 import sys
 from collections import namedtuple
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import model
-from cli import UserError, at_end, require
+from cli import UserError, at_end, atomic_write, require
 
 # -----------------------------------------------------------------------------
 # devices and processes
@@ -160,44 +160,6 @@ def release_out_dir(out_dir):
     fd = _locks.pop(os.path.abspath(out_dir), None)
     if fd is not None:
         os.close(fd)
-
-
-@contextmanager
-def atomic_write(path, mode="wb"):
-    """with atomic_write(path) as f: ... -- written to .<name>.tmp<pid> beside path, flushed to
-    disk and renamed over path only if the block ends normally; otherwise the temp file goes
-    and path is untouched. Temp files of dead processes (kill -9) are removed first."""
-    folder, name = os.path.split(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    for entry in os.listdir(folder):
-        head, sep, pid = entry.rpartition(".tmp")
-        if sep and head == f".{name}" and pid.isdigit() and not pid_alive(int(pid)):
-            with suppress(OSError):
-                os.remove(os.path.join(folder, entry))
-    tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with suppress(OSError):
-            os.remove(tmp)
-        if isinstance(e, OSError) and e.errno and (not e.filename or e.filename == tmp):  # name the file meant
-            raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
-        raise
-
-
-def pid_alive(pid):
-    """Whether process `pid` is alive (signal 0 sends nothing: it only asks)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def save_checkpoint(obj, path):

@@ -238,9 +238,9 @@ def main(argv):
               " ".join(f"{100 * v:.0f}%" for v in report["rvar"]["val"]["lowered"]))
     report["files"] = sorted(pictures)
     for name, data in pictures.items():
-        with tk.atomic_write(os.path.join(out, name)) as f:
+        with cli.atomic_write(os.path.join(out, name)) as f:
             f.write(data)
-    with tk.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
+    with cli.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
         json.dump(report, f, indent=1)
     print(f"wrote {len(pictures)} pictures and inspect.json to {out}")
     return report

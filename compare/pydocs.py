@@ -307,7 +307,7 @@ def plot(data, path):
     seeds = len(data["settings"]["seeds"])
     fig.suptitle(f"character level, the first screen's budget: {seeds} seed(s) per model (dots)", fontsize=10)
     fig.tight_layout()
-    with tk.atomic_write(path) as f:
+    with cli.atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=90)
     plt.close(fig)
 
@@ -348,7 +348,7 @@ def take_calibration(C):
                command="python compare/pydocs.py --calibrate" + (" --quick" if C.quick else ""),
                date=time.strftime("%Y-%m-%d %H:%M"), machine=machine(), calib_iters=C.calib_iters,
                calib_skip=C.calib_skip, rounds=C.calib_rounds, models=models_cal, loads=loads)
-    with tk.atomic_write(C.calibration, "w") as f:
+    with cli.atomic_write(C.calibration, "w") as f:
         json.dump(cal, f, indent=1)
     print(f"wrote {C.calibration}: " + ", ".join(f"{m} {1000 * v['s_per_iter']:.1f} ms" for m, v in models_cal.items()))
     return cal
@@ -394,7 +394,7 @@ def run_all(todo, C, words):
             print(f"[{i + 1}/{len(todo)}] {name}, seed {seed}, {n} iterations (load {os.getloadavg()[0]:.2f})",
                   flush=True)
             done[key] = r = train_and_score(name, seed, n, C, words)
-            with tk.atomic_write(done_path, "w") as f:
+            with cli.atomic_write(done_path, "w") as f:
                 json.dump(done, f, indent=1)
             print(f"    val loss {r['val_loss']:.4f}, corpus words {r['corpus_words']}/{r['words']}, "
                   f"trained in {r['train_wall_s']:.0f} s", flush=True)
@@ -433,7 +433,7 @@ def main(argv):
                 model_labels={m: MODELS[m][0] for m in C.names}, conditions=conds, rows=rows)
     print(pydocs_tables.compare_table(data))
     if C.out:
-        with tk.atomic_write(C.out, "w") as f:
+        with cli.atomic_write(C.out, "w") as f:
             json.dump(data, f, indent=1)
         plot(data, C.out[:-len(".json")] + ".png")
         print(f"wrote {C.out} and {C.out[:-len('.json')]}.png")

@@ -44,8 +44,8 @@ import torch
 
 from PIL import Image
 
-from cli import UserError
-from trainkit import atomic_write, hub_reachable
+from cli import UserError, atomic_write
+from trainkit import hub_reachable
 from vit_data import eight_bit
 
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"

@@ -25,7 +25,7 @@ metadata/<k>.npy with one line per image: "imgs/<k> sample_<i>.png <i> <label> .
 Progress bars show the work as it goes; Pathfinder's images are drawn by --workers processes
 (0, the default: one per core this process may use). Every count and size is checked before
 anything is written; every file is written atomically
-(trainkit.atomic_write), ListOps's three splits together (all or none) and Pathfinder's
+(cli.atomic_write), ListOps's three splits together (all or none) and Pathfinder's
 metadata after all its images, so a failed or killed run leaves no partial file and no set
 that looks whole. An out_dir that already holds the task's set is refused, never overwritten.
 """
@@ -152,7 +152,7 @@ def write_listops(out_dir, n_train=96000, n_val=2000, n_test=2000, seed=0, **kw)
     bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(examples))}
     with ExitStack() as files:
         for split, (lo, hi) in bounds.items():
-            f = files.enter_context(tk.atomic_write(os.path.join(folder, f"basic_{split}.tsv"), "w"))
+            f = files.enter_context(cli.atomic_write(os.path.join(folder, f"basic_{split}.tsv"), "w"))
             f.write("Source\tTarget\n")
             f.writelines(f"{text}\t{label}\n" for text, label in examples[lo:hi])
     return folder
@@ -333,7 +333,7 @@ def _write_pathfinder_images(args):
     style = PATHFINDER_STYLES[size]
     for index, label, rel_path in items:
         img, _ = pathfinder_sample(np.random.default_rng([seed, index]), style, int(label))
-        with tk.atomic_write(os.path.join(root, rel_path)) as f:  # never a half-written PNG
+        with cli.atomic_write(os.path.join(root, rel_path)) as f:  # never a half-written PNG
             Image.fromarray(img).save(f, format="PNG")  # 8-bit grey
     return len(items)
 
@@ -369,7 +369,7 @@ def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, w
                 bar.update(_write_pathfinder_images(job))
     with ExitStack() as files:  # all metadata files or none
         for path, lines in metadata.items():
-            files.enter_context(tk.atomic_write(path, "w")).writelines(lines)
+            files.enter_context(cli.atomic_write(path, "w")).writelines(lines)
     return root
 
 

@@ -3,8 +3,8 @@ The runs behind lra/README.md's results tables: one command that writes one JSON
 (lra/results_listops.json when --out names it; a run told nothing writes out-lra/listops.json,
 so a trial never overwrites the committed results), from which `python results/render.py` writes the tables.
 
-    python lra/listops_runs.py --out=lra/results_listops.json              # both grids, one thread: tiny ~10 min, mini ~35 min
-    python lra/listops_runs.py --out=lra/results_listops.json --grids=tiny # one grid again (the other grid's results are kept)
+    python lra/listops_runs.py --out=lra/results_listops.json               # both grids, one thread: 12 + 98 min here
+    python lra/listops_runs.py --out=lra/results_listops.json --grids=tiny  # one grid again (the other kept)
     python lra/listops_runs.py --grids=tiny --runs=shared_tssa --seeds=1 --vector_paths=native --out=/tmp/l.json
 
 For each grid it generates the data when absent (lra/generate.py with fixed settings and seed:
@@ -36,7 +36,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cli
-import trainkit as tk
 from lra.data import load_split
 
 # -----------------------------------------------------------------------------
@@ -162,7 +161,7 @@ def git_commit():
 
 
 def write(path, results):
-    with tk.atomic_write(path, "w") as f:
+    with cli.atomic_write(path, "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
 

@@ -242,7 +242,7 @@ def test_a_failed_generator_run_leaves_no_partial_file(task, argv, fail_at, tmp_
     whole (ListOps: none of the three files, and the same command then succeeds; Pathfinder:
     whole images but no metadata, so the loader says the set is missing)."""
     calls = []
-    monkeypatch.setattr(tk, "atomic_write", disk_full_at(fail_at, calls, tk.atomic_write))
+    monkeypatch.setattr(cli, "atomic_write", disk_full_at(fail_at, calls, cli.atomic_write))
     code, message = run(generate, [f"--task={task}", *argv, f"--out_dir={tmp_path}/gen"], monkeypatch)
     monkeypatch.undo()
     assert code == 1 and message.startswith("lra/generate.py: No space left on device: ") and "\n" not in message

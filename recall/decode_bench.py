@@ -29,7 +29,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cli
-import trainkit as tk
 from model import GPT, GPTConfig, KVCache
 
 # -----------------------------------------------------------------------------
@@ -112,7 +111,7 @@ def main(argv):
                   flush=True)
     load = os.getloadavg()
     if C.out:
-        with tk.atomic_write(C.out, "w") as f:
+        with cli.atomic_write(C.out, "w") as f:
             json.dump(dict(settings=vars(C), rows=rows, loadavg=load, torch=torch.__version__, labels=LABELS), f,
                       indent=1)
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -384,7 +384,7 @@ def save_results(C, data, swept):
     data["lengths"] = {name: Task(name, C).lengths for name in TASKS}
     data["labels"], data["recipes"] = LABELS, RECIPES
     data["torch"] = torch.__version__
-    with tk.atomic_write(C.out_json, "w") as f:
+    with cli.atomic_write(C.out_json, "w") as f:
         json.dump(data, f, indent=1)
 
 
@@ -455,7 +455,7 @@ def draw(data, path):
     handles.append(Line2D([], [], color="grey", linestyle="--", label="chance"))
     ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    with tk.atomic_write(path) as f:
+    with cli.atomic_write(path) as f:
         fig.savefig(f, dpi=120, format="png")
     plt.close(fig)
 

@@ -5,6 +5,8 @@ results/render.py (`python results/render.py` rewrites them, `--check` compares)
 are test accuracy (%) at the best validation step. Standard library only.
 """
 
+from results.markdown import table
+
 RESULTS = "lra/results_listops.json"
 MODELS = {"tssa": "ToST", "softmax": "softmax Transformer", "linear": "linear-attention Transformer"}
 
@@ -71,22 +73,22 @@ def table_listops_tiny(data):
         tests = [r["test_acc_at_best_val"] for r in records]
         r0 = records[0]
         means.append(mean(tests))
-        rows.append(f"| {config_cell(r0)} | {MODELS[r0['attn']]} | {r0['params']:,} | {r0['iters']} x "
-                    f"{r0['batch_size']} | {seeds_cell(own, 'test_acc_at_best_val')} | "
-                    f"{mean([r['test_acc_at_best_val'] for r in own]):.1f} | {mean(tests):.1f} "
-                    f"({min(tests):.2f}-{max(tests):.2f}) |")
+        rows.append([config_cell(r0), MODELS[r0["attn"]], f"{r0['params']:,}", f"{r0['iters']} x {r0['batch_size']}",
+                     seeds_cell(own, "test_acc_at_best_val"), f"{mean([r['test_acc_at_best_val'] for r in own]):.1f}",
+                     f"{mean(tests):.1f} ({min(tests):.2f}-{max(tests):.2f})"])
         for seed in {r["seed"] for r in records}:
             same = [r["test_acc_at_best_val"] for r in records if r["seed"] == seed]
             if max(same) - min(same) > spread[0]:
                 spread = (max(same) - min(same), f"{MODELS[r0['attn']]}, `{config_cell(r0)[1:-1]}`, seed {seed}")
     d = grid["data"]
     n_seeds = len({r["seed"] for r in grid["runs"]})
-    head = ("| configuration | model | parameters | steps x batch | test, seeds "
-            f"{' / '.join(str(s) for s in sorted({r['seed'] for r in grid['runs']}))} | mean | "
-            f"all {n_seeds * len(grid['vector_paths'])} runs: mean (min-max) |\n|---|---|---|---|---|---|---|\n")
-    majority = (f"| majority class (label {d['majority_label']}) | | | | | {d['majority_acc']['test']:.1f} | |")
+    head = ["configuration", "model", "parameters", "steps x batch",
+            f"test, seeds {' / '.join(str(s) for s in sorted({r['seed'] for r in grid['runs']}))}", "mean",
+            f"all {n_seeds * len(grid['vector_paths'])} runs: mean (min-max)"]
+    majority = f"majority class (label {d['majority_label']})"
+    rows.append([majority, "", "", "", "", f"{d['majority_acc']['test']:.1f}", ""])
     split = d["splits"]
-    text = (head + "\n".join(rows) + "\n" + majority + "\n\n"
+    text = (table(head, rows) + "\n\n"
             f"Data: {split['train']['n']:,} / {split['val']['n']:,} / {split['test']['n']:,} examples, "
             f"{split['train']['min_tokens']}-{split['train']['max_tokens']} tokens (mean "
             f"{split['train']['mean_tokens']}) in training. The seeds columns ran on the {first} vector path "
@@ -108,17 +110,18 @@ def table_listops_mini(data):
     rows = []
     for name, records in by_run(grid).items():
         r0 = records[0]
-        rows.append(f"| {config_cell(r0)} | {MODELS[r0['attn']]}, lr {lr_text(r0['learning_rate'])} | {r0['params']:,} | "
-                    f"{r0['iters']} x {r0['batch_size']} | {seeds_cell(records, 'best_val_acc')} | "
-                    f"{seeds_cell(records, 'test_acc_at_best_val')} | "
-                    f"{mean([r['test_acc_at_best_val'] for r in records]):.1f} |")
+        rows.append([config_cell(r0), f"{MODELS[r0['attn']]}, lr {lr_text(r0['learning_rate'])}", f"{r0['params']:,}",
+                     f"{r0['iters']} x {r0['batch_size']}", seeds_cell(records, "best_val_acc"),
+                     seeds_cell(records, "test_acc_at_best_val"),
+                     f"{mean([r['test_acc_at_best_val'] for r in records]):.1f}"])
     d = grid["data"]
     split = d["splits"]
     seeds_txt = " / ".join(map(str, seeds))
-    return (f"| configuration | model | parameters | steps x batch | best val, seeds {seeds_txt} | test, seeds "
-            f"{seeds_txt} | test mean |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
-            f"| majority class (label {d['majority_label']}) | | | | {d['majority_acc']['val']:.1f} | "
-            f"{d['majority_acc']['test']:.1f} | |\n\n"
+    rows.append([f"majority class (label {d['majority_label']})", "", "", "", f"{d['majority_acc']['val']:.1f}",
+                 f"{d['majority_acc']['test']:.1f}", ""])
+    head = ["configuration", "model", "parameters", "steps x batch", f"best val, seeds {seeds_txt}",
+            f"test, seeds {seeds_txt}", "test mean"]
+    return (table(head, rows) + "\n\n"
             f"Data: {split['train']['n']:,} / {split['val']['n']:,} / {split['test']['n']:,} examples, "
             f"{split['train']['min_tokens']}-{split['train']['max_tokens']} tokens (mean "
             f"{split['train']['mean_tokens']}) in training; this CPU's own vector path "
@@ -134,12 +137,12 @@ def table_listops_summary(data):
     for name, records in by_run(grid).items():
         tests = [r["test_acc_at_best_val"] for r in records]
         r0 = records[0]
-        rows.append(f"| {MODELS[r0['attn']]} | {config_cell(r0)} | {r0['params']:,} | {mean(tests):.1f} "
-                    f"({min(tests):.1f}-{max(tests):.1f}) |")
+        rows.append([MODELS[r0["attn"]], config_cell(r0), f"{r0['params']:,}",
+                     f"{mean(tests):.1f} ({min(tests):.1f}-{max(tests):.1f})"])
     seeds, paths = len({r["seed"] for r in grid["runs"]}), len(grid["vector_paths"])
-    return (f"| model | configuration | parameters | test accuracy %, {seeds * paths} runs: mean (min-max) |\n"
-            "|---|---|---|---|\n" + "\n".join(rows) +
-            f"\n| majority class | | | {grid['data']['majority_acc']['test']:.1f} |\n\n"
+    rows.append(["majority class", "", "", f"{grid['data']['majority_acc']['test']:.1f}"])
+    head = ["model", "configuration", "parameters", f"test accuracy %, {seeds * paths} runs: mean (min-max)"]
+    return (table(head, rows) + "\n\n"
             f"{seeds} seeds x {paths} CPU vector paths each, from `{RESULTS}` (`{grid['command']}`).")
 
 

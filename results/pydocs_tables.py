@@ -8,16 +8,11 @@ NAME to (the JSON's path in the repository, fn(data) -> markdown). results/rende
 the blocks and checks them; compare/pydocs.py prints the same table when it finishes.
 """
 
-import statistics
 import textwrap
 
+from results.markdown import spread, table
+
 CONDITION_LABELS = {"iters": "equal iterations", "time": "equal wall time"}
-
-
-def spread(values, fmt):
-    """Mean and (min-max) over the seeds, e.g. "1.976 (1.961-1.990)"; one value alone."""
-    text = fmt.format(statistics.mean(values))
-    return text if len(values) == 1 else f"{text} ({fmt.format(min(values))}–{fmt.format(max(values))})"
 
 
 def cells(rows, name, n):
@@ -35,7 +30,7 @@ def compare_table(data):
         head += [f"{data['settings']['iters']} iterations: val loss", "corpus words"]
     if "time" in conds:
         head += [f"equal time ({conds['time']['budget_s']:.3g} s): iterations", "val loss", "corpus words"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for name in data["settings"]["models"]:
         params = next(r["params"] for r in rows if r["model"] == name)
         line = [data["model_labels"][name], f"{params:,}"]
@@ -45,7 +40,7 @@ def compare_table(data):
             n = conds["time"]["iters"][name]
             ms = 1000 * conds["time"]["calibration"]["models"][name]["s_per_iter"]
             line += [f"{n} ({ms:.0f} ms each)", *cells(rows, name, n)]
-        lines.append("| " + " | ".join(line) + " |")
+        body.append(line)
     seeds = data["settings"]["seeds"]
     note = f"Mean (min–max) over seeds {', '.join(map(str, seeds))}. " if len(seeds) > 1 else f"Seed {seeds[0]}. "
     note += ("Val loss: every token of val (evaluate.py); corpus words: the share of runs of 4+ ASCII letters in "
@@ -59,7 +54,7 @@ def compare_table(data):
         note += (f" Equal time: {data['settings']['iters']} iterations of {ref} at its calibrated s/iter "
                  f"(`--calibrate`, {cal['date']}, {cal['rounds']} interleaved round(s), load average "
                  f"{min(loads):.1f}–{max(loads):.1f}).")
-    return "\n".join(lines) + "\n\n" + textwrap.fill(note.strip(), 96, break_on_hyphens=False) + "\n"
+    return table(head, body) + "\n\n" + textwrap.fill(note.strip(), 96, break_on_hyphens=False) + "\n"
 
 
 TABLES = {"pydocs_compare": ("compare/pydocs_cpu.json", compare_table)}

@@ -14,25 +14,18 @@ its own JSON at the end of a run. Standard library only.
 
 import textwrap
 
+from results.markdown import spread, table
+
 SUITE_JSON = "recall/results_cpu.json"
 DECODE_JSON = "recall/decode_cpu.json"
 TASK_NAMES = {"mqar": "MQAR", "copy": "copy", "niah": "needle"}
 
 
-def table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+ACC = "{:.3f}"  # an accuracy as the tables write it
 
 
 def acc(x):
-    return f"{x:.3f}"
-
-
-def spread(accs):
-    """mean (min-max) of the seeds' accuracies; one seed: the accuracy alone."""
-    if len(accs) == 1:
-        return acc(accs[0])
-    return f"{acc(sum(accs) / len(accs))} ({acc(min(accs))}–{acc(max(accs))})"
+    return ACC.format(x)
 
 
 def rate(lr):
@@ -132,7 +125,7 @@ def table_recipe(data, rec):
     out = []
     for row in rows:
         cells = [data["labels"][row["model"]], f"{row['params']:,}", f"{row['state_bytes']:,.0f}", rate(row["lr"]),
-                 spread(row["accs"]), " / ".join(f"{n:,}" for n in row["steps"])]
+                 spread(row["accs"], ACC), " / ".join(f"{n:,}" for n in row["steps"])]
         for t, T in cols:
             run = next((r for r in data["runs"] if (r["recipe"], r["model"], r["task"], r["lr"], r["seed"]) ==
                         (rec, row["model"], t, row["lr"], 0)), None)
@@ -178,7 +171,7 @@ def table_summary(data):
             continue
         state = next(r for r in rows if r)["state_bytes"]
         out.append([data["labels"][model], f"{state:,.0f}"] +
-                   ["-" if r is None else f"{spread(r['accs'])} at rate {rate(r['lr'])}" for r in rows])
+                   ["-" if r is None else f"{spread(r['accs'], ACC)} at rate {rate(r['lr'])}" for r in rows])
     if not out:
         return "_No runs in this file._"
     n_seeds = max(len(r["seeds"]) for r in by.values())

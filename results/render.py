@@ -98,18 +98,6 @@ def render_doc(text, tables, awaited, where, cache, doc="the document"):
     return BLOCK.sub(one, text), changed
 
 
-def write_atomically(path, text):
-    """Write through a temporary file renamed over `path`: a document is never half written."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def names_in(text):
     """The NAMEs of the table blocks in a document's text, in order."""
     return [m.group(2) for m in BLOCK.finditer(text)]
@@ -142,12 +130,14 @@ def main(argv):
         rendered[doc] = (new, changed, len(names_in(text)))
     for doc, (new, changed, count) in rendered.items():
         if changed and not C.check:
-            write_atomically(os.path.join(where, doc), new)
+            with cli.atomic_write(os.path.join(where, doc), "w") as f:  # a document is never half written
+                f.write(new)
         print(f"{doc}: {count} table(s)" + (f", {'differ' if C.check else 'rewritten'}: {', '.join(changed)}"
                                             if changed else ", as rendered"))
     if C.check and differ:
         raise cli.UserError(f"{len(differ)} table(s) differ from their JSON: {'; '.join(differ)}; "
                             "python results/render.py rewrites them")
+
 
 if __name__ == "__main__":
     cli.run_cli(main, sys.argv[1:])

@@ -11,6 +11,8 @@ With no report committed at REPORT, its tables say so (AWAITED). Ratios are word
 read: "2.0x faster than", "3.3x slower than". Standard library only.
 """
 
+from results.markdown import table
+
 REPORT = "results/nvidia-h100-80gb-hbm3.json"  # the committed GPU report SPEED.md shows (an H200's: its own file)
 AWAITED = {REPORT: "`python bench.py --report --out=results/` on a GPU (SPEED.md, The GPU report)"}
 # the targets of issue 25 (bf16, one H100); None: no target for that row
@@ -91,12 +93,6 @@ def judge(data, target, value, meets, text):
     if value is None or value is False:
         return f"{text}: not measured"
     return f"{text}: {'met' if meets(value, target) else 'not met'}"
-
-
-def table(header, rows):
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def table_gpu_meta(data):
