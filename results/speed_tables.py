@@ -13,7 +13,7 @@ read: "2.0x faster than", "3.3x slower than". Standard library only.
 
 from results.markdown import table
 
-REPORT = "results/nvidia-h100-80gb-hbm3.json"  # the committed GPU report SPEED.md shows (an H200's: its own file)
+REPORT = "results/nvidia-h200.json"  # the committed GPU report SPEED.md shows (an H200's: its own file)
 AWAITED = {REPORT: "`python bench.py --report --out=results/` on a GPU (SPEED.md, The GPU report)"}
 # the targets of issue 25 (bf16, one H100); None: no target for that row
 OP_TARGETS = {(1, 16384): 0.15, (16, 1024): 0.2}  # TSSA fwd+bwd GPU busy ms
@@ -392,8 +392,60 @@ def table_cpu_summary(data):
         "of the run (SPEED.md, On the CPU).")
 
 
+def best_row(rows, pick, key="ms"):
+    """The fastest ok row among rows for which pick(row) holds (None if none)."""
+    found = [r for r in rows if ok(r) and pick(r) and r.get(key) is not None]
+    return min(found, key=lambda r: r[key]) if found else None
+
+
+def table_gpu_summary(data):
+    """README.md's GPU lines: the operator at the longest shared lengths, the training step at each
+    length both models ran, decoding as a CUDA graph, the main job; each from the report's rows."""
+    m = data.get("meta", {})
+    lines = []
+    op = section(data, "op").get("rows", [])
+    for T in sorted({r["T"] for r in op if r.get("B") == 1 and r["T"] >= 16384}):
+        tssa = best_row(op, lambda r: r["B"] == 1 and r["T"] == T and not r["impl"].startswith("sdpa"), "gpu_ms")
+        sdpa = best_row(op, lambda r: r["B"] == 1 and r["T"] == T and r["impl"].startswith("sdpa"), "gpu_ms")
+        if tssa and sdpa:
+            lines.append(f"- the operator, forward+backward at {T:,} tokens: `{tssa['impl']}` {num(tssa['gpu_ms'])} ms "
+                         f"of GPU time, {ratio_words(tssa['gpu_ms'], sdpa['gpu_ms'], OP_IMPLS[sdpa['impl']])} "
+                         f"({num(sdpa['gpu_ms'])} ms);")
+    train = [r for n in ("train_tost", "train_tost_triton", "train_gpt2_flash", "train_gpt2_cudnn")
+             for r in section(data, n).get("rows", [])]
+    for T in sorted({r["T"] for r in train}):
+        tost = best_row(train, lambda r: r["T"] == T and r.get("arch") == "tost")
+        eager = next((r for r in train if r["T"] == T and r.get("arch") == "tost" and r.get("status") == "eager"), None)
+        if tost is None and eager is not None:
+            tost = eager
+        gpt2 = best_row(train, lambda r: r["T"] == T and r.get("arch") == "gpt2")
+        if tost and gpt2:
+            how = " (eager: Inductor could not compile it)" if tost.get("status") == "eager" else ""
+            lines.append(f"- a training step at {T:,} tokens a sequence: ToST-Base {num(tost['ms'])} ms{how}, "
+                         f"{ratio_words(tost['ms'], gpt2['ms'], 'GPT-2 Base')} ({num(gpt2['ms'])} ms, "
+                         f"{gpt2.get('backend_ran') or gpt2.get('backend')});")
+    dec = [r for r in section(data, "decode").get("rows", []) if ok(r) and r.get("mode") == "captured"]
+    tost = sorted((r for r in dec if r["arch"] == "tost"), key=lambda r: r["T"])
+    if len(tost) > 1:
+        gpt2 = max((r for r in dec if r["arch"] == "gpt2"), key=lambda r: r["T"], default=None)
+        lines.append(f"- decoding, one token as a CUDA graph: ToST-Base {num(min(r['ms'] for r in tost))}-"
+                     f"{num(max(r['ms'] for r in tost))} ms from {tost[0]['T']:,} to {tost[-1]['T']:,} tokens of "
+                     f"context, from a state of {num(tost[-1]['state_mb'])} MB"
+                     + (f"; GPT-2 Base {num(gpt2['ms'])} ms after {gpt2['T']:,}, from a KV cache of "
+                        f"{num(gpt2['state_mb'])} MB;" if gpt2 else ";"))
+    job = next((r for r in section(data, "main_job").get("rows", []) if ok(r)), None)
+    if job:
+        mfu = f", {job['mfu']:.0%} MFU" if job.get("mfu") is not None else ""
+        lines.append(f"- the main job (`{job['config']}`, one GPU's share): {num(job['tokens_per_s'])} tokens/s{mfu}.")
+    if not m.get("gpu"):
+        return "_No GPU report is committed yet._"
+    return "\n".join(lines or ["- (no row of the report has both sides)"]) + (
+        f"\n\nOne {m.get('name')}, bf16, torch {m.get('torch')}; `{REPORT}` (SPEED.md, On a GPU: the tables).")
+
+
 TABLES = {name: (REPORT, fn) for name, fn in (
     ("gpu_meta", table_gpu_meta), ("gpu_op", table_gpu_op), ("gpu_train", table_gpu_train),
-    ("gpu_decode", table_gpu_decode), ("gpu_main_job", table_gpu_main_job), ("gpu_check", table_gpu_check))}
+    ("gpu_decode", table_gpu_decode), ("gpu_main_job", table_gpu_main_job), ("gpu_check", table_gpu_check),
+    ("gpu_summary", table_gpu_summary))}
 TABLES.update({"cpu_op": (CPU_BENCH, table_cpu_op), "cpu_decode": (CPU_BENCH, table_cpu_decode),
                "cpu_summary": (CPU_BENCH, table_cpu_summary)})
