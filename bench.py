@@ -5,7 +5,7 @@ attention through F.scaled_dot_product_attention, on CPU or CUDA. Two modes:
 THE REPORT (--report): one fixed protocol for a GPU, the source of SPEED.md's GPU tables.
     python bench.py --report --out=results/          # every section, into the committed results/<gpu>.json
     python bench.py --report --budget_s=540          # what fits in 9 minutes (out-bench/); run again to continue
-    python bench.py --report --sections=op,decode    # these sections again (the others kept)
+    python bench.py --report --sections=op,decode    # their missing rows (--remeasure=True: all again)
     python bench.py --report --device=cpu --quick    # a smoke run of every section (tiny shapes, seconds)
     python results/render.py                         # SPEED.md's GPU tables from the committed JSON
 Sections (SECTIONS below; each in its own process under a time limit, --section_s to change):
@@ -96,6 +96,7 @@ report = False  # run the report's sections (each its own process, time-limited)
 sections = "all"  # report: the sections to run; "all" runs those not yet done in the JSON at out
 section_s = ""  # report: time limits, seconds: "" each section's own, "300" every one, "op:200,decode:90"
 budget_s = 0.0  # report: seconds for this whole command (0: no limit); sections that no longer fit wait
+remeasure = False  # report: a section run again measures every row (False: keeps the rows measured by the same code)
 train_tokens = 65536  # report: tokens per training step (batch = train_tokens / T)
 main_iters = 200  # report: iterations of the main job
 # -----------------------------------------------------------------------------
@@ -652,7 +653,10 @@ def collect_meta(C):
     """What a figure depends on besides the code: device, driver, versions, commit, date, load."""
     root = os.path.dirname(os.path.abspath(__file__))
     cuda = C.device.startswith("cuda")
-    commit = _run_text(["git", "rev-parse", "HEAD"], cwd=root)
+    # NANOTOST_COMMIT, when given, names the commit: a copy of the tree (a device machine's) may
+    # carry a .git that is not the commit sent; source_sha256 below identifies the code either way
+    given = os.environ.get("NANOTOST_COMMIT")
+    commit = None if given else _run_text(["git", "rev-parse", "HEAD"], cwd=root)
     dirty = bool(_run_text(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)) if commit else None
     try:
         import triton
@@ -667,8 +671,7 @@ def collect_meta(C):
         date=now_iso(), device=C.device, dtype=C.dtype, quick=C.quick, python=sys.version.split()[0],
         torch=torch.__version__, cuda=torch.version.cuda, triton=triton_version,
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        commit=commit or os.environ.get("NANOTOST_COMMIT"),
-        commit_from="git" if commit else ("NANOTOST_COMMIT" if os.environ.get("NANOTOST_COMMIT") else None),
+        commit=given or commit, commit_from="NANOTOST_COMMIT" if given else ("git" if commit else None),
         dirty=dirty, source_sha256=source_digest(), cpu=cpu, cpu_threads=torch.get_num_threads(),
         load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
     if cuda:
@@ -1304,6 +1307,15 @@ def is_done(part):
     return part.get("status") in DONE or (part.get("status") == "timed_out" and not part.get("cut_by_budget"))
 
 
+def rows_to_keep(C, old, meta):
+    """The earlier part of a section about to run again whose measured rows it keeps: those
+    measured by the same code (source_sha256), unless --remeasure. Only the missing rows (not run
+    before a limit, or never tried) are measured; a cut section thus continues where it stopped."""
+    if C.remeasure or not old or old.get("source_sha256") != meta["source_sha256"]:
+        return None
+    return old
+
+
 def run_report(C):
     """--report: the sections in their own processes, merged into one JSON (module comment above)."""
     import multiprocessing
@@ -1346,9 +1358,7 @@ def run_report(C):
                 print(f"[{name}] not run: budget_s spent", flush=True)
                 continue
             print(f"[{name}] {SECTIONS[name][1]} (limit {min(limit, left):.0f} s)", flush=True)
-            resume = C.sections == "all" and old and old.get("status") == "timed_out" and old.get("cut_by_budget") \
-                and old.get("source_sha256") == meta["source_sha256"]  # the rows it measured are kept
-            part = run_child(ctx, name, C, tmp, min(limit, left), old if resume else None)
+            part = run_child(ctx, name, C, tmp, min(limit, left), rows_to_keep(C, old, meta))
             part.update(cut_by_budget=left < limit, commit=meta["commit"], source_sha256=meta["source_sha256"])
             merged["sections"][name] = part
             run["sections"].append(name)
@@ -1378,8 +1388,8 @@ def run_report(C):
     if missing:
         print(f"not complete: {', '.join(missing)}: the same command runs what is missing and keeps the rest")
     if stopped:
-        print(f"timed out or failed: {', '.join(stopped)} (kept as they are; name them in --sections to run them "
-              f"again)")
+        print(f"timed out or failed: {', '.join(stopped)} (kept as they are; name them in --sections to run their "
+              f"missing rows)")
     return merged
 
 

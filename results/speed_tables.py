@@ -392,6 +392,11 @@ def table_cpu_summary(data):
         "of the run (SPEED.md, On the CPU).")
 
 
+def bare_ratio(ours, theirs):
+    """ratio_words without the other side's name: "3.7x faster", "2.0x slower", "as fast"."""
+    return ratio_words(ours, theirs, "").replace(" than", "").replace(" as ", " ").strip()
+
+
 def best_row(rows, pick, key="ms"):
     """The fastest ok row among rows for which pick(row) holds (None if none)."""
     found = [r for r in rows if ok(r) and pick(r) and r.get(key) is not None]
@@ -399,48 +404,52 @@ def best_row(rows, pick, key="ms"):
 
 
 def table_gpu_summary(data):
-    """README.md's GPU lines: the operator at the longest shared lengths, the training step at each
-    length both models ran, decoding as a CUDA graph, the main job; each from the report's rows."""
+    """README.md's GPU lines: the operator from 16K on, the training step at each length both
+    models ran, decoding as a CUDA graph, the main job; each from the report's rows."""
     m = data.get("meta", {})
+    if not m.get("gpu"):
+        return "_No GPU report is committed yet._"
     lines = []
     op = section(data, "op").get("rows", [])
+    said = []
     for T in sorted({r["T"] for r in op if r.get("B") == 1 and r["T"] >= 16384}):
         tssa = best_row(op, lambda r: r["B"] == 1 and r["T"] == T and not r["impl"].startswith("sdpa"), "gpu_ms")
         sdpa = best_row(op, lambda r: r["B"] == 1 and r["T"] == T and r["impl"].startswith("sdpa"), "gpu_ms")
         if tssa and sdpa:
-            lines.append(f"- the operator, forward+backward at {T:,} tokens: `{tssa['impl']}` {num(tssa['gpu_ms'])} ms "
-                         f"of GPU time, {ratio_words(tssa['gpu_ms'], sdpa['gpu_ms'], OP_IMPLS[sdpa['impl']])} "
-                         f"({num(sdpa['gpu_ms'])} ms);")
+            said.append(f"{bare_ratio(tssa['gpu_ms'], sdpa['gpu_ms'])} at {T // 1024}K "
+                        f"({num(tssa['gpu_ms'])} ms, `{tssa['impl']}`)")
+    if said:
+        lines.append("- the operator, forward+backward, GPU time against the faster SDPA: " + ", ".join(said) + ";")
     train = [r for n in ("train_tost", "train_tost_triton", "train_gpt2_flash", "train_gpt2_cudnn")
              for r in section(data, n).get("rows", [])]
+    said, eager = [], False
     for T in sorted({r["T"] for r in train}):
-        tost = best_row(train, lambda r: r["T"] == T and r.get("arch") == "tost")
-        eager = next((r for r in train if r["T"] == T and r.get("arch") == "tost" and r.get("status") == "eager"), None)
-        if tost is None and eager is not None:
-            tost = eager
+        tost = best_row(train, lambda r: r["T"] == T and r.get("arch") == "tost") or next(
+            (r for r in train if r["T"] == T and r.get("arch") == "tost" and r.get("status") == "eager"), None)
         gpt2 = best_row(train, lambda r: r["T"] == T and r.get("arch") == "gpt2")
         if tost and gpt2:
-            how = " (eager: Inductor could not compile it)" if tost.get("status") == "eager" else ""
-            lines.append(f"- a training step at {T:,} tokens a sequence: ToST-Base {num(tost['ms'])} ms{how}, "
-                         f"{ratio_words(tost['ms'], gpt2['ms'], 'GPT-2 Base')} ({num(gpt2['ms'])} ms, "
-                         f"{gpt2.get('backend_ran') or gpt2.get('backend')});")
+            star = "*" if tost.get("status") == "eager" else ""
+            eager = eager or bool(star)
+            said.append(f"{bare_ratio(tost['ms'], gpt2['ms'])} at {T // 1024}K{star}")
+    if said:
+        lines.append(f"- a training step of {section(data, 'train_tost').get('train_tokens', 0):,} tokens, ToST-Base "
+                     f"against the faster GPT-2 Base: " + ", ".join(said)
+                     + (" (*eager: Inductor could not compile the scan)" if eager else "") + ";")
     dec = [r for r in section(data, "decode").get("rows", []) if ok(r) and r.get("mode") == "captured"]
     tost = sorted((r for r in dec if r["arch"] == "tost"), key=lambda r: r["T"])
     if len(tost) > 1:
         gpt2 = max((r for r in dec if r["arch"] == "gpt2"), key=lambda r: r["T"], default=None)
-        lines.append(f"- decoding, one token as a CUDA graph: ToST-Base {num(min(r['ms'] for r in tost))}-"
-                     f"{num(max(r['ms'] for r in tost))} ms from {tost[0]['T']:,} to {tost[-1]['T']:,} tokens of "
-                     f"context, from a state of {num(tost[-1]['state_mb'])} MB"
-                     + (f"; GPT-2 Base {num(gpt2['ms'])} ms after {gpt2['T']:,}, from a KV cache of "
-                        f"{num(gpt2['state_mb'])} MB;" if gpt2 else ";"))
+        lines.append(f"- a token decoded as a CUDA graph: ToST-Base {num(min(r['ms'] for r in tost))}-"
+                     f"{num(max(r['ms'] for r in tost))} ms after {tost[0]['T'] // 1024}K to "
+                     f"{tost[-1]['T'] // 1024}K tokens from a {num(tost[-1]['state_mb'])} MB state"
+                     + (f"; GPT-2 Base {num(gpt2['ms'])} ms after {gpt2['T'] // 1024}K, from "
+                        f"{num(gpt2['state_mb'])} MB of KV cache;" if gpt2 else ";"))
     job = next((r for r in section(data, "main_job").get("rows", []) if ok(r)), None)
     if job:
         mfu = f", {job['mfu']:.0%} MFU" if job.get("mfu") is not None else ""
         lines.append(f"- the main job (`{job['config']}`, one GPU's share): {num(job['tokens_per_s'])} tokens/s{mfu}.")
-    if not m.get("gpu"):
-        return "_No GPU report is committed yet._"
     return "\n".join(lines or ["- (no row of the report has both sides)"]) + (
-        f"\n\nOne {m.get('name')}, bf16, torch {m.get('torch')}; `{REPORT}` (SPEED.md, On a GPU: the tables).")
+        f"\n\nOne {m.get('name')}, bf16, torch {m.get('torch')}, `{REPORT}` (SPEED.md, On a GPU: the tables).")
 
 
 TABLES = {name: (REPORT, fn) for name, fn in (

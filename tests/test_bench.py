@@ -181,6 +181,26 @@ def test_device_activity_sums_kernels_from_profiler_events():
     assert bench.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
+def test_a_section_run_again_keeps_the_rows_of_the_same_code_unless_remeasured():
+    meta = dict(source_sha256="abc")
+    old = dict(status="timed_out", source_sha256="abc", rows=[dict(impl="torch", B=1, T=8, status="ok", ms=1.0)])
+    keep = SimpleNamespace(remeasure=False)
+    assert bench.rows_to_keep(keep, old, meta) is old  # named or cut: its measured rows are kept
+    assert bench.rows_to_keep(keep, dict(old, source_sha256="other"), meta) is None  # other code: all again
+    assert bench.rows_to_keep(SimpleNamespace(remeasure=True), old, meta) is None
+    assert bench.rows_to_keep(keep, None, meta) is None
+
+
+def test_the_commit_named_by_the_environment_wins_over_a_copys_git(monkeypatch):
+    C = SimpleNamespace(device="cpu", dtype="float32", quick=True)
+    monkeypatch.setenv("NANOTOST_COMMIT", "f" * 40)
+    meta = bench.collect_meta(C)
+    assert (meta["commit"], meta["commit_from"], meta["dirty"]) == ("f" * 40, "NANOTOST_COMMIT", None)
+    monkeypatch.delenv("NANOTOST_COMMIT")
+    meta = bench.collect_meta(C)
+    assert meta["commit_from"] in ("git", None) and meta["commit"] != "f" * 40
+
+
 def test_a_section_cut_by_budget_keeps_its_measured_rows(tmp_path):
     C = SimpleNamespace(device="cpu", quick=True)
     old = [dict(arch="tost", impl="torch", T=16, B=8, status="ok", ms=1.0), dict(arch="tost", impl="torch", T=32, B=4,
