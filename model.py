@@ -527,7 +527,7 @@ class GPT(nn.Module):
 def sample_token(logits, temperature, top_k=None):
     """A token per row of logits (B, V): the argmax at temperature 0, else a draw from the softmax of
     logits / temperature among the top_k largest (all if None), the largest moved to 0 (tiny T: the argmax)."""
-    if temperature == 0:
+    if temperature < torch.finfo(torch.float32).tiny:  # 0, or a T that float32 would round to 0: greedy
         return logits.argmax(dim=-1, keepdim=True)
     logits = (logits.float() - logits.amax(dim=-1, keepdim=True).float()) / temperature  # (B, V), at most 0
     if top_k is not None:

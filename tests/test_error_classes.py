@@ -174,10 +174,11 @@ def test_the_one_line_is_what_the_command_line_prints(tmp_path):
                                                "what numpy and torch take), got -1"]
 
 
-@pytest.mark.parametrize("temperature", [1e-40, 1e-12, 1e-4])
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-46, 1e-40, 1e-12, 1e-4])
 def test_a_tiny_temperature_samples_greedily(temperature):
     """logits / T overflows for a tiny T (inf - inf = nan in the softmax); the largest logit moved
-    to 0 first, a tiny T is the argmax, with top_k or without."""
+    to 0 first, a tiny T is the argmax, with top_k or without; a T that float32 rounds to 0
+    (1e-46, 1e-300, the smallest float64) would be 0 / 0: it is the argmax too."""
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 30  # (B, V), distinct maxima
     for top_k in (None, 5):
         assert torch.equal(model.sample_token(logits, temperature, top_k), logits.argmax(-1, keepdim=True))
@@ -186,11 +187,11 @@ def test_a_tiny_temperature_samples_greedily(temperature):
 
 def test_sample_py_at_a_tiny_temperature_writes_the_greedy_text(trained, capsys):
     texts = {}
-    for temperature in ("0", "1e-40"):
+    for temperature in ("0", "1e-40", "1e-300"):
         assert call("sample.py", "--out_dir=out", "--start=abc", f"--temperature={temperature}",
                     "--max_new_tokens=20", "--num_samples=2")[0] == 0
         texts[temperature] = capsys.readouterr().out.split("-" * 60)[1:-1]
-    assert texts["0"] == texts["1e-40"] and len(texts["0"]) == 2
+    assert texts["0"] == texts["1e-40"] == texts["1e-300"] and len(texts["0"]) == 2
 
 
 # -----------------------------------------------------------------------------
