@@ -87,7 +87,7 @@ def check_settings(args):
 def read_text(path, val_fraction):
     """One text file: its last val_fraction is val. Returns {split: text}."""
     td.check_utf8(path)
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # without a leading byte-order mark
         text = f.read()
     n_val = round(len(text) * val_fraction)
     if not 0 < n_val < len(text):

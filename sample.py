@@ -65,7 +65,7 @@ def main(argv):
     # the prompt, repeated once per sample: (num_samples, T)
     prompt = C.start
     if prompt.startswith("FILE:"):
-        with open(prompt[len("FILE:"):], encoding="utf-8") as f:
+        with open(prompt[len("FILE:"):], encoding="utf-8-sig") as f:  # a leading byte-order mark is no text
             prompt = f.read()
     ids = encode(prompt)
     cli.require(len(ids) > 0, "the prompt is empty: give at least one character/token with --start")

@@ -283,8 +283,9 @@ def check_text_file(path):
 
 def check_utf8(path, chunk=1 << 24):
     """Refuse a file that is not UTF-8 throughout, naming the line and byte of the first fault,
-    and one that holds only whitespace (no text to learn from)."""
-    decoder, offset, lines, blank = codecs.getincrementaldecoder("utf-8")(), 0, 1, True
+    and one that holds only whitespace (no text to learn from). A leading byte-order mark (as some
+    editors write) is no text: utf-8-sig drops it here, as prepare_char.py does when it reads."""
+    decoder, offset, lines, blank = codecs.getincrementaldecoder("utf-8-sig")(), 0, 1, True
     with open(path, "rb") as f:
         while True:
             block = f.read(chunk)
@@ -300,8 +301,8 @@ def check_utf8(path, chunk=1 << 24):
                 break
             offset, lines = offset + len(block), lines + block.count(b"\n")
     if blank:
-        raise cli.UserError(f"{path} holds only whitespace ({offset:,} bytes of spaces, tabs or line breaks): there "
-                            "is no text to prepare")
+        raise cli.UserError(f"{path} holds only whitespace ({offset:,} bytes of spaces, tabs, line breaks or a "
+                            "byte-order mark): there is no text to prepare")
 
 
 def file_source(path):

@@ -549,11 +549,30 @@ INPUTS = [
     # issue 26, class 4: whitespace is no corpus (it tokenizes, so token counts do not see it)
     ("prepare_char.py", "blank.txt", " \n\t\n   \r\n" * 50, "blank.txt holds only whitespace"),
     ("prepare_char.py", "newlines.txt", "\n" * 1000, "newlines.txt holds only whitespace"),
+    ("prepare_char.py", "bom.txt", b"\xef\xbb\xbf", "bom.txt holds only whitespace"),  # a byte-order mark alone
+    ("prepare_char.py", "bomblank.txt", b"\xef\xbb\xbf" + b" \n\t\n" * 3, "bomblank.txt holds only whitespace"),
     ("prepare_openwebtext.py", "blank.txt", " \n\t\n   \r\n" * 50, "blank.txt holds only whitespace"),
     ("prepare_openwebtext.py", "blank.jsonl", "".join(json.dumps({"text": " \n " * i}) + "\n" for i in range(5)),
      "no text in it (only empty or whitespace documents)"),
     ("prepare_openwebtext.py", "blank.parquet", ["   ", "\n\t", ""], "no text in it (only empty or whitespace"),
 ]
+
+
+def test_a_byte_order_mark_is_no_character_of_the_corpus(work, monkeypatch, capsys):
+    """A text file an editor saved with a leading byte-order mark prepares exactly as without it
+    (the mark would otherwise be a vocabulary entry and the corpus's first character)."""
+    text = "the same words, twice over. " * 40
+    (work["inputs"] / "plain.txt").write_text(text, encoding="utf-8")
+    (work["inputs"] / "marked.txt").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    for name in ("plain", "marked"):
+        code, _, err = call("prepare_char.py", f"--input={work['inputs'] / name}.txt", f"--name={name}",
+                            "--data_dir=data", monkeypatch=monkeypatch, capsys=capsys)
+        assert code == 0, err
+    metas = [json.loads((work["work"] / "data" / n / "meta.json").read_text()) for n in ("plain", "marked")]
+    assert metas[0]["chars"] == metas[1]["chars"] and "\ufeff" not in metas[1]["chars"]
+    for split in ("train.bin", "val.bin"):
+        assert (work["work"] / "data" / "plain" / split).read_bytes() == \
+            (work["work"] / "data" / "marked" / split).read_bytes()
 
 
 @pytest.mark.parametrize("script, name, content, words", INPUTS, ids=[f"{s}-{n}" for s, n, _, _ in INPUTS])
