@@ -69,6 +69,7 @@ import cli
 import kernels
 import model
 import trainkit as tk
+from results.markdown import ratio_words
 
 # -----------------------------------------------------------------------------
 # settings (override with a config file or --key=value)
@@ -508,17 +509,6 @@ def print_row(r):
 def did_not_run(results):
     """The rows of cases that raised or ran out of memory."""
     return [r for r in results if r.get("note", "").startswith(("FAILED", "out of memory"))]
-
-
-def ratio_words(ours, theirs, name):
-    """ours vs theirs (times: smaller is faster) the way it reads: "2.0x faster than NAME",
-    "3.3x slower than NAME" (never "0.3x faster"), "as fast as NAME" within 5%."""
-    if ours <= 0 or theirs <= 0:
-        return f"not comparable with {name}"
-    r = theirs / ours
-    if abs(r - 1) < 0.05:
-        return f"as fast as {name}"
-    return f"{r:.1f}x faster than {name}" if r > 1 else f"{1 / r:.1f}x slower than {name}"
 
 
 def summary(results):

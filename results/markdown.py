@@ -1,6 +1,7 @@
 """
-The markdown every table module writes: a table from its header and rows, and a figure over
-seeds as its mean and range. Standard library only (results/render.py needs no torch).
+The markdown every table module writes: a table from its header and rows, a figure over seeds
+as its mean and range, and a ratio of times worded as it reads (bench.py prints the same
+words). Standard library only (results/render.py needs no torch).
 """
 
 import statistics
@@ -17,3 +18,14 @@ def spread(values, fmt):
     value alone."""
     text = fmt.format(statistics.mean(values))
     return text if len(values) == 1 else f"{text} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+def ratio_words(ours, theirs, name):
+    """ours vs theirs (times: smaller is faster) the way it reads: "2.0x faster than NAME",
+    "3.3x slower than NAME" (never "0.3x faster"), "as fast as NAME" within 5%."""
+    if ours <= 0 or theirs <= 0:
+        return f"not comparable with {name}"
+    r = theirs / ours
+    if abs(r - 1) < 0.05:
+        return f"as fast as {name}"
+    return f"{r:.1f}x faster than {name}" if r > 1 else f"{1 / r:.1f}x slower than {name}"

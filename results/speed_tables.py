@@ -11,7 +11,7 @@ With no report committed at REPORT, its tables say so (AWAITED). Ratios are word
 read: "2.0x faster than", "3.3x slower than". Standard library only.
 """
 
-from results.markdown import table
+from results.markdown import ratio_words, table
 
 REPORT = "results/nvidia-h200.json"  # the committed GPU report SPEED.md shows (an H200's: its own file)
 AWAITED = {REPORT: "`python bench.py --report --out=results/` on a GPU (SPEED.md, The GPU report)"}
@@ -23,17 +23,6 @@ MAIN_JOB_TARGET = 600e3  # tokens/s on one H100
 OP_IMPLS = {"triton": "TSSA `triton`", "compiled": "TSSA `torch` compiled", "torch": "TSSA `torch` eager",
             "cpu": "TSSA `cpu`", "sdpa_flash": "SDPA FlashAttention-2", "sdpa_cudnn": "SDPA cuDNN",
             "sdpa": "SDPA (its own choice)"}
-
-
-def ratio_words(ours, theirs, name):
-    """ours vs theirs (times: smaller is faster) the way it reads: "2.0x faster than NAME",
-    "3.3x slower than NAME" (never "0.3x faster"), "as fast as NAME" within 5%."""
-    if ours <= 0 or theirs <= 0:
-        return f"not comparable with {name}"
-    r = theirs / ours
-    if abs(r - 1) < 0.05:
-        return f"as fast as {name}"
-    return f"{r:.1f}x faster than {name}" if r > 1 else f"{1 / r:.1f}x slower than {name}"
 
 
 def num(x, unit=""):
