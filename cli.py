@@ -213,6 +213,20 @@ SEED_MAX = 2**32 - 1  # seeds: numpy's legacy seeding (np.random.seed) takes 0..
 MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # threads / processes: more only thrash (or crash torch)
 
 
+def seed_list(key, text):
+    """A comma-separated list of seeds ("1337,1338") as ints, each a seed cli.check would accept
+    (whole, 0..SEED_MAX) and named once: the numbers inside a text setting get the same range."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"{key} must be whole numbers separated by commas, got {text!r}") from None
+    require(seeds and len(set(seeds)) == len(seeds), f"{key} must name each seed once, got {text!r}")
+    bad = [s for s in seeds if not 0 <= s <= SEED_MAX]
+    require(not bad, f"{key}: {bad[0] if bad else ''} is no seed: each must be a whole number in 0..{SEED_MAX} "
+                     f"(2**32 - 1, what numpy and torch take)")
+    return seeds
+
+
 def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), seed=(), workers=(), between=None,
           choices=None, dashes=False):
     """Check the settings of C by kind, once, before any work: at_least_1 (counts, sizes,

@@ -321,12 +321,7 @@ def check_settings(C):
     cli.require(C.names and len(set(C.names)) == len(C.names), f"models must name each model once, got {C.models!r}")
     for name in C.names + [C.time_ref]:
         cli.require(name in MODELS, f"unknown model {name!r}: choose from {', '.join(MODELS)}")
-    try:
-        C.seed_list = [int(s) for s in C.seeds.split(",") if s.strip()]
-    except ValueError:
-        raise cli.UserError(f"seeds must be integers separated by commas, got {C.seeds!r}") from None
-    cli.require(C.seed_list and len(set(C.seed_list)) == len(C.seed_list),
-                f"seeds must name each seed once, got {C.seeds!r}")
+    C.seed_list = cli.seed_list("seeds", C.seeds)
     C.cond_list = [c.strip() for c in C.conditions.split(",") if c.strip()]
     cli.require(C.cond_list and set(C.cond_list) <= {"iters", "time"},
                 f"conditions must be iters, time or iters,time, got {C.conditions!r}")

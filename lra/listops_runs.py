@@ -175,10 +175,7 @@ def main(argv):
     known = {n for g in chosen for n in GRIDS[g]["runs"]}
     cli.require(set(names) <= known, f"runs: unknown {', '.join(sorted(set(names) - known))}; the grids "
                                      f"{', '.join(chosen)} have {', '.join(sorted(known))}")
-    try:
-        seed_list = [int(s) for s in split_list("seeds", C.seeds)]
-    except ValueError:
-        raise cli.UserError(f"seeds must be integers separated by commas, got {C.seeds!r}") from None
+    seed_list = cli.seed_list("seeds", C.seeds)
     paths = None if C.vector_paths == "grid" else split_list("vector_paths", C.vector_paths)
     cli.require(paths is None or set(paths) <= set(VECTOR_PATHS),
                 f"vector_paths: choose from grid or {', '.join(VECTOR_PATHS)}")

@@ -141,7 +141,7 @@ def script(*args):
 
 @pytest.mark.parametrize("bad, message", [
     (["--models=tost,gpt"], "unknown model 'gpt': choose from tost, tost_conv, softmax, linear, hybrid_conv"),
-    (["--seeds=1,x"], "seeds must be integers separated by commas, got '1,x'"),
+    (["--seeds=1,x"], "seeds must be whole numbers separated by commas, got '1,x'"),
     (["--seeds=1,1"], "seeds must name each seed once, got '1,1'"),
     (["--conditions=speed"], "conditions must be iters, time or iters,time, got 'speed'"),
     (["--calib_skip=60"], "calib_skip (60) must be below calib_iters (60): some steps must be timed"),

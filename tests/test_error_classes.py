@@ -165,6 +165,22 @@ def test_a_number_out_of_its_range_is_one_line_before_any_work(script, tmp_path,
         assert key in message, (key, value, message)
 
 
+SEED_LISTS = [script for script in SCRIPTS if isinstance(DECLARED[script][0].get("seeds"), str)]
+
+
+@pytest.mark.parametrize("script", SEED_LISTS)
+@pytest.mark.parametrize("seeds", ["-1", "1,4294967296", "1,x", "2,2", ""])
+def test_the_seeds_inside_a_list_setting_get_a_seeds_range(script, seeds, tmp_path, monkeypatch):
+    """A number inside a text setting ("1337,1338") is range-checked as a number setting is:
+    before any run starts, not by the first run it reaches (compare/pydocs.py, lra/listops_runs.py)."""
+    monkeypatch.chdir(tmp_path)
+    assert "seeds" in refused(script, f"--seeds={seeds}", root=tmp_path, monkeypatch=monkeypatch)
+
+
+def test_the_seed_list_scripts_are_found():
+    assert {"compare/pydocs.py", "lra/listops_runs.py"} <= set(SEED_LISTS)
+
+
 def test_the_one_line_is_what_the_command_line_prints(tmp_path):
     """The same path through the interpreter: train.py --seed=-1 (numpy refused it deep inside)."""
     run = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--seed=-1"], cwd=tmp_path,
