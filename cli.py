@@ -106,6 +106,8 @@ def os_error_line(e):
               "EROFS": "write elsewhere", "EISDIR": "give a file, not a folder",
               "ENOTDIR": "a file stands where a folder is expected: move it or choose another path",
               "ENOENT": "check the path"}.get(code, "check the path")
+    if code == "EEXIST" and e.filename and not os.path.isdir(e.filename):  # (os.makedirs over a file)
+        advice = "it is not a folder, and a folder is expected there: move it or choose another path"
     cache = _cache_of(e.filename) if e.filename else None
     if cache:  # another package's cache (a read-only HOME, say): the variable that moves it
         advice = f"it is a package's cache: set {cache} to a folder this process can write"

@@ -279,6 +279,19 @@ def test_an_os_error_line_has_no_empty_place(error, expected):
     assert cli.os_error_line(error).startswith(expected) and "::" not in cli.os_error_line(error)
 
 
+@pytest.mark.parametrize("script", ["train.py", "vit_train.py"])
+def test_an_out_dir_that_is_a_file_says_a_folder_is_expected(script, data, tmp_path, monkeypatch):
+    """os.makedirs over a file raises EEXIST ("File exists"), which said only "check the path"."""
+    (tmp_path / "taken").write_text("a file")
+    argv = TINY if script == "train.py" else ["--max_iters=1"]
+    message = refused(script, *argv, "--out_dir=taken", root=tmp_path, monkeypatch=monkeypatch)
+    assert "'taken'" in message and "not a folder" in message, message
+    error = FileExistsError(errno.EEXIST, "File exists", str(tmp_path / "taken"))
+    assert "not a folder" in cli.os_error_line(error)
+    error.filename = str(tmp_path)  # EEXIST on a folder is not this case
+    assert "not a folder" not in cli.os_error_line(error)
+
+
 # -----------------------------------------------------------------------------
 # 4. every Pillow mode through both image readers; data that changes under a run
 

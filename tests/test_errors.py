@@ -172,7 +172,7 @@ def test_language_settings_are_checked_before_any_work(script, arg, trained):
 def test_out_dir_that_cannot_be_a_folder_is_one_line(where, data):
     (data / "afile").write_text("not a folder")
     out = "afile" if where == "out_dir_is_a_file" else "afile/run"
-    refused("train.py", *TINY, f"--out_dir={out}", "--max_iters=2", root=data, contains=["afile"])
+    refused("train.py", *TINY, f"--out_dir={out}", "--max_iters=2", root=data, contains=["afile", "folder"])
 
 
 def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(trained, monkeypatch):
