@@ -223,9 +223,9 @@ def seed_list(key, text):
     except ValueError:
         raise ConfigError(f"{key} must be whole numbers separated by commas, got {text!r}") from None
     require(seeds and len(set(seeds)) == len(seeds), f"{key} must name each seed once, got {text!r}")
-    bad = [s for s in seeds if not 0 <= s <= SEED_MAX]
-    require(not bad, f"{key}: {bad[0] if bad else ''} is no seed: each must be a whole number in 0..{SEED_MAX} "
-                     f"(2**32 - 1, what numpy and torch take)")
+    for s in seeds:
+        require(0 <= s <= SEED_MAX, f"{key}: {s} is no seed: each must be a whole number in 0..{SEED_MAX} "
+                                     f"(2**32 - 1, what numpy and torch take)")
     return seeds
 
 

@@ -392,13 +392,8 @@ def best_row(rows, pick, key="ms"):
     return min(found, key=lambda r: r[key]) if found else None
 
 
-def table_gpu_summary(data):
-    """README.md's GPU lines: the operator from 16K on, the training step at each length both
-    models ran, decoding as a CUDA graph, the main job; each from the report's rows."""
-    m = data.get("meta", {})
-    if not m.get("gpu"):
-        return "_No GPU report is committed yet._"
-    lines = []
+def summary_op(data):
+    """The operator from 16K tokens on: the best TSSA against the faster SDPA, GPU time."""
     op = section(data, "op").get("rows", [])
     said = []
     for T in sorted({r["T"] for r in op if r.get("B") == 1 and r["T"] >= 16384}):
@@ -407,8 +402,13 @@ def table_gpu_summary(data):
         if tssa and sdpa:
             said.append(f"{bare_ratio(tssa['gpu_ms'], sdpa['gpu_ms'])} at {T // 1024}K "
                         f"({num(tssa['gpu_ms'])} ms, `{tssa['impl']}`)")
-    if said:
-        lines.append("- the operator, forward+backward, GPU time against the faster SDPA: " + ", ".join(said) + ";")
+    return "- the operator, forward+backward, GPU time against the faster SDPA: " + ", ".join(said) + ";" \
+        if said else None
+
+
+def summary_train(data):
+    """The training step at each length both models ran: ToST-Base against the faster GPT-2 Base
+    (a ToST row that ran eager because its compile failed counts, marked)."""
     train = [r for n in ("train_tost", "train_tost_triton", "train_gpt2_flash", "train_gpt2_cudnn")
              for r in section(data, n).get("rows", [])]
     said, eager = [], False
@@ -417,26 +417,46 @@ def table_gpu_summary(data):
             (r for r in train if r["T"] == T and r.get("arch") == "tost" and r.get("status") == "eager"), None)
         gpt2 = best_row(train, lambda r: r["T"] == T and r.get("arch") == "gpt2")
         if tost and gpt2:
-            star = "*" if tost.get("status") == "eager" else ""
-            eager = eager or bool(star)
-            said.append(f"{bare_ratio(tost['ms'], gpt2['ms'])} at {T // 1024}K{star}")
-    if said:
-        lines.append(f"- a training step of {section(data, 'train_tost').get('train_tokens', 0):,} tokens, ToST-Base "
-                     f"against the faster GPT-2 Base: " + ", ".join(said)
-                     + (" (*eager: Inductor could not compile the scan)" if eager else "") + ";")
+            eager = eager or tost.get("status") == "eager"
+            said.append(f"{bare_ratio(tost['ms'], gpt2['ms'])} at {T // 1024}K"
+                        + ("*" if tost.get("status") == "eager" else ""))
+    if not said:
+        return None
+    return (f"- a training step of {section(data, 'train_tost').get('train_tokens', 0):,} tokens, ToST-Base against "
+            f"the faster GPT-2 Base: " + ", ".join(said)
+            + (" (*eager: torch.compile failed there, SPEED.md says why)" if eager else "") + ";")
+
+
+def summary_decode(data):
+    """One token as a CUDA graph: ToST's range over contexts, GPT-2 at its longest context."""
     dec = [r for r in section(data, "decode").get("rows", []) if ok(r) and r.get("mode") == "captured"]
     tost = sorted((r for r in dec if r["arch"] == "tost"), key=lambda r: r["T"])
-    if len(tost) > 1:
-        gpt2 = max((r for r in dec if r["arch"] == "gpt2"), key=lambda r: r["T"], default=None)
-        lines.append(f"- a token decoded as a CUDA graph: ToST-Base {num(min(r['ms'] for r in tost))}-"
-                     f"{num(max(r['ms'] for r in tost))} ms after {tost[0]['T'] // 1024}K to "
-                     f"{tost[-1]['T'] // 1024}K tokens from a {num(tost[-1]['state_mb'])} MB state"
-                     + (f"; GPT-2 Base {num(gpt2['ms'])} ms after {gpt2['T'] // 1024}K, from "
-                        f"{num(gpt2['state_mb'])} MB of KV cache;" if gpt2 else ";"))
+    if len(tost) < 2:
+        return None
+    gpt2 = max((r for r in dec if r["arch"] == "gpt2"), key=lambda r: r["T"], default=None)
+    return (f"- a token decoded as a CUDA graph: ToST-Base {num(min(r['ms'] for r in tost))}-"
+            f"{num(max(r['ms'] for r in tost))} ms after {tost[0]['T'] // 1024}K to "
+            f"{tost[-1]['T'] // 1024}K tokens from a {num(tost[-1]['state_mb'])} MB state"
+            + (f"; GPT-2 Base {num(gpt2['ms'])} ms after {gpt2['T'] // 1024}K, from "
+               f"{num(gpt2['state_mb'])} MB of KV cache;" if gpt2 else ";"))
+
+
+def summary_main_job(data):
     job = next((r for r in section(data, "main_job").get("rows", []) if ok(r)), None)
-    if job:
-        mfu = f", {job['mfu']:.0%} MFU" if job.get("mfu") is not None else ""
-        lines.append(f"- the main job (`{job['config']}`, one GPU's share): {num(job['tokens_per_s'])} tokens/s{mfu}.")
+    if not job:
+        return None
+    mfu = f", {job['mfu']:.0%} MFU" if job.get("mfu") is not None else ""
+    return f"- the main job (`{job['config']}`, one GPU's share): {num(job['tokens_per_s'])} tokens/s{mfu}."
+
+
+def table_gpu_summary(data):
+    """README.md's GPU lines, each from the report's rows: the operator, the training step,
+    decoding, the main job."""
+    m = data.get("meta", {})
+    if not m.get("gpu"):
+        return "_No GPU report is committed yet._"
+    lines = [line for line in (summary_op(data), summary_train(data), summary_decode(data), summary_main_job(data))
+             if line]
     return "\n".join(lines or ["- (no row of the report has both sides)"]) + (
         f"\n\nOne {m.get('name')}, bf16, torch {m.get('torch')}, `{REPORT}` (SPEED.md, On a GPU: the tables).")
 
