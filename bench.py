@@ -374,7 +374,7 @@ def model_case(C, impl, T_):
     """One training step of the whole model at context T_ (batch B)."""
     m = model_for(C, impl, T_)
     device_type, amp = autocast(C)
-    opt = m.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+    opt = tk.configure_adamw(m, 0.1, 6e-4, (0.9, 0.95), device_type)
     idx = torch.randint(0, 50257, (C.B, T_), device=C.device)
     note = f"{sum(q.numel() for q in m.parameters()) / 1e6:.0f}M params"
 
@@ -999,12 +999,12 @@ def decode_row(C, arch, mode, T_, steps, dtype):
             s.sum_pi_sq.uniform_(1, 2).mul_(T_ / cfg.n_head)
             s.sum_pi.fill_(T_ / cfg.n_head)
     tok = torch.randint(0, 50257, (1, 1), device=C.device)
-    step = kernels.CapturedStep(m, state) if mode == "captured" else (lambda t: m.step(t, state))
+    step = kernels.CapturedStep(m.step) if mode == "captured" else m.step
 
     def tokens():  # `steps` tokens from context T_ (the position set back first: a device write)
         state.pos.fill_(T_)
         for _ in range(steps):
-            step(tok)
+            step(tok, state)
     with torch.no_grad():
         row = measure_row(tokens, C, profile_calls=1)
     for k in ("ms", "gpu_ms", "kernels", "memops"):
@@ -1043,7 +1043,7 @@ def train_row(C, arch, impl, backend, T_, B):
     if cuda:
         torch._dynamo.reset()
     m = build_gpt(C, arch, T_, impl).to(C.device)
-    opt = m.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+    opt = tk.configure_adamw(m, 0.1, 6e-4, (0.9, 0.95), device_type)
     fwd = torch.compile(m) if cuda else m
     idx = torch.randint(0, 50257, (B, T_), device=C.device)
     tgt = torch.randint(0, 50257, (B, T_), device=C.device)

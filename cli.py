@@ -210,6 +210,15 @@ def require(condition, message):
         raise ConfigError(message)
 
 
+def build(make, *args, **kwargs):
+    """make(*args, **kwargs), a ValueError it raises (a library's rule between settings, as
+    model.GPTConfig's) given as one line (ConfigError): the rule is written once, where it belongs."""
+    try:
+        return make(*args, **kwargs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 INT64 = 2**63 - 1  # the largest whole number a setting may hold: torch and numpy index with int64
 SEED_MAX = 2**32 - 1  # seeds: numpy's legacy seeding (np.random.seed) takes 0..2**32-1, torch takes those too
 MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # threads / processes: more only thrash (or crash torch)

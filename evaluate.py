@@ -130,7 +130,7 @@ def main(argv):
         T = model.config.block_size
         stride = C.stride or T
         cli.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
-        ctx = torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=tk.DTYPES[dtype],
+        ctx = torch.autocast(device.split(":")[0], dtype=tk.DTYPES[dtype],
                              enabled=dtype != "float32")
 
         t0 = time.time()

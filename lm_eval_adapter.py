@@ -25,7 +25,7 @@ What the three kinds of request do (NanoToSTLM):
                          separator prepare_char.py puts between documents (the lowest id if
                          the vocabulary has no "\\n")
   generate_until         greedy decoding (sampling if the task asks: do_sample, temperature,
-                         top_k) from ToST's recurrent state (GPT.decode: constant work per
+                         top_k) from ToST's recurrent state (GPT.generate: constant work per
                          token), cut at the first stop string, at most max_gen_toks tokens; the
                          context keeps its last block_size - max_gen_toks tokens (at least half
                          the block), so the text stays within the learned positions. The
@@ -57,6 +57,7 @@ except ImportError:
 
 GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "top_k"}  # what generate_until follows
 LM_EVAL_OWN = ("batch_size", "max_batch_size", "device")  # lm-eval passes these to the model itself
+GEN_CHUNK = 32  # tokens generate_until decodes between two looks for its stop strings
 
 
 def score_rows(stream, n_score, T, stride):
@@ -236,20 +237,17 @@ class NanoToSTLM(LM):
 
     def _generate(self, prompts, until, max_gen_toks, temperature, top_k):
         """Continue prompts of one length (a list of id lists) together; each text is cut at its
-        first stop string, and decoding ends when every row has one (or after max_gen_toks)."""
+        first stop string. model.generate runs GEN_CHUNK tokens at a time (the prompt and what is
+        written so far encoded again in parallel), and decoding ends when every row has a stop
+        string (or after max_gen_toks)."""
         idx = torch.tensor(prompts, dtype=torch.long, device=self._device)  # (B, T0)
-        out = [[] for _ in prompts]
-        texts = [""] * len(prompts)
-        done = [max_gen_toks == 0] * len(prompts)
+        T0, texts = idx.shape[1], [""] * len(prompts)
         with torch.no_grad(), self.autocast:
-            steps = self.model.decode(idx, temperature=temperature, top_k=top_k, n_vocab=self.n_vocab)
-            for _ in range(max_gen_toks):
-                for b, tok in enumerate(next(steps)[:, 0].tolist()):
-                    if not done[b]:
-                        out[b].append(tok)
-                        texts[b] = self.decode(out[b])
-                        done[b] = any(s in texts[b] for s in until)
-                if all(done):
+            while idx.shape[1] - T0 < max_gen_toks:
+                n = min(GEN_CHUNK, max_gen_toks - (idx.shape[1] - T0))
+                idx = self.model.generate(idx, n, temperature=temperature, top_k=top_k, n_vocab=self.n_vocab)
+                texts = [self.decode(row[T0:]) for row in idx.tolist()]
+                if all(any(s in text for s in until) for text in texts):
                     break
         cut = []
         for text in texts:

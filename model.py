@@ -9,8 +9,7 @@ One file, in the order of MATH.md:
   3. ToST-GPT (§5.2): a GPT-2 skeleton with TSSA, trained in parallel, decoded from the state;
   4. ToST-ViT (§5.3-5.4): an XCiT skeleton with TSSA;
   appendix: the baselines and variants (softmax attention and its KV cache, linear
-     attention, the short convolution) and the plumbing (resetting a decoding state, AdamW's
-     parameter groups).
+     attention, the short convolution) and the plumbing (resetting a decoding state).
 
 Symbols (MATH.md §1.1): B batch, T tokens, C = H * p model width, H heads (the K subspaces
 U_k), p head width. w = U_k^T z, the features of each token in each head's basis: (B, H, T, p).
@@ -20,7 +19,7 @@ temperature of Pi; pos_bias (H, block_size): the causal form's learned position 
 
 The functions of section 1 and the loss are the reference. kernels/ holds fused versions of
 them, swapped into a built model by `kernels.use(model, "cpu" | "triton")`, and the decoding
-step replayed as a CUDA graph (`kernels.CapturedStep`); this file knows nothing of it.
+step replayed as a CUDA graph (`kernels.capture_steps`); this file knows nothing of it.
 
     python -c "import model; print(model.GPT.from_preset('tost-base'))"
 """
@@ -33,15 +32,30 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PI_NORM_EPS = 1e-12  # floor of the feature norms normalised inside Pi (released: F.normalize's clamp)
+# The floor inside Pi, as released: non-causal, on each feature's norm over the tokens
+# (F.normalize's clamp, so PI_NORM_EPS ** 2 on the sum of squares); causal, on the running sum
+# of squares itself, unsquared (MATH.md §3.4).
+PI_NORM_EPS = 1e-12
 STAT_EPS = 1e-8  # added to the Pi-weighted token count of a head (a head no token belongs to)
 
 # -----------------------------------------------------------------------------
 # 1. The objective and the operator, as plain functions
 #
-# The operators take w = U^T z (B, H, T, p) and return the per-head update -Pi * w / (1 + s) of
+# The operators take w = U^T z (B, H, T, p) and return the per-head update -Pi * w * f'(s) of
 # the same shape (before the output projection). Pi, when returned, is detached: the theory
 # holds it fixed (MATH.md §2.4); it is returned for the analysis maps and the decoding state.
+
+
+def f(x):
+    """The concave function of the objective (MATH.md §1.3): R_var sums f(s) over the statistics."""
+    return torch.log1p(x)
+
+
+def f_prime(x):
+    """f'(x), the scale of the gradient step (MATH.md §2.2): the operators below look it up
+    when they run, so an edit here (or `model.f_prime = ...`) changes every form at once.
+    Change f with it: test_tssa.py checks that the operators are the gradient step on R_var."""
+    return 1.0 / (1.0 + x)
 
 
 def stat_dtype(dtype):
@@ -49,10 +63,10 @@ def stat_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
-def compression_objective(w, pi, mask=None, f=torch.log1p):
+def compression_objective(w, pi, mask=None):
     """Variational compression term R_var(Z | Pi, U) of MATH.md §1.3 (paper eq. 4), per sample.
     w = U^T z: (B, H, T, p) features in each head's basis; pi: (B, H, T) memberships;
-    mask: optional (B, T) bool of real tokens; f: concave spectral function (log(1+x)).
+    mask: optional (B, T) bool of real tokens; f: the concave function above.
         R_var = 1/2 sum_k (n_k / n) sum_i f(s_ki),  s_ki = (1/n_k) sum_j Pi[j,k] w[j,i]^2
     Returns (B,) in the dtype of w (use float64 for finite differences)."""
     if mask is None:
@@ -120,8 +134,8 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
     # token statistic: Pi-weighted second moment of each feature, per head
     n_k = pi.sum(dim=2)  # (B, H)
     s = (pi.unsqueeze(-1) * w_sq).sum(dim=2) / (n_k.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
-    # one gradient step on R_var with f = log(1 + x): scale by -Pi f'(s) = -Pi / (1 + s)
-    out = -pi.unsqueeze(-1) * w32 / (1.0 + s.unsqueeze(2))  # (B, H, T, p)
+    # one gradient step on R_var: scale by -Pi f'(s) (f = log(1 + x): -Pi / (1 + s))
+    out = -pi.unsqueeze(-1) * w32 * f_prime(s.unsqueeze(2))  # (B, H, T, p)
     out = out.to(w.dtype)
     return (out, pi.detach()) if return_pi else out
 
@@ -141,7 +155,7 @@ def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
     pi = pi_from_logits(logits, pi_mode)  # (B, H, T)
     # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
     s = (pi.unsqueeze(-1) * w_sq).cumsum(dim=2) / (pi.cumsum(dim=2).unsqueeze(-1) + STAT_EPS)
-    out = -pi.unsqueeze(-1) * w32 / (1.0 + s)  # (B, H, T, p)
+    out = -pi.unsqueeze(-1) * w32 * f_prime(s)  # (B, H, T, p)
     out = out.to(w.dtype)
     return (out, pi.detach()) if return_pi else out
 
@@ -189,7 +203,7 @@ def causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
     state.sum_pi_sq.add_(pi.unsqueeze(-1) * w_sq)
     state.sum_pi.add_(pi)
     s = state.sum_pi_sq / (state.sum_pi.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
-    return (-pi.unsqueeze(-1) * w32 / (1.0 + s)).to(w_t.dtype)
+    return (-pi.unsqueeze(-1) * w32 * f_prime(s)).to(w_t.dtype)
 
 
 # one implementation of the three operators; kernels.use(model, impl) installs another
@@ -214,7 +228,8 @@ class TSSA(nn.Module):
     """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
     heads stacked), the operator, a free output projection (MATH.md §2.3). causal=True adds
     the learned per-head position bias of the causal form (its length is config.block_size).
-    self.ops holds the operator functions (REFERENCE_OPS unless kernels.use swapped them).
+    self.ops: the three operator functions it runs, section 1's (REFERENCE_OPS), a subclass's own
+    (MATH.md §9), or fused ones that kernels.use put in place of section 1's.
     Opt-in variant (causal only, GPTConfig.short_conv = k > 0): a ShortConv of kernel k on the
     input, before the projection, which gives each token a channel to the k - 1 before it."""
 
@@ -267,16 +282,18 @@ class TSSA(nn.Module):
         return state
 
 
+# Every attention a config can name (`attn`), and so every script's choices: the baselines add
+# themselves in the appendix. A new attention is its class, (config, causal) -> module with
+# forward(x, mask, state, record) and init_state(B, pos), and one entry here.
+ATTENTIONS = {"tssa": TSSA}
+
+
 def make_attention(config, causal, attn=None):
-    """The attention of one block: `attn` if given, else config.attn (baselines: appendix)."""
+    """The attention of one block: `attn` if given, else config.attn."""
     attn = attn or config.attn
-    if attn == "tssa":
-        return TSSA(config, causal)
-    if attn == "softmax":
-        return SoftmaxAttention(config, causal)
-    if attn == "linear":
-        return LinearAttention(config, causal)
-    raise ValueError(f"attn must be 'tssa', 'softmax' or 'linear', got {attn!r}")
+    if attn not in ATTENTIONS:
+        raise ValueError(f"attn must be one of {', '.join(map(repr, ATTENTIONS))}, got {attn!r}")
+    return ATTENTIONS[attn](config, causal)
 
 
 class MLP(nn.Module):
@@ -349,7 +366,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm
-    attn: str = "tssa"  # "tssa" | "softmax" (the GPT-2 baseline) | "linear" (linear attention baseline)
+    attn: str = "tssa"  # a name of ATTENTIONS: "tssa", "softmax" (the GPT-2 baseline), "linear", ...
     pi: str = "softmax"  # "softmax" | "uniform" (ablation: Pi = 1/H)
     layer_scale_init: float | None = 1e-5  # None: no layer scale (GPT-2)
     mlp_ratio: float = 4.0  # MLP hidden width / n_embd
@@ -358,6 +375,15 @@ class GPTConfig:
     # opt-in variants, not the paper's ToST (0: off, the default)
     short_conv: int = 0  # kernel size of a depthwise causal convolution on each TSSA input (4: as fla, Mamba)
     hybrid_every: int = 0  # k: blocks i with (i + 1) % k == 0 (the k-th, 2k-th, ...) use softmax attention
+
+    def __post_init__(self):  # the rules between settings, in one place (train.py asks them too)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.short_conv < 0 or self.hybrid_every < 0:
+            raise ValueError(f"short_conv and hybrid_every must be >= 0 (0: off), got {self.short_conv}, "
+                             f"{self.hybrid_every}")
+        if self.short_conv and not issubclass(ATTENTIONS.get(self.attn, TSSA), TSSA):
+            raise ValueError(f"short_conv convolves the TSSA input: it needs a TSSA attention, got attn={self.attn!r}")
 
 
 GPT_PRESETS = {  # parameter counts include the position embedding, not the padded vocab
@@ -393,11 +419,6 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = c = config
-        if c.short_conv < 0 or c.hybrid_every < 0:
-            raise ValueError(f"short_conv and hybrid_every must be >= 0 (0: off), got {c.short_conv}, {c.hybrid_every}")
-        if c.short_conv and c.attn != "tssa":
-            raise ValueError(f"short_conv is a ToST variant (it convolves the TSSA input): attn must be 'tssa', "
-                             f"got {c.attn!r}")
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
@@ -438,7 +459,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         """idx: (B, T) token ids, T <= block_size. Without targets: (logits (B, T, V), None).
-        With targets (B, T) (-1: not scored): (None, the mean cross-entropy, self.loss)."""
+        With targets (B, T) (-1: not scored): (None, loss), the mean cross-entropy by self.loss."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
         B, T = idx.shape
@@ -486,47 +507,26 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x[:, -1]))
 
     @torch.no_grad()
-    def decode(self, idx, temperature=1.0, top_k=None, n_vocab=None, stepper=None):
-        """The tokens (B, 1) that follow idx (B, T), one per next(), without end (the caller
-        decides when to stop). temperature 0: greedy; n_vocab: the tokenizer's vocabulary (the
-        ids that only pad vocab_size are never drawn); stepper(model, state) makes what runs a
-        step, tok -> logits (default: self.step op by op; kernels.CapturedStep replays it as a
-        CUDA graph). A model with softmax blocks keeps block_size tokens in their KV caches:
-        past that, the window slides and is encoded again, as GPT-2 does."""
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
-        bs = self.config.block_size
-        windowed = any(isinstance(block.attn, SoftmaxAttention) for block in self.blocks)
-        if windowed:
-            idx = idx[:, -bs:]
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None):
+        """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens).
+        temperature 0: greedy; top_k: draw among the k likeliest; n_vocab: the tokenizer's
+        vocabulary (the ids that only pad vocab_size are never drawn)."""
+        if any(isinstance(b.attn, SoftmaxAttention) for b in self.blocks):  # KV caches: a sliding window
+            return generate_in_window(self, idx, max_new_tokens, temperature, top_k, n_vocab)
         state = self.init_state(idx.shape[0])
-        logits = self.prefill(idx, state)
-        step = stepper(self, state) if stepper else (lambda tok: self.step(tok, state))
-        n = idx.shape[1]  # tokens held by the states
-        while True:
+        logits = self.prefill(idx, state)  # (B, V): the prompt in parallel fills the state
+        for _ in range(max_new_tokens):
             tok = sample_token(logits[:, :n_vocab], temperature, top_k)  # (B, 1)
-            yield tok
-            if windowed:
-                idx = torch.cat([idx, tok], dim=1)[:, -bs:]
-            if windowed and n == bs:  # the KV caches are full: the window slides, encoded again
-                logits = self.prefill(idx, state)
-            else:
-                logits = step(tok)
-                n += 1
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None, stepper=None):
-        """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens)."""
-        tokens = self.decode(idx, temperature, top_k, n_vocab, stepper)
-        return torch.cat([idx] + [next(tokens) for _ in range(max_new_tokens)], dim=1)
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type="cpu"):
-        return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
+            idx = torch.cat([idx, tok], dim=1)
+            logits = self.step(tok, state)  # one token from the state, O(1) for TSSA
+        return idx
 
 
 def sample_token(logits, temperature, top_k=None):
     """A token per row of logits (B, V): the argmax at temperature 0, else a draw from the softmax of
     logits / temperature among the top_k largest (all if None), the largest moved to 0 (tiny T: the argmax)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
     if temperature < torch.finfo(torch.float32).tiny:  # 0, or a T that float32 would round to 0: greedy
         return logits.argmax(dim=-1, keepdim=True)
     logits = (logits.float() - logits.amax(dim=-1, keepdim=True).float()) / temperature  # (B, V), at most 0
@@ -648,7 +648,7 @@ class ViTConfig:
     cls_drop_path: float = 0.0  # of the class-attention blocks (XCiT, and so the release: 0)
     ln_eps: float = 1e-6  # LayerNorm epsilon everywhere in the ViT (as released)
     layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (MATH.md §5.3)
-    attn: str = "tssa"  # "tssa" | "softmax" | "linear" (ViT baselines at the same size otherwise)
+    attn: str = "tssa"  # a name of ATTENTIONS ("softmax", "linear": ViT baselines at the same size)
     pi: str = "softmax"
     bias: bool = True  # biases in the blocks' Linear and LayerNorm layers (as released)
     n_cls_layers: int = 2
@@ -729,15 +729,12 @@ class ToSTViT(nn.Module):
             record.update(layers=layers, cls_attn=[m["attn"][:, :, 1:] for m in cls_maps], grid=(Hp, Wp))
         return self.head(self.norm(x[:, 0]))
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type="cpu"):
-        return configure_adamw(self, weight_decay, learning_rate, betas, device_type)
-
 
 # =============================================================================
 # Appendix. Baselines, variants and plumbing: what the sections above use but need not
 # show. The softmax baseline (GPT-2) and its KV cache; linear attention (Katharopoulos et al.
 # 2020) and its state; the short convolution (a ToST variant); the hybrid stack is
-# GPT.block_attn. Then resetting a decoding state and AdamW's parameter groups.
+# GPT.block_attn. Then resetting a decoding state.
 
 
 class ShortConv(nn.Module):
@@ -918,6 +915,22 @@ class LinearAttention(SoftmaxAttention):
         return LinearState(weight.new_zeros(B, H, p, p, dtype=dt), weight.new_zeros(B, H, p, dtype=dt), pos)
 
 
+ATTENTIONS.update(softmax=SoftmaxAttention, linear=LinearAttention)
+
+
+def generate_in_window(model, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None):
+    """GPT.generate for a model with softmax blocks: their KV caches hold block_size tokens, so
+    past that the window slides and is encoded again, as GPT-2 does."""
+    bs, state = model.config.block_size, model.init_state(idx.shape[0])
+    logits = model.prefill(idx[:, -bs:], state)
+    for _ in range(max_new_tokens):
+        tok = sample_token(logits[:, :n_vocab], temperature, top_k)  # (B, 1)
+        full = idx.shape[1] >= bs  # the caches hold min(tokens so far, block_size)
+        idx = torch.cat([idx, tok], dim=1)
+        logits = model.prefill(idx[:, -bs:], state) if full else model.step(tok, state)
+    return idx
+
+
 def reset_state_(state):
     """Zero a DecodeState in place: its buffers stay where they are, so a step recorded as a
     CUDA graph still applies to it after a new prompt."""
@@ -927,17 +940,3 @@ def reset_state_(state):
             if isinstance(value, torch.Tensor):
                 value.zero_()
     state.pos.zero_()
-
-
-NO_DECAY = ("pos_bias", "cls_token")  # the parameters of 2+ dimensions that are not weight matrices
-
-
-def configure_adamw(model, weight_decay, learning_rate, betas, device_type="cpu"):
-    """AdamW with weight decay on the weight matrices and embeddings (p.dim() >= 2), never on
-    vectors (biases, norms, temperatures, layer scales) nor on position biases or class tokens."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 and not name.endswith(NO_DECAY) else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")

@@ -7,9 +7,9 @@ Sample text from a checkpoint written by train.py (ToST or the softmax baseline)
 
 ToST decodes from its recurrent state: three running sums per head, so every new token costs
 the same whatever the length so far (no growing KV cache); the softmax baseline uses a KV
-cache. --decode=auto (the default) records one decoding step as a CUDA graph on a GPU and
+cache. --cuda_graph=auto (the default) records one decoding step as a CUDA graph on a GPU and
 replays it for every token (one launch instead of one per operation); on the CPU, and with
---decode=eager, each step runs op by op. The tokenizer is the one the checkpoint names; the
+--cuda_graph=off, each step runs op by op. The tokenizer is the one the checkpoint names; the
 ids that only pad the vocabulary to a multiple of 64 are never sampled. --temperature=0 is
 greedy, and a tiny one (1e-9, 1e-40) tends to it, never to nan; --top_k=0 is no limit.
 Settings are globals overridden by --key=value (as in train.py).
@@ -35,9 +35,9 @@ max_new_tokens = 500
 temperature = 0.8  # 1.0: the model's distribution; lower: more conservative; 0 (or tiny, e.g. 1e-9): greedy
 top_k = 200  # sample among the top_k most likely tokens (0: all)
 seed = 1337
-device = "auto"  # "auto" (cuda if available), "cpu", "cuda", ...
+device = "auto"  # "auto" (cuda if available, else mps on Apple silicon, else cpu), "cpu", "cuda", "mps"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, float32 on CPU), "float32", "bfloat16", "float16"
-decode = "auto"  # "auto": each step replayed as a CUDA graph on CUDA (eager on the CPU); "eager": never
+cuda_graph = "auto"  # "auto": each step replayed as a CUDA graph on CUDA (op by op on the CPU); "off": never
 compile = False
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
@@ -46,8 +46,8 @@ num_threads = 0  # torch CPU threads (0: the training run's setting, else torch'
 
 def main(argv):
     C, _ = cli.configure(cli.config_defaults(globals()), argv)
-    cli.check(C, at_least_1=("num_samples",), non_negative=td.GENERATION, seed=("seed",), workers=("num_threads",),
-              choices={"tssa_impl": kernels.IMPLS, "decode": ("auto", "eager")})
+    cli.check(C, at_least_1=("num_samples",), non_negative=td.SAMPLING_SETTINGS, seed=("seed",),
+              workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS, "cuda_graph": ("auto", "off")})
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     torch.manual_seed(C.seed)
 
@@ -57,10 +57,12 @@ def main(argv):
     threads = C.num_threads or ckpt["config"].get("num_threads", 0)
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)
+    if C.cuda_graph == "auto":
+        kernels.capture_steps(model)  # on CUDA, each step is one replay of a recorded graph
     if C.compile:
         model = torch.compile(model)
     info = ckpt["tokenizer"]
-    encode, detokenize = td.load_tokenizer(info)
+    encode, decode = td.load_tokenizer(info)
 
     # the prompt, repeated once per sample: (num_samples, T)
     prompt = C.start
@@ -80,14 +82,13 @@ def main(argv):
     t0 = time.time()
     with torch.no_grad(), ctx:
         out = model.generate(idx, C.max_new_tokens, temperature=C.temperature, top_k=C.top_k or None,
-                             n_vocab=info["vocab_size"],
-                             stepper=kernels.CapturedStep if C.decode == "auto" else None)
+                             n_vocab=info["vocab_size"])
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.time() - t0
     for row in out.tolist():
         print("-" * 60)
-        print(detokenize(row))
+        print(decode(row))
     print("-" * 60)
     n = C.num_samples * C.max_new_tokens
     print(f"{n:,} tokens in {seconds:.2f}s: {n / max(seconds, 1e-9):,.0f} tokens/s "

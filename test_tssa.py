@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import model
+import trainkit as tk
 from model import (GPT, GPT_PRESETS, TSSA, VIT_PRESETS, GPTConfig, TSSAState, ToSTViT, ViTConfig,
                    causal_tssa, causal_tssa_step, compression_objective, tssa)
 
@@ -387,13 +388,13 @@ def test_tost_has_2d2_fewer_parameters_per_layer_than_softmax():
 
 def test_weight_decay_never_touches_temperatures_biases_norms_or_layer_scales():
     m = GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=2, n_head=2, n_embd=8, bias=True))
-    opt = m.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+    opt = tk.configure_adamw(m, 0.1, 1e-3, (0.9, 0.95))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     for name, prm in m.named_parameters():
         should_decay = name.endswith("weight") and ("c_" in name or "wte" in name or "wpe" in name)
         assert (id(prm) in decayed) == should_decay, name
     vit = ToSTViT(ViTConfig(img_size=32, patch_size=4, n_layer=1, n_head=2, n_embd=16, num_classes=3))
-    opt = vit.configure_optimizers(0.05, 1e-3, (0.9, 0.999))
+    opt = tk.configure_adamw(vit, 0.05, 1e-3, (0.9, 0.999))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     for name, prm in vit.named_parameters():
         if id(prm) in decayed:

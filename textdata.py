@@ -13,7 +13,7 @@ A prepared dataset is a folder <data_dir>/<name>/ holding
 
 Reading:   open_dataset (checked), read_batch (which stops when the files change under a run),
            windows (evaluation), load_tokenizer, gpt2_encoding, tokenizer_info / check_tokenizer,
-           load_language_model (a train.py checkpoint), GENERATION / check_generation (decoding)
+           load_language_model (a train.py checkpoint), SAMPLING_SETTINGS / check_generation (decoding)
 Writing:   ArgumentParser, command_line, check_destination, check_text_file, check_utf8,
            file_source, already_prepared, write_splits (all or nothing)
 """
@@ -47,7 +47,7 @@ HUB = {
 }
 SPLIT_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # what a prepared folder holds
 TOKENIZER_KEYS = ("dataset", "tokenizer", "vocab_size", "chars", "eot_token")  # what a checkpoint keeps
-GENERATION = ("max_new_tokens", "temperature", "top_k")  # decoding settings: none negative (check_generation)
+SAMPLING_SETTINGS = ("max_new_tokens", "temperature", "top_k")  # none may be negative (check_generation)
 
 # -----------------------------------------------------------------------------
 # reading a prepared dataset
@@ -208,7 +208,9 @@ def load_language_model(path, device, tssa_impl="torch"):
     model = GPT(tk.model_config(GPTConfig, ckpt, path))
     tk.load_weights(model, ckpt.pop("model"), path)
     ckpt.pop("optimizer", None)
-    return kernels.use(model, tssa_impl).to(device).eval(), ckpt
+    if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)
+        kernels.use(model, tssa_impl)
+    return model.to(device).eval(), ckpt
 
 
 # -----------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import cli
 import kernels
 import textdata as td
 import trainkit as tk
-from model import GPT, GPTConfig
+from model import ATTENTIONS, GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: ToST-Base on OpenWebText, the released recipe (config/tost_owt.py says
@@ -66,7 +66,7 @@ n_head = 12
 n_embd = 768
 dropout = 0.0
 bias = False
-attn = "tssa"  # "tssa", "softmax" or "linear" (linear attention, elu + 1)
+attn = "tssa"  # a name of model.ATTENTIONS: "tssa", "softmax" (GPT-2), "linear" (linear attention, elu + 1)
 pi = "softmax"  # "softmax" or "uniform" (ablation: every token in every group equally)
 layer_scale_init = 1e-5  # 0: no layer scale (GPT-2)
 short_conv = 0  # opt-in ToST variant: causal depthwise convolution of this kernel size before TSSA (0: off)
@@ -87,7 +87,7 @@ warmup_iters = 2000
 lr_decay_iters = 600000
 min_lr = 6e-5
 # system
-device = "auto"  # "auto" (this rank's GPU if there is one, else cpu), "cpu", "cuda", "cuda:1"
+device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, else cpu), "cpu", "cuda:1", "mps"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False  # torch.compile the model
 seed = 1337
@@ -107,12 +107,10 @@ def check_settings(C):
                             "max_time", "layer_scale_init", "short_conv", "hybrid_every"),
               positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
               workers=("num_threads",),
-              choices={"init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
+              choices={"init_from": ("scratch", "resume", "auto"), "attn": tuple(ATTENTIONS),
                        "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
-    cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    cli.require(not C.short_conv or C.attn == "tssa",
-                f"short_conv convolves the TSSA input: it needs attn=tssa, got {C.attn!r}")
+    cli.build(GPTConfig, **{k: getattr(C, k) for k in MODEL_KEYS})  # the model's own rules between settings
     cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     cli.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
 
@@ -123,10 +121,10 @@ def estimate_loss(model, get_batch, C, d, ctx):
     rank k % world_size: every rank works, and the result does not depend on the world size."""
     model.eval()
     out = {}
-    for code, split in enumerate(("train", "val")):
+    for split_id, split in enumerate(("train", "val")):
         total = torch.zeros(2, device=d.device)  # (sum of batch losses, number of batches)
         for k in range(d.rank, C.eval_iters, d.world_size):
-            x, y = get_batch(split, C.seed, EVAL, code, k)
+            x, y = get_batch(split, C.seed, EVAL, split_id, k)
             with ctx:
                 _, loss = model(x, y)
             total += torch.stack([loss.float(), torch.ones((), device=d.device)])
@@ -147,7 +145,7 @@ def main(argv):
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-    again = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if there is one; `again` continues
+    resume_cmd = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if any; the command that does
 
     # -------------------------------------------------------------------------
     # the checkpoint to continue, read before the data: a resumed run is the checkpoint's run, so
@@ -200,14 +198,16 @@ def main(argv):
         model_args = {k: getattr(C, k) for k in MODEL_KEYS}
         model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
         model_args["vocab_size"] = (meta["vocab_size"] + 63) // 64 * 64  # GPT-2's 50257 -> 50304: faster matmuls
-        model = kernels.use(GPT(GPTConfig(**model_args)), C.tssa_impl, C.chunked_loss).to(device)
+        model = GPT(GPTConfig(**model_args)).to(device)
+        if C.tssa_impl != "torch" or C.chunked_loss:  # fused operators or the chunked loss in place of model.py's
+            kernels.use(model, C.tssa_impl, C.chunked_loss)
         raw_model = model  # the plain module: parameters, checkpoints, MFU
 
         # ---------------------------------------------------------------------
         # optimizer and precision: autocast runs the matmuls in bfloat16 / float16 (fast) while the
         # weights and the optimizer stay float32; float16 needs a GradScaler (small gradients underflow)
-        device_type = "cuda" if device.startswith("cuda") else "cpu"
-        optimizer = model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+        device_type = device.split(":")[0]  # "cuda", "mps" or "cpu": autocast's and the scaler's
+        optimizer = tk.configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
         ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss = 0, float("inf")
@@ -248,7 +248,7 @@ def main(argv):
             f"tokenizer, vocabulary {meta['vocab_size']}), {d.world_size} process(es) on {device}, {dtype}, "
             f"{tokens_per_iter:,} tokens per iteration ({C.gradient_accumulation_steps} x {C.batch_size} x {T})")
         if C.init_from == "resume":
-            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {again}")
+            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}")
         else:
             cli.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
@@ -279,7 +279,7 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, tokenizer=td.tokenizer_info(meta)), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {again}")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}")
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break

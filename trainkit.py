@@ -41,22 +41,31 @@ from cli import UserError, at_end, atomic_write, require
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def mps_available():
+    """Whether this torch can run on Apple silicon's GPU (Metal Performance Shaders)."""
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
 def choose_device_dtype(device, dtype):
-    """device: "auto" (a GPU if there is one), "cpu", "cuda", "cuda:N"; dtype: "auto" (bfloat16
-    on GPUs that have it, float16 on older ones, float32 on CPU) or one of DTYPES. float16 on
-    CPU becomes bfloat16. Returns (device, dtype) as strings."""
+    """device: "auto" (CUDA, else Apple's MPS, else the CPU), "cpu", "cuda", "cuda:N", "mps";
+    dtype: "auto" (bfloat16 on CUDA GPUs that have it, float16 on older ones, float32 on the
+    CPU and on MPS, which runs it on every macOS) or one of DTYPES. float16 on CPU becomes
+    bfloat16. Returns (device, dtype) as strings."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    require(device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
-            f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+        device = "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
+    require(device in ("cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit()),
+            f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device={device!r} but this machine has no CUDA GPU (torch {torch.__version__}); "
+                        "use --device=cpu or --device=auto")
+    if device == "mps" and not mps_available():
+        raise UserError(f"device='mps' but this torch ({torch.__version__}) sees no Apple silicon GPU; "
                         "use --device=cpu or --device=auto")
     if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
         raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s)")
     require(dtype == "auto" or dtype in DTYPES, f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "auto":
-        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device != "cpu" else "float32"
+        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device.startswith("cuda") else "float32"
     if device == "cpu" and dtype == "float16":
         dtype = "bfloat16"  # CPU autocast has no float16 with a GradScaler
     return device, dtype
@@ -321,6 +330,20 @@ def resume_settings(ckpt, C, given, keys, path):
         setattr(C, key, ckpt["config"][key])
 
 
+NO_DECAY = ("pos_bias", "cls_token")  # model.py's parameters of 2+ dimensions that are not weight matrices
+
+
+def configure_adamw(module, weight_decay, learning_rate, betas, device_type="cpu"):
+    """AdamW with weight decay on the weight matrices and embeddings (p.dim() >= 2), never on
+    vectors (biases, norms, temperatures, layer scales) nor on position biases or class tokens."""
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 and not name.endswith(NO_DECAY) else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
 def get_lr(it, C):
     """Linear warmup over warmup_iters, then decay to min_lr at lr_decay_iters (0: max_iters)
     by a cosine, a straight line, or not at all ("constant"). "invsqrt" (lra/configs/listops_*)
@@ -399,11 +422,11 @@ def flops_per_token(gpt, T=None):
     """Training FLOPs per token of a GPT (forward + backward = 3x forward). Matmuls: 6N. The
     attention operator: TSSA is linear, ~12 FLOPs per feature forward (squares, two cumulative
     sums, softmax, scaling); softmax attention adds 2 * 2 * T * C forward; linear attention
-    ~4 * C * p (the p x p state: its update and its read)."""
+    ~4 * C * p (the p x p state: its update and its read); another (a forker's) counts its weights only."""
     c, T = gpt.config, T or gpt.config.block_size
     n = gpt.get_num_params(non_embedding=True)
     per_attn = {"tssa": 12 * c.n_embd, "softmax": 4 * T * c.n_embd, "linear": 4 * c.n_embd * (c.n_embd // c.n_head)}
-    return 6 * n + 3 * sum(per_attn[model.GPT.block_attn(c, i)] for i in range(c.n_layer))
+    return 6 * n + 3 * sum(per_attn.get(model.GPT.block_attn(c, i), 0) for i in range(c.n_layer))
 
 
 def estimate_mfu(gpt, tokens_per_second, device_name=None):

@@ -41,7 +41,7 @@ import cli
 import kernels
 import trainkit as tk
 import vit_data
-from model import ToSTViT, ViTConfig
+from model import ATTENTIONS, ToSTViT, ViTConfig
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: a small ToST-ViT on the built-in shapes; config/vit_*.py list only what they change.
@@ -84,7 +84,7 @@ mlp_ratio = 4.0
 dropout = 0.0
 drop_path = 0.0  # stochastic depth, the same rate in every ToST block
 layer_scale_init = 1.0  # 0: no layer scale
-attn = "tssa"  # "tssa" | "softmax" | "linear" (baselines at the same size)
+attn = "tssa"  # a name of model.ATTENTIONS: "tssa", "softmax", "linear" (baselines at the same size)
 pi = "softmax"  # "softmax" | "uniform" (ablation)
 n_cls_layers = 2
 tssa_impl = "torch"
@@ -103,7 +103,7 @@ beta2 = 0.999
 grad_clip = 1.0  # 0: off
 max_time = 0.0  # seconds after which the run evaluates, saves and stops (0: no limit)
 # system
-device = "auto"  # "auto" (this rank's GPU if there is one, else cpu), "cpu", "cuda", "cuda:1"
+device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, else cpu), "cpu", "cuda:1", "mps"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
@@ -130,7 +130,7 @@ def check_settings(C):
                        "shapes_num_classes": (2, len(vit_data.SHAPES))},
               choices={"init_from": ("scratch", "resume", "auto", "finetune"),
                        "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
-                       "attn": ("tssa", "softmax", "linear"), "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
+                       "attn": tuple(ATTENTIONS), "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("cosine", "linear", "constant")})
     low_high = C.crop_scale
     cli.require(len(low_high) == 2 and all(type(v) in (int, float) for v in low_high)
@@ -182,7 +182,7 @@ def main(argv):
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-    again = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if there is one; `again` continues
+    resume_cmd = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if any; the command that does
     if C.init_from != "resume" and os.path.exists(ckpt_path):  # before the data is read (claim_out_dir checks again)
         raise cli.UserError(f"{ckpt_path} already exists and init_from={C.init_from!r} would overwrite it: continue "
                             "that run with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
@@ -249,7 +249,9 @@ def main(argv):
         else:
             model_args = {k: getattr(C, k) for k in MODEL_KEYS}
             model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
-            model = kernels.use(ToSTViT(ViTConfig(**model_args, num_classes=num_classes)), C.tssa_impl)
+            model = ToSTViT(ViTConfig(**model_args, num_classes=num_classes))
+            if C.tssa_impl != "torch":  # fused operators in place of model.py's
+                kernels.use(model, C.tssa_impl)
         model = model.to(device)
         if d.ddp and C.sync_bn and device.startswith("cuda"):  # the patch embedding's BatchNorm over all GPUs
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -257,8 +259,8 @@ def main(argv):
 
         # ---------------------------------------------------------------------
         # optimizer and precision: autocast for the forward pass, a GradScaler for float16
-        device_type = "cuda" if device.startswith("cuda") else "cpu"
-        optimizer = model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+        device_type = device.split(":")[0]  # "cuda", "mps" or "cpu": autocast's and the scaler's
+        optimizer = tk.configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
         ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss, best_val_acc = 0, float("inf"), 0.0
@@ -288,7 +290,7 @@ def main(argv):
             f"{len(train_src)} train / {len(val_src)} val images, {d.world_size} process(es) on {device}, {dtype}, "
             f"recipe {C.recipe}, {images_per_iter} images per iteration")
         if C.init_from == "resume":
-            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {again}")
+            cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}")
 
         # ---------------------------------------------------------------------
         # the training loop
@@ -322,7 +324,7 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
                             config=vars(C), rng=rng, best_val_acc=best_val_acc, classes=train_src.classes), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {again}")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}")
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break

@@ -19,7 +19,7 @@ backward as torch.library custom operators, which torch.compile keeps inside its
 gpu_check.py checks the Triton kernels on a GPU (accuracy, determinism, > 2^31 elements,
 compute-sanitizer, profile). Two more fast paths that are not TSSA: cross_entropy.py, the loss
 without the (B, T, V) logits (kernels.use(..., chunked_loss=True)), and cuda_graph.py, a
-decoding step replayed as a CUDA graph (kernels.CapturedStep). Pi comes back detached, as from model.py;
+decoding step replayed as a CUDA graph (kernels.capture_steps(model)). Pi comes back detached, as from model.py;
 gradients flow to w, temp and pos_bias. The guards PI_NORM_EPS and STAT_EPS are model.py's,
 passed to every kernel call.
 
@@ -45,10 +45,13 @@ every head of a token. The CPU kernels own every head of a token; the Triton ker
 own every head of a chunk (K1 | K2 | K3 forward, B1 | B2 | B3 backward: triton_tssa.py).
 """
 
+import torch
+
 import model
+from cli import ConfigError
 from kernels.cross_entropy import chunked_cross_entropy
-from kernels.cuda_graph import CapturedStep  # noqa: F401  (kernels.CapturedStep: GPT.decode's stepper)
-from kernels.fused import fused_ops
+from kernels.cuda_graph import CapturedStep, capture_steps  # noqa: F401  (sample.py: the step as a CUDA graph)
+from kernels.fused import BACKENDS, fused_ops
 
 IMPLS = ("torch", "cpu", "triton")  # the values of every script's tssa_impl setting
 
@@ -60,14 +63,37 @@ def ops_for(impl):
     return model.REFERENCE_OPS if impl == "torch" else fused_ops(impl)
 
 
+def owned(ops):
+    """Whether ops are model.py's reference or fused kernels of this package: the operators use()
+    may replace. A module with any other (a forker's subclass, its own functions) keeps them."""
+    return ops == model.REFERENCE_OPS or any(ops == fused_ops(impl) for impl in BACKENDS)
+
+
+def check_f_prime(impl):
+    """The fused kernels compute f'(s) = 1 / (1 + s), f = log(1 + x) (MATH.md §2.2): refuse them,
+    in one line, when model.f_prime is another function (a forker's f)."""
+    s = torch.tensor([0.0, 0.5, 3.0, 1e3], dtype=torch.float64)
+    if not torch.allclose(model.f_prime(s).double(), 1.0 / (1.0 + s), rtol=1e-12, atol=0):
+        raise ConfigError(f"tssa_impl={impl} computes f'(s) = 1 / (1 + s) (f = log(1 + x)), but model.f_prime "
+                         f"is another function: use tssa_impl=torch, which runs model.py's maths")
+
+
 def use(module, impl, chunked_loss=False):
     """Run every model.TSSA inside `module` (a GPT, a ToSTViT, an LRA classifier, ...) with the
     operators of impl; with chunked_loss, every model.GPT computes its loss CE_CHUNK tokens at a
     time (kernels/cross_entropy.py; otherwise model.cross_entropy_loss). Returns the module.
+    Only operators this package owns are replaced: a TSSA with its own (a subclass, a forker's
+    functions) keeps them under "torch", and a fused impl refuses it, as it refuses another f.
     Pick them before torch.compile."""
     ops = ops_for(impl)
-    for m in module.modules():
-        if isinstance(m, model.TSSA):
+    if impl != "torch":
+        check_f_prime(impl)
+    for name, m in module.named_modules():
+        if isinstance(m, model.TSSA) and not owned(m.ops):
+            if impl != "torch":
+                raise ConfigError(f"tssa_impl={impl} runs the shipped TSSA only; {name or 'the model'} "
+                                 f"({type(m).__qualname__}) has its own operators: use tssa_impl=torch")
+        elif isinstance(m, model.TSSA):
             m.ops = ops
         if isinstance(m, model.GPT):
             m.loss = chunked_cross_entropy if chunked_loss else model.cross_entropy_loss

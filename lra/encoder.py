@@ -40,7 +40,7 @@ class LRAConfig:
     n_embd: int = 64
     mlp_hidden: int = 128  # hidden width of each block's MLP
     dropout: float = 0.1
-    attn: str = "tssa"  # "tssa" | "softmax" | "linear"
+    attn: str = "tssa"  # a name of model.ATTENTIONS: "tssa", "softmax", "linear", ...
     pi: str = "softmax"  # TSSA's Pi: "softmax" | "uniform"
     norm: str = "pre"  # "pre" | "post"
     two_tower: bool = False  # retrieval: two documents, one shared encoder

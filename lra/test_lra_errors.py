@@ -161,7 +161,7 @@ CONFIG_CASES = [("{tmp}/syntax.py", "syntax.py:1: "), ("{tmp}/undefined.py", "un
     ("--max_iters=2.5", "max_iters expects int"),
     ("--n_layers=2", "Did you mean n_layer"),
     ("--dtype=float8", "dtype must be auto or one of"),
-    ("--device=tpu", "device must be auto, cpu, cuda or cuda:N"),
+    ("--device=tpu", "device must be auto, cpu, cuda, cuda:N or mps"),
     ("--device=cuda", "no CUDA GPU"),
     *CONFIG_CASES,
 ])

@@ -44,7 +44,7 @@ import kernels
 import trainkit as tk
 from lra.data import TASKS, get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
-from model import configure_adamw
+from model import ATTENTIONS
 
 # -----------------------------------------------------------------------------
 # settings
@@ -60,7 +60,7 @@ n_eval = 0  # 0: whole val and test splits; n: their first n examples
 pad_multiple = 64  # batches are padded to the longest sequence, rounded up to this
 load_workers = 1  # processes decoding PNGs (image tasks)
 # model
-attn = "tssa"  # "tssa" (ToST) | "softmax" (Transformer baseline) | "linear" (linear attention baseline)
+attn = "tssa"  # a name of model.ATTENTIONS: "tssa" (ToST), "softmax" (Transformer), "linear" (linear attention)
 pi = "softmax"  # TSSA's Pi: "softmax" | "uniform" (ablation)
 n_layer = 2
 n_head = 2
@@ -93,7 +93,7 @@ init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt), "r
 eval_only = False  # val and test accuracy of out_dir/ckpt.pt, no training
 seed = 1337
 # system
-device = "auto"  # "auto" (this rank's GPU if there is one, else cpu), "cpu", "cuda", "cuda:1"
+device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, else cpu), "cpu", "cuda:1", "mps"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
@@ -111,7 +111,7 @@ def check_settings(C):
                             "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init"),
               positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
               workers=("load_workers", "num_threads"),
-              choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": ("tssa", "softmax", "linear"),
+              choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": tuple(ATTENTIONS),
                        "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
     cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
@@ -199,7 +199,7 @@ def main(argv):
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-    again = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if there is one; `again` continues
+    resume_cmd = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if any; the command that does
     resume = C.init_from == "resume" or C.eval_only
 
     # -------------------------------------------------------------------------
@@ -255,10 +255,12 @@ def main(argv):
 
         # ---------------------------------------------------------------------
         # model, optimizer and precision, fresh or exactly as the checkpoint left them
-        model = kernels.use(LRAClassifier(mconf), C.tssa_impl).to(device)
+        model = LRAClassifier(mconf).to(device)
+        if C.tssa_impl != "torch":  # fused operators in place of model.py's
+            kernels.use(model, C.tssa_impl)
         raw_model = model  # the plain module: parameters, checkpoints
-        device_type = "cuda" if device.startswith("cuda") else "cpu"
-        optimizer = configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+        device_type = device.split(":")[0]  # "cuda", "mps" or "cpu": autocast's and the scaler's
+        optimizer = tk.configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
         ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         start_iter, best_val_loss, best_val, test_at_best = 0, float("inf"), -1.0, None
@@ -274,7 +276,7 @@ def main(argv):
                 say(f"resumed from {ckpt_path} at iter {start_iter}")
             ckpt = None  # free the memory
         n_params = model.get_num_params()
-        say(f"model: {dict(tssa='ToST', softmax='softmax Transformer', linear='linear-attention Transformer')[mconf.attn]}, {n_params:,} parameters "
+        say(f"model: {mconf.attn} attention, {n_params:,} parameters "
             f"({mconf.n_layer} layers, width {mconf.n_embd}, {mconf.n_head} heads, MLP {mconf.mlp_hidden}, "
             f"{mconf.norm}-norm), {dtype} on {device}, {C.batch_size * C.gradient_accumulation_steps} examples "
             f"per step ({C.gradient_accumulation_steps} x {C.batch_size})")
@@ -294,7 +296,7 @@ def main(argv):
         logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch",
                                 resume_at=start_iter if C.init_from == "resume" else None)  # each iteration once
         if start_iter:
-            cli.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with {again}")
+            cli.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with {resume_cmd}")
         else:
             cli.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
 
@@ -328,7 +330,7 @@ def main(argv):
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), model_args=asdict(mconf),
                             iter_num=it, best_val_loss=best_val_loss, best_val_acc=best_val,
                             test_acc_at_best_val=test_at_best, config=vars(C), rng=rng), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {it}; continue with {again}")
+                    cli.on_interrupt(f"{ckpt_path} holds iter {it}; continue with {resume_cmd}")
                     say(f"saved {ckpt_path}")
             if it == C.max_iters:
                 say(f"max_iters={C.max_iters} reached: best val acc {best_val:.4f}, test acc at best val "

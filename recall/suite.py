@@ -293,7 +293,7 @@ def train_one(job, C, say=None):
     task = Task(job.task, C)
     torch.manual_seed(job.seed)
     model = build_model(job.model, job.recipe, task, C).to(C.device)
-    opt = model.configure_optimizers(RECIPES[job.recipe]["weight_decay"], job.lr, (0.9, C.beta2))
+    opt = tk.configure_adamw(model, RECIPES[job.recipe]["weight_decay"], job.lr, (0.9, C.beta2))
     # the hardest length decides the validation (niah: the longest)
     validate = lambda: min(accuracy(model, task, C.val_examples, T, VAL_SEED, C.device) for T in task.lengths)
     t0, step, curve, val = time.time(), 0, [], 0.0

@@ -101,8 +101,22 @@ def test_prefill_then_steps_equal_the_parallel_forward_and_a_new_prompt_reuses_t
 def test_captured_step_is_only_used_on_cuda_and_decoding_is_eager_elsewhere():
     m = tiny("tssa")
     prompt = torch.randint(0, 31, (1, 4))
-    captured = m.generate(prompt, 6, temperature=0, stepper=kernels.CapturedStep)
-    assert torch.equal(captured, m.generate(prompt, 6, temperature=0))
+    plain = m.generate(prompt, 6, temperature=0)
+    kernels.capture_steps(m)
+    assert isinstance(m.step, kernels.CapturedStep)
+    assert torch.equal(m.generate(prompt, 6, temperature=0), plain)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "hybrid"])
+def test_a_kv_cache_model_slides_its_window_past_block_size(kind):
+    """30 new tokens after a 20-token prompt with block_size 24: the window slides (encoded
+    again), so each greedy token is the argmax of the full forward over the last 24 tokens."""
+    m = tiny(kind)
+    out = m.generate(torch.randint(0, 31, (1, 20)), 30, temperature=0)
+    with torch.no_grad():
+        for t in range(20, 50):
+            logits, _ = m(out[:, max(0, t - 24):t])
+            assert logits[0, -1].argmax().item() == out[0, t].item()
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])

@@ -154,7 +154,7 @@ LANGUAGE_BAD_VALUES = [
     ("train.py", "--n_embd=30"), ("train.py", "--min_lr=1.0"), ("train.py", "--beta2=1.0"),
     ("train.py", "--block_size=100000"), ("train.py", "--gradient_accumulation_steps=0"),
     ("sample.py", "--num_samples=0"), ("sample.py", "--temperature=-1"), ("sample.py", "--top_k=-5"),
-    ("sample.py", "--max_new_tokens=-1"), ("sample.py", "--decode=graph"), ("evaluate.py", "--batch_size=0"),
+    ("sample.py", "--max_new_tokens=-1"), ("sample.py", "--cuda_graph=graph"), ("evaluate.py", "--batch_size=0"),
     ("evaluate.py", "--stride=-1"), ("evaluate.py", "--split=holdout"), ("evaluate.py", "--tssa_impl=cuda"),
 ]
 
