@@ -64,8 +64,10 @@ def choose_device_dtype(device, dtype):
     if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
         raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s)")
     require(dtype == "auto" or dtype in DTYPES, f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
-    if dtype == "auto":
-        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device.startswith("cuda") else "float32"
+    if dtype == "auto" and device.startswith("cuda"):
+        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    elif dtype == "auto":  # the CPU, MPS
+        dtype = "float32"
     if device == "cpu" and dtype == "float16":
         dtype = "bfloat16"  # CPU autocast has no float16 with a GradScaler
     return device, dtype
