@@ -48,8 +48,15 @@ class HalfTSSA(model.TSSA):
         self.ops = model.TSSAOps(*(halved(op) for op in model.REFERENCE_OPS))
 
 
+def shipped_f(monkeypatch):
+    """f(x) = log(1 + x), as shipped: these tests hold in a fork that changed model.f too."""
+    monkeypatch.setattr(model, "f", torch.log1p)
+    monkeypatch.setattr(model, "f_prime", lambda x: 1.0 / (1.0 + x))
+
+
 @pytest.fixture
 def registered(monkeypatch):
+    shipped_f(monkeypatch)
     monkeypatch.setitem(model.ATTENTIONS, "half", HalfTSSA)
 
 
@@ -129,6 +136,7 @@ def saturating_f(monkeypatch):
 
 @pytest.mark.parametrize("kind", [dict(attn="tssa"), dict(attn="tssa", short_conv=3), dict(hybrid_every=2)])
 def test_another_f_changes_the_parallel_forward_and_the_decoding_step_alike(monkeypatch, kind):
+    shipped_f(monkeypatch)
     before = decode_equals_parallel(tiny(**kind))
     saturating_f(monkeypatch)
     after = decode_equals_parallel(tiny(**kind))  # the step follows f' to 1e-5, as the parallel form
@@ -163,6 +171,8 @@ def test_the_fused_implementations_refuse_another_f(monkeypatch, impl):
     with pytest.raises(ValueError, match=rf"^tssa_impl={impl} computes f'\(s\) = 1 / \(1 \+ s\) .*use tssa_impl=torch"):
         kernels.use(tiny(), impl)
     kernels.use(tiny(), "torch")  # the reference follows it: nothing to refuse
+    shipped_f(monkeypatch)
+    kernels.use(tiny(), impl)  # the shipped f: nothing to refuse (the kernels may still fall back)
 
 
 # -----------------------------------------------------------------------------
