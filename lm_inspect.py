@@ -165,7 +165,8 @@ def head_table(pi, pieces, top):
 @torch.no_grad()
 def over_windows(model, folder, split, starts, T, C, meta, detokenize):
     """R_var before/after per TSSA layer (mean, share of windows lowered) over the windows of a
-    split that begin at starts; for val also each TSSA layer's head table and mean entropy."""
+    split that begin at starts; for val also each TSSA layer's head table and mean entropy of Pi
+    (over every token, and at each position)."""
     before, after, pis, ids = [], [], [], []
     for i in range(0, len(starts), C.batch_size):
         x, _ = td.read_batch(folder, split, starts[i:i + C.batch_size], T, C.device, meta)  # (b, T)
@@ -183,6 +184,7 @@ def over_windows(model, folder, split, starts, T, C, meta, detokenize):
         result["heads"] = [head_table(p.permute(0, 2, 1).reshape(-1, p.shape[1]), pieces, C.top_tokens)
                            for p in per_layer]
         result["entropy"] = [float(entropy(p).mean()) for p in per_layer]
+        result["entropy_by_position"] = [entropy(p).mean(0).tolist() for p in per_layer]  # n_tssa x (T,)
     return result
 
 
@@ -234,7 +236,9 @@ def sparkline(values, colour):
     lo, hi = min(values), max(values)
     span = (hi - lo) or 1.0
     W, Hh, n = 240, 34, max(len(values) - 1, 1)
-    points = " ".join(f"{2 + (W - 4) * i / n:.1f},{Hh - 2 - (Hh - 4) * (v - lo) / span:.1f}" for i, v in enumerate(values))
+    xs = [2 + (W - 4) * i / n for i in range(len(values))]
+    ys = [Hh - 2 - (Hh - 4) * (v - lo) / span for v in values]  # (SVG's y grows downwards)
+    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys))
     return (f'<svg class="spark" width="{W}" height="{Hh}" viewBox="0 0 {W} {Hh}" role="img" '
             f'aria-label="from {values[0]:.3g} to {values[-1]:.3g}, range {lo:.3g} to {hi:.3g}">'
             f'<polyline fill="none" stroke="rgb{colour}" stroke-width="1.6" points="{points}"/></svg>'
@@ -259,7 +263,7 @@ h1 { font-size: 1.3em; } h2 { font-size: 1.1em; margin-top: 1.4em; }
         border: 1px solid var(--line); background: var(--bg); }
 .tok { border-radius: 2px; }
 .tok:focus { outline: 2px solid var(--fg); outline-offset: 1px; }
-#info { min-height: 5.5em; background: var(--panel); padding: 0.5em 0.8em; margin: 0.6em 0; }
+#info { min-height: 3.2em; background: var(--panel); padding: 0.5em 0.8em; margin: 0.6em 0; }
 .bar { display: inline-block; height: 0.8em; vertical-align: middle; }
 table { border-collapse: collapse; margin: 0.4em 0; }
 th, td { border-bottom: 1px solid var(--line); padding: 0.2em 0.6em; text-align: left; vertical-align: middle; }
@@ -275,6 +279,7 @@ const tokens = Array.from(document.querySelectorAll("#text .tok"));
 let shown = 0;
 function show(li) {
   shown = li;
+  if (document.getElementById("info").innerHTML) explain(Number(document.body.dataset.token || 0));
   tokens.forEach((t, i) => { t.style.backgroundColor = D.layers[li].background[i];
                              t.dataset.head = D.layers[li].dominant[i] + 1; });
   document.querySelectorAll(".layer").forEach(s => { s.hidden = s.dataset.layer != D.layers[li].layer; });
@@ -286,10 +291,12 @@ function bar(p, k) {
 }
 function explain(i) {
   const L = D.layers[shown], pi = L.pi[i];
+  document.body.dataset.token = i;
   let html = "<b>" + D.visible[i] + "</b> (token " + (i + 1) + ") in layer " + L.layer + ": Pi = ";
   html += pi.map((p, k) => "head " + (k + 1) + " " + bar(p, k) + " " + p.toFixed(3)).join(" &nbsp; ");
-  html += '<br><span class="muted">in every layer shown, largest head (Pi): ' +
-    D.layers.map(M => M.layer + ": " + (M.dominant[i] + 1) + " (" + M.pi[i][M.dominant[i]].toFixed(2) + ")").join(", ") +
+  html += '<br><span class="muted">its largest Pi in each layer shown: ' +
+    D.layers.map(M => "layer " + M.layer + ": head " + (M.dominant[i] + 1) + " (" + M.pi[i][M.dominant[i]].toFixed(2) +
+      ")").join(", ") +
     "</span>";
   document.getElementById("info").innerHTML = html;
 }
@@ -300,6 +307,7 @@ document.querySelectorAll("#layers input").forEach(r => r.addEventListener("chan
 const asked = /layer=(\\d+)/.exec(location.hash);
 const start = asked ? D.layers.findIndex(L => String(L.layer) === asked[1]) : 0;
 show(start >= 0 ? start : 0);
+explain(0);  // the first token's Pi until the reader points at another
 document.body.dataset.ready = "yes";
 """
 
@@ -314,22 +322,28 @@ def text_html(pieces, backgrounds, dominant):
     return "".join(spans)
 
 
-def layer_section(layer, heads, colours, s_mean, entropy_text, rvar_val, H):
-    """One layer's part of the page: what each head takes (val windows) and s along the text."""
+def layer_section(shown, val, t, colours):
+    """One layer's part of the page: shown, the layer's entry of the report; val, the numbers of the
+    val windows, t its index among the TSSA layers: the entropy of Pi, R_var, what each head takes
+    (val windows) and s along the text."""
     cells = "".join(f"<th>{c}</th>" for c in CLASSES)
+    H, n, by_position = len(colours), len(val["starts"]), val["entropy_by_position"][t]
     rows = []
-    for row, s in zip(heads, s_mean):
+    for row, s in zip(val["heads"][t], shown["s_mean"]):
         k = row["head"] - 1
         top = ", ".join(f'<span class="nowrap"><span class="piece">{html.escape(visible(p))}</span> {100 * f:.0f}% '
                         f'({100 * f_all:.0f}%)</span>' for p, f, f_all in row["top"])
         means = "".join(f'<td class="num">{"" if v is None else f"{v:.2f}"}</td>' for v in row["mean_pi"].values())
-        rows.append(f'<tr><td class="nowrap"><span class="swatch" style="background:rgb{colours[k]}"></span>head {k + 1}</td>'
+        swatch = f'<span class="swatch" style="background:rgb{colours[k]}"></span>'
+        rows.append(f'<tr><td class="nowrap">{swatch}head {k + 1}</td>'
                     f'<td class="num">{100 * row["share"]:.0f}%</td><td>{top}</td>{means}'
                     f"<td>{sparkline(s, colours[k])}</td></tr>")
-    return (f'<section class="layer" data-layer="{layer}"><h2>Layer {layer}</h2>'
-            f"<p>Mean entropy of Pi: {entropy_text} (log H = {math.log(H):.3f}: no "
-            f"grouping; 0: each token in one head). R_var over the val windows: {rvar_val[0]:.4g} before this "
-            f"layer's step, {rvar_val[1]:.4g} after (lowered in {100 * rvar_val[2]:.0f}% of the windows).</p>"
+    return (f'<section class="layer" data-layer="{shown["layer"]}"><h2>Layer {shown["layer"]}</h2>'
+            f"<p>Mean entropy of Pi: {shown['entropy']:.3f} on this text, {val['entropy'][t]:.3f} over {n} val "
+            f"windows (log H = {math.log(H):.3f}: no grouping; 0: each token in one head). By position, over the "
+            f"windows: {sparkline(by_position, (128, 128, 128))}</p><p>R_var over the val windows: "
+            f"{val['before'][t]:.4g} before this layer's step, {val['after'][t]:.4g} after (lowered in "
+            f"{100 * val['lowered'][t]:.0f}% of the windows).</p>"
             f'<table><tr><th rowspan="2">head</th><th rowspan="2">share of tokens (largest Pi)</th>'
             f'<th rowspan="2">its most frequent tokens: share of its tokens (of all tokens)</th>'
             f'<th colspan="{len(CLASSES)}">mean Pi on</th><th rowspan="2">running statistic s along the text '
@@ -359,13 +373,7 @@ def page(report, pieces, colours):
     legend = "".join(f'<span><span class="swatch" style="background:rgb{c}"></span>head {k + 1}</span>'
                      for k, c in enumerate(colours))
     val = report["rvar"]["val"]
-    sections = []
-    for L in shown:
-        t = report["tssa_layers"].index(L["layer"])
-        entropy_text = (f"{L['entropy']:.3f} on this text, {val['entropy'][t]:.3f} over "
-                        f"{len(val['starts'])} val windows")
-        sections.append(layer_section(L["layer"], val["heads"][t], colours, L["s_mean"], entropy_text,
-                                      (val["before"][t], val["after"][t], val["lowered"][t]), H))
+    sections = [layer_section(L, val, report["tssa_layers"].index(L["layer"]), colours) for L in shown]
     skipped = (f"<p class='muted'>Softmax blocks (no Pi), skipped: {', '.join(map(str, report['skipped']))}.</p>"
                if report["skipped"] else "")
     first = shown[0]
@@ -382,7 +390,7 @@ Hover over a token, or move to it with Tab, to see its whole Pi.</p>
 <fieldset id="layers"><legend>Layer</legend>{switch}</fieldset>
 <div id="legend" aria-label="legend">{legend}</div>
 <div id="text">{text_html(pieces, first['background'], first['dominant'])}</div>
-<div id="info" aria-live="polite"><span class="muted">Pi of a token: hover over it or focus it.</span></div>
+<div id="info" aria-live="polite"></div>
 <noscript><p>Without JavaScript the page shows layer {first['layer']} only, without the Pi of each token.</p></noscript>
 {''.join(sections)}
 {rvar_table(report['rvar'], report['tssa_layers'])}
@@ -468,7 +476,7 @@ def main(argv):
     C.device = tk.choose_device_dtype(C.device, "float32")[0]
     model, ckpt, path = load(C, C.device)
     tssa_layers = [i + 1 for i, b in enumerate(model.blocks) if isinstance(b.attn, TSSA)]
-    chosen = list(dict.fromkeys(layer_numbers(C.layers, "1,6"))) or tssa_layers  # (given order: the page opens at the first)
+    chosen = list(dict.fromkeys(layer_numbers(C.layers, "1,6"))) or tssa_layers  # the page opens at the first
     cli.require(set(chosen) <= set(tssa_layers), f"layers {C.layers!r}: this model's TSSA layers are "
                                                  f"{','.join(map(str, tssa_layers))}: choose among them")
     out = C.page_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "inspect")
@@ -531,7 +539,10 @@ def print_summary(report, H):
     val = report["rvar"]["val"]
     print(f"{report['description']}; over {len(val['starts'])} val windows (log H = {math.log(H):.3f}):")
     for t, layer in enumerate(report["tssa_layers"]):
-        print(f"layer {layer}: entropy of Pi {val['entropy'][t]:.3f}, R_var {val['before'][t]:.4g} -> "
+        by_position = val["entropy_by_position"][t]
+        early, late = by_position[:8], by_position[len(by_position) // 2:]
+        print(f"layer {layer}: entropy of Pi {val['entropy'][t]:.3f} (first 8 tokens {sum(early) / len(early):.3f}, "
+              f"last half {sum(late) / len(late):.3f}), R_var {val['before'][t]:.4g} -> "
               f"{val['after'][t]:.4g} (lowered in {100 * val['lowered'][t]:.0f}% of the windows)")
         for row in val["heads"][t]:
             top = ", ".join(f"{visible(p)} {100 * f:.0f}% ({100 * f_all:.0f}%)" for p, f, f_all in row["top"])

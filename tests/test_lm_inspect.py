@@ -350,6 +350,8 @@ def test_the_layer_switch_recolours_the_text(run, drawn):
     dom = drawn[3]
     body = re.search(r"<body([^>]*)>", dom).group(1)
     assert 'data-ready="yes"' in body and 'data-layer="2"' in body
+    info = re.search(r'<div id="info"[^>]*>(.*?)</div>', dom, re.S).group(1)  # the first token's Pi, layer 2
+    assert "(token 1) in layer 2: Pi = head 1" in info and info.count('class="bar"') == 2  # (H = 2 bars)
     spans = re.findall(r'<span class="tok"[^>]*>', dom)
     heads = [int(re.search(r'data-head="(\d+)"', s).group(1)) for s in spans]
     colours = [numbers(re.search(r"background-color:\s*([^;\"]+)", s).group(1)) for s in spans]
