@@ -50,7 +50,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import cli
-import model as tost  # for tost.STAT_EPS (a module constant would read as a setting)
+import model as tost  # tost.STAT_EPS, tost.stat_dtype (an imported constant would read as a setting)
 import textdata as td
 import trainkit as tk
 from model import TSSA
@@ -108,8 +108,8 @@ def recorded_forward(model, idx):
 
 def running_statistic(w, pi):
     """s_k(j) of MATH.md §4.3, the prefix Pi-weighted second moment: w (B, H, T, p), pi (B, H, T)
-    -> (B, H, T, p), in fp32 (or fp64) whatever the dtype of w."""
-    w_sq = w.float().square() if w.dtype != torch.float64 else w.square()
+    -> (B, H, T, p), in fp32 for fp16/bf16 w (as causal_tssa keeps it)."""
+    w_sq = w.to(tost.stat_dtype(w.dtype)).square()
     pi = pi.to(w_sq.dtype)
     return (pi[..., None] * w_sq).cumsum(2) / (pi.cumsum(2)[..., None] + tost.STAT_EPS)
 
@@ -142,23 +142,24 @@ def visible(piece):
 
 def head_table(pi, pieces, top):
     """What each head takes, over tokens pi (N, H) with their texts pieces (N,): per head its
-    share of the tokens (largest Pi), its most frequent tokens (share of the head's tokens) and
-    its mean Pi on each class of CLASSES."""
-    H = pi.shape[1]
-    dominant = pi.argmax(1).tolist()
-    classes = [token_class(p) for p in pieces]
+    share of the tokens (largest Pi), its most frequent tokens (share of the head's tokens, and of
+    all tokens) and its mean Pi on each class of CLASSES (None for a class with no token)."""
+    H, N = pi.shape[1], len(pieces)
+    kinds = [token_class(p) for p in pieces]
+    mean_pi = {}  # class -> (H,) mean Pi of its tokens
+    for c in CLASSES:
+        mask = torch.tensor([kind == c for kind in kinds], dtype=torch.bool)  # (N,)
+        mean_pi[c] = pi[mask].double().mean(0).tolist() if mask.any() else None
+    taken = [Counter() for _ in range(H)]  # per head: how often it holds each token's largest Pi
+    for piece, k in zip(pieces, pi.argmax(1).tolist()):
+        taken[k][piece] += 1
     overall = Counter(pieces)
     rows = []
-    for k in range(H):
-        mine = Counter(p for p, d in zip(pieces, dominant) if d == k)
+    for k, mine in enumerate(taken):
         n_mine = sum(mine.values())
-        by_class = {}
-        for c in CLASSES:
-            idx = [i for i, ci in enumerate(classes) if ci == c]
-            by_class[c] = float(pi[idx, k].double().mean()) if idx else None
-        rows.append({"head": k + 1, "share": n_mine / len(pieces),  # top: [token, share of the head's, of all]
-                     "top": [[p, n / n_mine, overall[p] / len(pieces)] for p, n in mine.most_common(top)],
-                     "mean_pi": by_class})
+        rows.append({"head": k + 1, "share": n_mine / N,  # top: [token, share of the head's tokens, of all]
+                     "top": [[p, n / n_mine, overall[p] / N] for p, n in mine.most_common(top)],
+                     "mean_pi": {c: None if v is None else v[k] for c, v in mean_pi.items()}})
     return rows
 
 
@@ -195,13 +196,14 @@ def over_windows(model, folder, split, starts, T, C, meta, detokenize):
 def pi_tokens_figure(pieces, rows, row_layers, title):
     """Pi of each token (columns) in each head (rows), one panel per chosen layer; rows: (H, T) each."""
     H, T = rows[0].shape
-    fig, axes = plt.subplots(len(rows), 1, figsize=(max(8.0, 0.12 * T + 2), max(2.6, 0.32 * H * len(rows) + 1.4)),
+    width = min(max(8.0, 0.12 * T + 2), 40.0)  # inches: a column per token, up to 4000 pixels
+    fig, axes = plt.subplots(len(rows), 1, figsize=(width, max(2.6, 0.32 * H * len(rows) + 1.4)),
                              squeeze=False, layout="constrained")
     for ax, pi, layer in zip(axes[:, 0], rows, row_layers):
         im = ax.imshow(pi, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.set_yticks(range(H), [f"head {k + 1}" for k in range(H)], fontsize=7)
         ax.set_ylabel(f"layer {layer}")
-        step = max(1, T // 160)  # a label per token while they fit
+        step = max(1, round(T / (8.5 * width)))  # a label per token while they fit (8.5 an inch at 6 points)
         ax.set_xticks(range(0, T, step), [visible(p) for p in pieces[::step]], fontsize=6, fontfamily="monospace")
     bar = fig.colorbar(im, ax=axes, shrink=0.9)
     bar.set_label("Pi (1/H: no grouping)")
@@ -456,6 +458,21 @@ def shown_tokens(C, encode, T, folder, meta):
     return x[0].tolist(), f"val.bin tokens {C.val_start}..{C.val_start + T - 1}"
 
 
+def text_layers(model, idx, chosen, colours):
+    """For each chosen layer, over the text idx (1, T): Pi (T, H, 4 decimals), the dominant head
+    and the page's colour of each token, the mean entropy of Pi, s along the text (H, T)."""
+    layer_maps = recorded_forward(model, idx)[1]
+    shown = []
+    for layer in chosen:
+        m = layer_maps[layer - 1]
+        pi = m["pi"][0].cpu().double()  # (H, T)
+        shown.append({"layer": layer, "pi": [[round(v, 4) for v in col] for col in pi.T.tolist()],
+                      "dominant": pi.argmax(0).tolist(), "background": token_backgrounds(pi, colours),
+                      "entropy": float(entropy(pi).mean()),
+                      "s_mean": running_statistic(m["w"], m["pi"])[0].mean(-1).tolist()})  # (H, T)
+    return shown
+
+
 def load(C, dev):
     """(model, ckpt, path) of a TSSA run, or one line that says why not."""
     path = C.ckpt_path or os.path.join(C.out_dir, "ckpt.pt")
@@ -491,20 +508,13 @@ def main(argv):
     # the text: each chosen layer's Pi, its dominant head and the running statistic along it
     ids, description = shown_tokens(C, encode, T, folder, meta)
     pieces = [detokenize([t]) for t in ids]
-    _, layer_maps = recorded_forward(model, torch.tensor([ids], device=C.device))
     colours = head_colours(H)
     report = {"checkpoint": os.path.abspath(path), "checkpoint_name": path, "iter": ckpt.get("iter_num"),
               "attn": model.config.attn, "short_conv": model.config.short_conv, "n_head": H,
-              "tssa_layers": tssa_layers, "skipped": [i + 1 for i, m in enumerate(layer_maps) if m is None],
+              "tssa_layers": tssa_layers, "skipped": sorted(set(range(1, len(model.blocks) + 1)) - set(tssa_layers)),
               "description": f"{path} (iteration {ckpt.get('iter_num')}): {description}",
-              "tokens": ids, "pieces": pieces, "colours": colours, "layers": []}
-    for layer in chosen:
-        m = layer_maps[layer - 1]
-        pi = m["pi"][0].cpu().double()  # (H, T)
-        report["layers"].append({
-            "layer": layer, "pi": [[round(v, 4) for v in col] for col in pi.T.tolist()],  # (T, H)
-            "dominant": pi.argmax(0).tolist(), "background": token_backgrounds(pi, colours),
-            "entropy": float(entropy(pi).mean()), "s_mean": running_statistic(m["w"], m["pi"])[0].mean(-1).tolist()})
+              "tokens": ids, "pieces": pieces, "colours": colours,
+              "layers": text_layers(model, torch.tensor([ids], device=C.device), chosen, colours)}
 
     # R_var over windows of both splits, what each head takes over the val windows
     report["rvar"] = {}
@@ -519,19 +529,26 @@ def main(argv):
              "rvar.png": rvar_figure(report["rvar"], tssa_layers, f"{C.n_windows} windows of {T} tokens", title),
              "index.html": page(report, pieces, colours).encode()}
     report["files"] = sorted(files) + ["inspect.json"]
-    replacing = os.path.isfile(os.path.join(out, "index.html"))
+    print_summary(report, H)
+    write_all(out, files, report, C.screenshot)
+    return report
+
+
+def write_all(out, files, report, screenshot):
+    """Each file whole or not at all, inspect.json last; then the picture of the page, if asked."""
+    replacing = " (replacing the earlier inspection)" if os.path.isfile(os.path.join(out, "index.html")) else ""
     for name, data in files.items():
         with cli.atomic_write(os.path.join(out, name)) as f:
             f.write(data)
     with cli.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
         json.dump(report, f, indent=1)
-    if C.screenshot:  # after the page is whole: the picture shows the file as written
-        with cli.atomic_write(C.screenshot) as f:
-            f.write(screenshot_png(os.path.join(out, "index.html")))
-        print(f"wrote {C.screenshot}: the page as it opens")
-    print_summary(report, H)
-    print(f"wrote {', '.join(report['files'])} to {out}" + (" (replacing the earlier inspection)" if replacing else ""))
-    return report
+    print(f"wrote {', '.join(report['files'])} to {out}{replacing}")
+    if screenshot:  # after the page is whole: the picture shows the file as written
+        replacing = " (replacing it)" if os.path.exists(screenshot) else ""
+        png = screenshot_png(os.path.join(out, "index.html"))
+        with cli.atomic_write(screenshot) as f:
+            f.write(png)
+        print(f"wrote {screenshot}{replacing}: the page as it opens")
 
 
 def print_summary(report, H):

@@ -18,6 +18,7 @@ import re
 import sys
 from collections import Counter
 from html.parser import HTMLParser
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -156,7 +157,9 @@ def test_what_each_head_takes_is_counted_over_the_val_windows(run):
     for layer in (0, 1):
         pi = maps[layer]["pi"].permute(0, 2, 1).reshape(-1, 2).double()  # (n * T, H)
         heads = rec["heads"][layer]
-        assert math.isclose(rec["entropy"][layer], float(-(pi * pi.log()).sum(1).mean()), rel_tol=1e-9)
+        entropy = -(pi * pi.log()).sum(1)  # (n * T,), window by window
+        assert math.isclose(rec["entropy"][layer], float(entropy.mean()), rel_tol=1e-9)  # (float64 both)
+        assert np.allclose(rec["entropy_by_position"][layer], entropy.view(-1, T).mean(0).numpy(), rtol=1e-9, atol=0)
         for k, row in enumerate(heads):
             mine = [p for p, d in zip(pieces, pi.argmax(1).tolist()) if d == k]
             assert math.isclose(row["share"], len(mine) / len(pieces), rel_tol=1e-12)
@@ -169,6 +172,27 @@ def test_what_each_head_takes_is_counted_over_the_val_windows(run):
                 chosen = [i for i, c in enumerate(kinds) if c == kind]
                 assert math.isclose(value, float(pi[chosen, k].mean()), rel_tol=1e-9), (kind, k)
         assert math.isclose(sum(row["share"] for row in heads), 1.0, rel_tol=1e-12)
+
+
+def test_the_summary_says_it_per_layer_and_head(run, capsys):
+    _, val, _ = run
+    lm_inspect.print_summary(val, 2)
+    out = capsys.readouterr().out
+    by_position = val["rvar"]["val"]["entropy_by_position"][0]
+    assert (f"layer 1: entropy of Pi {val['rvar']['val']['entropy'][0]:.3f} (first 8 tokens "
+            f"{sum(by_position[:8]) / 8:.3f}, last half {sum(by_position[T // 2:]) / (T // 2):.3f}), R_var "
+            f"{val['rvar']['val']['before'][0]:.4g} -> {val['rvar']['val']['after'][0]:.4g}") in out
+    assert len(re.findall(r"^  head \d: +\d+% of tokens, most often .*; mean Pi on letters", out, re.M)) == 4
+    assert "(log H = 0.693)" in out and out.rstrip().endswith("softmax blocks (no Pi), skipped: 3")
+
+
+def test_a_text_longer_than_block_size_is_cut_and_a_file_is_read(tmp_path):
+    encode, _ = td.load_tokenizer({"tokenizer": "char", "chars": CHARS})
+    (tmp_path / "t.txt").write_text("\ufeffIf x", encoding="utf-8")  # (a byte-order mark is no text)
+    for text, ids, note in (("a" * (T + 5), [CHARS.index("a")] * T, f"the first {T} tokens of the text given"),
+                            (f"FILE:{tmp_path}/t.txt", [CHARS.index(c) for c in "If x"], "the text given")):
+        C = SimpleNamespace(text=text, val_start=0)
+        assert lm_inspect.shown_tokens(C, encode, T, None, None) == (ids, note)
 
 
 def test_the_files_and_the_skipped_softmax_block(run):
