@@ -54,7 +54,7 @@ import model as tost  # tost.STAT_EPS, tost.stat_dtype (an imported constant wou
 import textdata as td
 import trainkit as tk
 from model import TSSA
-from whitebox import layer_numbers, png_bytes, rvar_figure, step_rvar
+from whitebox import layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
 
 # -----------------------------------------------------------------------------
 # settings
@@ -537,11 +537,7 @@ def main(argv):
 def write_all(out, files, report, screenshot):
     """Each file whole or not at all, inspect.json last; then the picture of the page, if asked."""
     replacing = " (replacing the earlier inspection)" if os.path.isfile(os.path.join(out, "index.html")) else ""
-    for name, data in files.items():
-        with cli.atomic_write(os.path.join(out, name)) as f:
-            f.write(data)
-    with cli.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_outputs(out, files, report)
     print(f"wrote {', '.join(report['files'])} to {out}{replacing}")
     if screenshot:  # after the page is whole: the picture shows the file as written
         replacing = " (replacing it)" if os.path.exists(screenshot) else ""

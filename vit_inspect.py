@@ -22,7 +22,6 @@ R_var for certain only with the tied output map of the theory (MATH.md §2.5); t
 free, and the tool reports what it finds.
 """
 
-import json
 import os
 import sys
 from types import SimpleNamespace
@@ -37,7 +36,7 @@ from matplotlib.ticker import FormatStrFormatter
 import cli
 import trainkit as tk
 import vit_data
-from whitebox import layer_numbers, png_bytes, rvar_figure, step_rvar
+from whitebox import layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
 
 # -----------------------------------------------------------------------------
 # settings
@@ -194,11 +193,7 @@ def main(argv):
         print("share of val images the step lowered, by layer:",
               " ".join(f"{100 * v:.0f}%" for v in report["rvar"]["val"]["lowered"]))
     report["files"] = sorted(pictures)
-    for name, data in pictures.items():
-        with cli.atomic_write(os.path.join(out, name)) as f:
-            f.write(data)
-    with cli.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_outputs(out, pictures, report)
     print(f"wrote {len(pictures)} pictures and inspect.json to {out}")
     return report
 

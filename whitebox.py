@@ -1,10 +1,13 @@
 """
 What the two white-box tools share (vit_inspect.py for images, lm_inspect.py for text; MATH.md §7):
 R_var of a TSSA layer's tokens before and after its step, the figure of it layer by layer, the
-layers a person names on the command line, a figure as PNG bytes. A library: no script here.
+layers a person names on the command line, a figure as PNG bytes, writing what they drew. A
+library: no script here.
 """
 
 import io
+import json
+import os
 
 import matplotlib
 
@@ -63,3 +66,13 @@ def rvar_figure(rvar, layers, over, title):
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     return png_bytes(fig)
+
+
+def write_outputs(out, files, report):
+    """files ({name: bytes}) into the folder out, each whole or not at all, then the report as
+    inspect.json (last: a folder with an inspect.json has all its files)."""
+    for name, data in files.items():
+        with cli.atomic_write(os.path.join(out, name)) as f:
+            f.write(data)
+    with cli.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
+        json.dump(report, f, indent=1)
