@@ -22,8 +22,6 @@ R_var for certain only with the tied output map of the theory (MATH.md §2.5); t
 free, and the tool reports what it finds.
 """
 
-import io
-import json
 import os
 import sys
 from types import SimpleNamespace
@@ -33,12 +31,12 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+from matplotlib.ticker import FormatStrFormatter
 
 import cli
 import trainkit as tk
 import vit_data
-from model import split_heads, compression_objective
+from whitebox import layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
 
 # -----------------------------------------------------------------------------
 # settings
@@ -56,14 +54,6 @@ DEFAULTS = cli.config_defaults(globals())
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 
 
-def layer_numbers(text):
-    """"1,6,12" -> [1, 6, 12] ("" -> [])."""
-    try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise cli.ConfigError(f"layers must be layer numbers like '1,6,12', got {text!r}") from None
-
-
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or built."""
     cli.check(C, at_least_1=("n_show", "n_rvar", "batch_size"), workers=("num_threads",))
@@ -78,11 +68,7 @@ def rvar_before_after(model, x):
     maps = {}
     logits = model(x, record=maps)
     maps["logits"] = logits
-    before, after = [], []
-    for block, m in zip(model.blocks, maps["layers"]):
-        before.append(compression_objective(m["w"], m["pi"]))  # (B,)
-        w_after = split_heads(block.attn.c_in(m["z"] + block.ls_1(m["out"])), block.attn.n_head)  # same U
-        after.append(compression_objective(w_after, m["pi"]))  # same Pi
+    before, after = zip(*(step_rvar(block, m) for block, m in zip(model.blocks, maps["layers"])))  # L x (B,)
     return torch.stack(before, 1), torch.stack(after, 1), maps
 
 
@@ -100,13 +86,6 @@ def rvar_over(model, view, indices, dataset_name, bs, dev):
 
 # -----------------------------------------------------------------------------
 # figures (rendered to PNG bytes, written at the end)
-
-
-def png_bytes(fig):
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def map_figure(picture, rows, row_labels, title, scale_label, vmax):
@@ -127,31 +106,6 @@ def map_figure(picture, rows, row_labels, title, scale_label, vmax):
     bar = fig.colorbar(im, ax=axes, shrink=0.9)
     bar.set_label(scale_label)
     bar.ax.yaxis.set_major_formatter(FormatStrFormatter("%.2g"))
-    fig.suptitle(title)
-    return png_bytes(fig)
-
-
-def rvar_figure(rvar, title):
-    """Figure 4a: R_var after (solid) and before (dotted) each layer's step; after - before."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    L = len(rvar["val"]["after"])
-    layers = list(range(1, L + 1))
-    for split, colour in (("train", "tab:blue"), ("val", "tab:orange")):
-        r = rvar[split]
-        left.plot(layers, r["after"], "-o", color=colour, label=f"{split}, after the step")
-        left.plot(layers, r["before"], ":", color=colour, label=f"{split}, before the step")
-        offset = -0.2 if split == "train" else 0.2
-        right.bar([l + offset for l in layers], [a - b for a, b in zip(r["after"], r["before"])], width=0.4,
-                  color=colour, label=split)
-    right.axhline(0, color="black", linewidth=0.8)
-    n = len(rvar["val"]["indices"])
-    left.set(title="R_var by layer", xlabel="ToST layer", ylabel=f"R_var (mean of {n} images)")
-    right.set(title="after - before (below 0: the step lowered R_var)", xlabel="ToST layer", ylabel="change in R_var")
-    for ax in (left, right):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     fig.suptitle(title)
     return png_bytes(fig)
 
@@ -232,16 +186,14 @@ def main(argv):
             indices = torch.randperm(len(src), generator=torch.Generator().manual_seed(0))[:C.n_rvar].tolist()
             view = vit_data.View(src, T, train=False)
             report["rvar"][split] = rvar_over(model, view, indices, T.dataset, C.batch_size, dev)
-        pictures["rvar.png"] = rvar_figure(report["rvar"], f"{path}: {L} ToST layers, iteration {ck.get('iter_num')}")
+        pictures["rvar.png"] = rvar_figure(report["rvar"], list(range(1, L + 1)),
+                                           f"{len(report['rvar']['val']['indices'])} images",
+                                           f"{path}: {L} ToST layers, iteration {ck.get('iter_num')}")
         print("R_var after each layer's step (val):", " ".join(f"{v:.4g}" for v in report["rvar"]["val"]["after"]))
         print("share of val images the step lowered, by layer:",
               " ".join(f"{100 * v:.0f}%" for v in report["rvar"]["val"]["lowered"]))
     report["files"] = sorted(pictures)
-    for name, data in pictures.items():
-        with cli.atomic_write(os.path.join(out, name)) as f:
-            f.write(data)
-    with cli.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_outputs(out, pictures, report)
     print(f"wrote {len(pictures)} pictures and inspect.json to {out}")
     return report
 

@@ -15,7 +15,8 @@ import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("train.py", "sample.py", "evaluate.py", "prepare_char.py", "prepare_openwebtext.py", "vit_train.py",
-           "vit_inspect.py", "bench.py", "lra/train.py", "lra/generate.py", "lra/summary.py", "lm_harness.py")
+           "vit_inspect.py", "lm_inspect.py", "bench.py", "lra/train.py", "lra/generate.py", "lra/summary.py",
+           "lm_harness.py")
 TOKEN = re.compile(r"(python\s+)?((?:[\w.-]+/)*[\w.-]+\.py)\b|(?<![\w-])--([a-z_][a-z0-9_]*)")
 
 

@@ -479,6 +479,7 @@ READERS = {  # script -> (its arguments, the kind of checkpoint it reads)
     "evaluate.py": (["--out_dir=old"], "language"),
     "vit_train.py": (["--out_dir=old", "--init_from=resume", "--device=cpu"], "vit"),
     "vit_inspect.py": (["--ckpt=old"], "vit"),
+    "lm_inspect.py": (["--out_dir=old"], "language"),
     "lra/train.py": (["--out_dir=old", "--eval_only=True", "--device=cpu"], "lra"),
 }
 

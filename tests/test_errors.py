@@ -30,7 +30,7 @@ import cli  # noqa: E402
 import trainkit as tk  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
 
-CONFIGURED = ["train.py", "sample.py", "evaluate.py", "vit_train.py", "vit_inspect.py", "bench.py",
+CONFIGURED = ["train.py", "sample.py", "evaluate.py", "vit_train.py", "vit_inspect.py", "lm_inspect.py", "bench.py",
               "lra/train.py", "lra/generate.py"]  # the scripts that read config files
 TINY = ["--dataset=tiny_char", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4",
         "--gradient_accumulation_steps=1", "--eval_iters=2", "--log_interval=100", "--num_threads=1",

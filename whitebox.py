@@ -1,0 +1,78 @@
+"""
+What the two white-box tools share (vit_inspect.py for images, lm_inspect.py for text; MATH.md §7):
+R_var of a TSSA layer's tokens before and after its step, the figure of it layer by layer, the
+layers a person names on the command line, a figure as PNG bytes, writing what they drew. A
+library: no script here.
+"""
+
+import io
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+
+import cli
+from model import compression_objective, split_heads
+
+
+def layer_numbers(text, example="1,6,12"):
+    """"1,6,12" -> [1, 6, 12] ("" -> []); anything else is one line that shows the form."""
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise cli.ConfigError(f"layers must be layer numbers like '{example}', got {text!r}") from None
+
+
+@torch.no_grad()
+def step_rvar(block, maps):
+    """R_var (B,) of a block's TSSA tokens before and after its step, from the record of
+    TSSA.forward (z, w = U^T z, pi, out): before = compression_objective(w, Pi), after = the same
+    on c_in(z + ls_1(out)), the tokens moved by the step seen through the same U and Pi."""
+    before = compression_objective(maps["w"], maps["pi"])
+    w_after = split_heads(block.attn.c_in(maps["z"] + block.ls_1(maps["out"])), block.attn.n_head)  # same U
+    return before, compression_objective(w_after, maps["pi"])  # same Pi
+
+
+def png_bytes(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def rvar_figure(rvar, layers, over, title):
+    """The paper's Figure 4a: R_var after (solid) and before (dotted) each layer's step, for the
+    train and val splits of rvar ({split: {"before": [...], "after": [...]}}), at layer numbers
+    `layers`; and after - before per layer. over: what each mean is over ("500 images")."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for split, colour, offset in (("train", "tab:blue", -0.2), ("val", "tab:orange", 0.2)):
+        r = rvar[split]
+        left.plot(layers, r["after"], "-o", color=colour, label=f"{split}, after the step")
+        left.plot(layers, r["before"], ":", color=colour, label=f"{split}, before the step")
+        right.bar([l + offset for l in layers], [a - b for a, b in zip(r["after"], r["before"])], width=0.4,
+                  color=colour, label=split)
+    right.axhline(0, color="black", linewidth=0.8)
+    left.set(title="R_var by layer", xlabel="TSSA layer", ylabel=f"R_var (mean of {over})")
+    right.set(title="after - before (below 0: the step lowered R_var)", xlabel="TSSA layer", ylabel="change in R_var")
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return png_bytes(fig)
+
+
+def write_outputs(out, files, report):
+    """files ({name: bytes}) into the folder out, each whole or not at all, then the report as
+    inspect.json (last: a folder with an inspect.json has all its files)."""
+    for name, data in files.items():
+        with cli.atomic_write(os.path.join(out, name)) as f:
+            f.write(data)
+    with cli.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
+        json.dump(report, f, indent=1)
