@@ -164,7 +164,7 @@ def head_table(pi, pieces, top):
 
 
 @torch.no_grad()
-def over_windows(model, folder, split, starts, T, C, meta, detokenize):
+def over_windows(model, folder, split, starts, T, C, meta, decode):
     """R_var before/after per TSSA layer (mean, share of windows lowered) over the windows of a
     split that begin at starts; for val also each TSSA layer's head table and mean entropy of Pi
     (over every token, and at each position)."""
@@ -180,7 +180,7 @@ def over_windows(model, folder, split, starts, T, C, meta, detokenize):
     result = {"starts": [int(s) for s in starts], "before": before.mean(0).tolist(), "after": after.mean(0).tolist(),
               "lowered": (after < before).double().mean(0).tolist()}
     if split == "val":
-        pieces = [detokenize([t]) for t in torch.cat(ids).flatten().tolist()]  # (n * T,)
+        pieces = [decode([t]) for t in torch.cat(ids).flatten().tolist()]  # (n * T,)
         per_layer = [torch.cat([p[l] for p in pis]) for l in range(len(pis[0]))]  # n_tssa x (n, H, T)
         result["heads"] = [head_table(p.permute(0, 2, 1).reshape(-1, p.shape[1]), pieces, C.top_tokens)
                            for p in per_layer]
@@ -503,11 +503,11 @@ def main(argv):
     dataset, T, H = run["dataset"], model.config.block_size, model.config.n_head
     folder, meta = td.open_dataset(C.data_dir or run.get("data_dir", "data"), dataset, ("train", "val"), T)
     td.check_tokenizer(ckpt, meta, path, dataset, "inspect it with the data it was trained on (--data_dir)")
-    encode, detokenize = td.load_tokenizer(ckpt["tokenizer"])
+    encode, decode = td.load_tokenizer(ckpt["tokenizer"])
 
     # the text: each chosen layer's Pi, its dominant head and the running statistic along it
     ids, description = shown_tokens(C, encode, T, folder, meta)
-    pieces = [detokenize([t]) for t in ids]
+    pieces = [decode([t]) for t in ids]
     colours = head_colours(H)
     report = {"checkpoint": os.path.abspath(path), "checkpoint_name": path, "iter": ckpt.get("iter_num"),
               "attn": model.config.attn, "short_conv": model.config.short_conv, "n_head": H,
@@ -521,7 +521,7 @@ def main(argv):
     for split in ("train", "val"):
         n = meta["splits"][split]
         starts = torch.randint(0, n - T, (C.n_windows,), generator=torch.Generator().manual_seed(0)).tolist()
-        report["rvar"][split] = over_windows(model, folder, split, starts, T, C, meta, detokenize)
+        report["rvar"][split] = over_windows(model, folder, split, starts, T, C, meta, decode)
 
     title = f"{path}: iteration {ckpt.get('iter_num')}, {len(tssa_layers)} TSSA layers of {len(model.blocks)}"
     files = {"pi_tokens.png": pi_tokens_figure(pieces, [torch.tensor(L["pi"]).T.numpy() for L in report["layers"]],
