@@ -126,6 +126,14 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
     return (out, pi.detach()) if return_pi else out
 
 
+def prefix_sum(x, block=32):
+    """x.cumsum(2) of x (B, H, T, p) as nested scans of <= block tokens (each block, then the block totals likewise):
+    Inductor sends a longer scan over few rows (B H p < 64 per SM) to its split-scan path, which torch 2.11 fails."""
+    inner = F.pad(x, (0, 0, 0, -x.shape[2] % block)).unflatten(2, (-1, block)).cumsum(3)  # (B, H, n, block, p)
+    before = prefix_sum(inner[:, :, :-1, -1], block) if inner.shape[2] > 1 else inner[:, :, :0, -1]  # (B, H, n - 1, p)
+    return torch.cat([inner[:, :, :1], inner[:, :, 1:] + before.unsqueeze(3)], 2).flatten(2, 3)[:, :, :x.shape[2]]
+
+
 def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
     """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
     sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
@@ -136,13 +144,12 @@ def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
     w32 = w.to(stat_dtype(w.dtype))
     w_sq = w32.square()  # (B, H, T, p)
     # Pi[j] from the prefix: features normalised by their running sum of squares (floored)
-    w_sq_normed = w_sq / w_sq.cumsum(dim=2).clamp_min(PI_NORM_EPS)  # (B, H, T, p)
+    w_sq_normed = w_sq / prefix_sum(w_sq).clamp_min(PI_NORM_EPS)  # (B, H, T, p)
     logits = temp * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
     pi = pi_from_logits(logits, pi_mode)  # (B, H, T)
     # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
-    s = (pi.unsqueeze(-1) * w_sq).cumsum(dim=2) / (pi.cumsum(dim=2).unsqueeze(-1) + STAT_EPS)
-    out = -pi.unsqueeze(-1) * w32 / (1.0 + s)  # (B, H, T, p)
-    out = out.to(w.dtype)
+    s = prefix_sum(pi.unsqueeze(-1) * w_sq) / (prefix_sum(pi.unsqueeze(-1)) + STAT_EPS)  # (B, H, T, p)
+    out = (-pi.unsqueeze(-1) * w32 / (1.0 + s)).to(w.dtype)  # (B, H, T, p)
     return (out, pi.detach()) if return_pi else out
 
 
