@@ -103,7 +103,7 @@ main_iters = 200  # report: iterations of the main job
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())  # the settings above
 SUITES = ("op", "decode", "model", "model_decode", "vit")
-IMPLS = kernels.IMPLS + ("sdpa", "compiled")
+IMPLS = tuple(i for i in kernels.IMPLS if i != "auto") + ("sdpa", "compiled")  # (--impls=auto: the default set)
 MODES = ("fwd", "fwdbwd")
 
 

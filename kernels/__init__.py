@@ -4,6 +4,8 @@ kernels: opt-in fused TSSA kernels (same maths as model.py, fewer passes over me
 model.py's functions are the reference and the default (tssa_impl="torch"); model.py knows
 nothing of this package. A script swaps the operators of every TSSA module of a built model:
     model = kernels.use(GPT(config), "cpu")      # or "triton"; "torch" puts the reference back
+  "auto"    auto.py: "triton" where the Triton kernels pass a first-call check against the
+            reference (a CUDA GPU), else the reference, with one warning (the GPU configs' choice).
   "cpu"     cpu.py + tssa_cpu.c: C kernels compiled once with the system C compiler, OpenMP
             over batch rows and chunks of tokens, all heads of a token together.
   "triton"  triton_tssa.py: Triton kernels over chunks of tokens (CUDA; TRITON_INTERPRET=1
@@ -46,17 +48,20 @@ own every head of a chunk (K1 | K2 | K3 forward, B1 | B2 | B3 backward: triton_t
 """
 
 import model
+from kernels.auto import AUTO_OPS
 from kernels.cross_entropy import chunked_cross_entropy
 from kernels.cuda_graph import CapturedStep  # noqa: F401  (kernels.CapturedStep: GPT.decode's stepper)
 from kernels.fused import fused_ops
 
-IMPLS = ("torch", "cpu", "triton")  # the values of every script's tssa_impl setting
+IMPLS = ("torch", "cpu", "triton", "auto")  # the values of every script's tssa_impl setting
 
 
 def ops_for(impl):
     """The operator functions (model.TSSAOps: tssa, causal_tssa, causal_tssa_step) of impl."""
     if impl not in IMPLS:
         raise ValueError(f"tssa_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "auto":
+        return AUTO_OPS
     return model.REFERENCE_OPS if impl == "torch" else fused_ops(impl)
 
 
