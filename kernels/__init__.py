@@ -21,7 +21,8 @@ backward as torch.library custom operators, which torch.compile keeps inside its
 gpu_check.py checks the Triton kernels on a GPU (accuracy, determinism, > 2^31 elements,
 compute-sanitizer, profile). Two more fast paths that are not TSSA: cross_entropy.py, the loss
 without the (B, T, V) logits (kernels.use(..., chunked_loss=True)), and cuda_graph.py, a
-decoding step replayed as a CUDA graph (kernels.CapturedStep). Pi comes back detached, as from model.py;
+decoding step replayed as a CUDA graph, op by op (kernels.CapturedStep) or compiled
+(kernels.CompiledStep). Pi comes back detached, as from model.py;
 gradients flow to w, temp and pos_bias. The guards PI_NORM_EPS and STAT_EPS are model.py's,
 passed to every kernel call.
 
@@ -50,7 +51,7 @@ own every head of a chunk (K1 | K2 | K3 forward, B1 | B2 | B3 backward: triton_t
 import model
 from kernels.auto import AUTO_OPS
 from kernels.cross_entropy import chunked_cross_entropy
-from kernels.cuda_graph import CapturedStep  # noqa: F401  (kernels.CapturedStep: GPT.decode's stepper)
+from kernels.cuda_graph import CapturedStep, CompiledStep  # noqa: F401  (GPT.decode's steppers)
 from kernels.fused import fused_ops
 
 IMPLS = ("torch", "cpu", "triton", "auto")  # the values of every script's tssa_impl setting
