@@ -87,7 +87,7 @@ PICKS_TRITON = textwrap.dedent("""
     import warnings
     import torch
     import kernels, model
-    from kernels import auto, triton_tssa
+    from kernels import auto, fused, triton_tssa
     assert triton_tssa.INTERPRET
     auto.CHECK_ON_CPU = True  # the check runs here as it does on a CUDA GPU
     torch.manual_seed(0)
@@ -103,6 +103,13 @@ PICKS_TRITON = textwrap.dedent("""
         assert auto.chosen(idx.device).causal_tssa.__self__.failure is None
     # fp32 sums in another order: 1e-4 of the loss
     torch.testing.assert_close(loss, ref(idx, idx)[1], rtol=1e-4, atol=0)
+    # compiled, as the GPU configs run it: the answer is a constant of the graph, the kernels custom operators
+    auto._REFUSALS.clear()
+    fused.PROBE_ON_CPU = True  # the operators' start-up probe runs here as on a GPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, compiled_loss = torch.compile(picked, backend="aot_eager")(idx, idx)  # the graph, without a C++ build
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-6, atol=0)
     print("picked triton", auto._REFUSALS)
 """)
 
