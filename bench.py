@@ -11,18 +11,20 @@ THE REPORT (--report): one fixed protocol for a GPU, the source of SPEED.md's GP
 Sections (SECTIONS below; each in its own process under a time limit, --section_s to change):
 meta, gpu_check_accuracy, gpu_check_determinism (python -m kernels.gpu_check), op (TSSA fwd+bwd
 vs SDPA with FlashAttention-2 and cuDNN forced, B=1 at T, and the training shape B=16 T=1K; GPU
-busy time and kernels per call from torch.profiler), decode (per token, 1K..64K, ToST and GPT-2
-with its static KV cache, eager and CUDA graph), train_tost / train_gpt2_flash /
-train_gpt2_cudnn / train_tost_triton (the compiled training step at 4K..64K, equal tokens per
-step), main_job (train.py, config/tost_owt.py, main_iters iterations on synthetic tokens:
-tokens/s, MFU). Each section writes its rows as it goes; one that hangs is stopped at its limit
-and recorded as timed_out with the rows it measured, and the next section runs. The parent
-merges the sections into one JSON after each (--out, a file or a folder ending in /; by default
-out-bench/<gpu>.json for a full CUDA report, out-bench/cpu-report.json or <gpu>-quick.json for a
-CPU or quick one: results/, committed, only when named) and, run again with sections=all, runs
-only the sections not yet done. A quick
-report runs every section at the tiniest shapes; rows a device cannot run (Triton, FlashAttention,
-cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says more.
+busy time and kernels per call from torch.profiler), decode (per token, 1K..64K, ToST by
+tssa_impl and GPT-2 with its static KV cache, eager, CUDA graph, compiled + CUDA graph),
+train_tost / train_gpt2_flash / train_gpt2_cudnn / train_tost_triton (the compiled training
+step at 4K..64K, equal tokens per step), main_job (train.py, config/tost_owt.py with
+main_tssa_impl and config/gpt2_owt.py beside it, main_iters iterations on synthetic tokens:
+tokens/s, MFU, and on a GPU a profile of each micro-step). Each section writes its rows as it
+goes; one that hangs is stopped at its limit and recorded as timed_out with the rows it
+measured, and the next section runs. The parent merges the sections into one JSON after each
+(--out, a file or a folder ending in /; by default out-bench/<gpu>.json for a full CUDA report,
+out-bench/cpu-report.json or <gpu>-quick.json for a CPU or quick one: results/, committed, only
+when named) and, run again with sections=all, runs only the sections not yet done. A quick
+report runs every section at the tiniest shapes; rows a device cannot run (Triton,
+FlashAttention, cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says
+more.
 
 THE SUITES (without --report): tables for any device and shape, JSON to bench_results.json.
     python bench.py --quick=1                        # a few minutes: operator + decode, T = 1K, 4K, 16K
@@ -80,7 +82,7 @@ impls = "auto"  # "auto" = torch,cpu,sdpa on cpu and torch,triton,sdpa on cuda; 
 modes = "fwd,fwdbwd"
 T = "1024,2048,4096,8192,16384,32768,65536"  # sequence lengths / decode contexts (report: the operator's, at B)
 model_T = "auto"  # whole-model lengths: "auto" = 1K..8K on cuda, 1K on cpu (report: 4K, 16K, 64K, 8K, 32K)
-decode_T = "auto"  # whole-model decode contexts: "auto" = T on cuda, up to 16K on cpu (report: 1K, 64K, 4K, 16K)
+decode_T = "auto"  # whole-model decode contexts: "auto" = T on cuda, up to 16K on cpu (report: 1K, 64K, 4K, 16K, 32K)
 B = 1
 H = 12
 p = 64
@@ -978,12 +980,14 @@ DECODE_MODES = {"compiled": "torch.compile of GPT.step replayed as a CUDA graph 
                 "eager": "GPT.step op by op"}
 
 
-def decode_cases():
-    """(arch, impl, mode) of every decode row, the target's first: ToST-Base by tssa_impl (torch:
-    model.py's step; triton: the fused step kernel) and GPT-2 Base, each in every DECODE_MODES."""
+def decode_cases(contexts):
+    """(arch, impl, mode, T) of every decode row, the target's first (a cut section keeps them):
+    each of DECODE_MODES at every context, for ToST-Base by tssa_impl (torch: model.py's step;
+    triton: the fused step kernel) and GPT-2 Base."""
     for mode in DECODE_MODES:
-        for arch, impl in (("tost", "torch"), ("tost", "triton"), ("gpt2", None)):
-            yield arch, impl, mode
+        for T_ in contexts:
+            for arch, impl in (("tost", "torch"), ("tost", "triton"), ("gpt2", None)):
+                yield arch, impl, mode, T_
 
 
 def section_decode(S):
@@ -997,14 +1001,16 @@ def section_decode(S):
     dtype = tk.DTYPES[C.dtype]
     contexts = plan_lengths(C.decode_T, DECODE_CONTEXTS)
     S.data.update(modes=DECODE_MODES, dtype=C.dtype)
-    for T_ in contexts:
-        for arch, impl, mode in decode_cases():
-            key = {k: v for k, v in dict(arch=arch, impl=impl, mode=mode, T=T_, B=1).items() if v is not None}
-            why = None if S.cuda else SKIP.get(impl if impl == "triton" else mode)
-            if why:
-                S.row(**key, status="skipped", reason=why)
-                continue
-            S.attempt(key, lambda: decode_row(C, arch, impl, mode, T_, max(contexts), dtype))
+    # GPT.step's compiled graphs: ToST's two (torch, triton) and GPT-2's, one per KV length; past
+    # the limit Dynamo would run the step uncompiled, under a "compiled" label
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 + len(contexts) + 2)
+    for arch, impl, mode, T_ in decode_cases(contexts):
+        key = {k: v for k, v in dict(arch=arch, impl=impl, mode=mode, T=T_, B=1).items() if v is not None}
+        why = None if S.cuda else SKIP.get(impl if impl == "triton" else mode)
+        if why:
+            S.row(**key, status="skipped", reason=why)
+            continue
+        S.attempt(key, lambda: decode_row(C, arch, impl, mode, T_, max(contexts), dtype))
 
 
 def decode_row(C, arch, impl, mode, T_, longest, dtype):

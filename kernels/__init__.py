@@ -4,8 +4,6 @@ kernels: opt-in fused TSSA kernels (same maths as model.py, fewer passes over me
 model.py's functions are the reference and the default (tssa_impl="torch"); model.py knows
 nothing of this package. A script swaps the operators of every TSSA module of a built model:
     model = kernels.use(GPT(config), "cpu")      # or "triton"; "torch" puts the reference back
-  "auto"    auto.py: "triton" where the Triton kernels pass a first-call check against the
-            reference (a CUDA GPU), else the reference, with one warning (the GPU configs' choice).
   "cpu"     cpu.py + tssa_cpu.c: C kernels compiled once with the system C compiler, OpenMP
             over batch rows and chunks of tokens, all heads of a token together.
   "triton"  triton_tssa.py: Triton kernels over chunks of tokens (CUDA; TRITON_INTERPRET=1
@@ -15,6 +13,8 @@ nothing of this package. A script swaps the operators of every TSSA module of a 
             the second launch of each way owns all heads of a chunk, so the softmax across
             heads (and its backward) is a row operation on a register tile; the padding mask
             and the sums over the batch (dtemp, the whole dpos_bias) are inside the kernels.
+  "auto"    auto.py: "triton" where the Triton kernels pass a first-call check against the
+            reference (a CUDA GPU), else the reference, with one warning (the GPU configs' choice).
 fused.py holds the autograd.Function both share and the fallback to the reference (one
 warning) where a kernel cannot be built or run; triton_ops.py registers the Triton forward and
 backward as torch.library custom operators, which torch.compile keeps inside its graph;
