@@ -17,7 +17,7 @@ import warnings
 import torch
 
 import model
-from kernels.fused import fused_ops
+from kernels.fused import failure_of, fused_ops
 
 CHECK_ON_CPU = False  # tests: run the check on the CPU too (the kernels under TRITON_INTERPRET=1)
 CHECK_TOLERANCE = 1e-3  # fp32 sums in another order differ ~1e-6 relative; a wrong kernel by O(1)
@@ -63,9 +63,10 @@ def triton_refusal(device_type):
             worst = differences(device_type)
         except Exception as e:  # noqa: BLE001 (no Triton, a compile error, a launch error: all say why)
             return f"the Triton check raised {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
-    fell_back = [str(w.message) for w in caught if "tssa_impl='triton'" in str(w.message)]
-    if fell_back:
-        return fell_back[0].split("; running")[0]
+    fell_back = [str(w.message).split("; running")[0] for w in caught if "tssa_impl='triton'" in str(w.message)]
+    failure = failure_of("triton")  # off since an earlier call of this process (its warning given then)
+    if fell_back or failure:
+        return fell_back[0] if fell_back else f"the Triton kernels are off in this process: {failure}"
     name, diff = max(worst.items(), key=lambda kv: kv[1])
     if not diff <= CHECK_TOLERANCE:  # (nan fails too)
         return f"the Triton kernels differ from the reference: {name} by {diff:.2g} of its largest value"

@@ -241,6 +241,11 @@ def _triton_ready(device_type):
     return True
 
 
+def failure_of(impl):
+    """Why the kernels of impl are off for the rest of the run, or None (on, or never asked)."""
+    return _OPS[impl].failure if impl in _OPS else None
+
+
 def fused_ops(impl):
     """model.TSSAOps of the fused kernels of impl ("cpu" or "triton")."""
     if impl not in BACKENDS:

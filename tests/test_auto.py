@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 import cli  # noqa: E402
 import kernels  # noqa: E402
 import model  # noqa: E402
-from kernels import auto  # noqa: E402
+from kernels import auto, fused  # noqa: E402  (fused: the process's FusedOps)
 
 TINY = dict(block_size=64, vocab_size=96, n_layer=2, n_head=4, n_embd=32)
 
@@ -73,6 +73,13 @@ def test_a_check_that_raises_or_disagrees_falls_back_with_its_cause(monkeypatch)
     monkeypatch.setattr(auto, "_REFUSALS", {})
     monkeypatch.setattr(auto, "differences", lambda device: {"causal_tssa[0]": float("nan")})
     assert auto_warnings(lambda: auto.chosen(torch.device("cpu")))[0] is model.REFERENCE_OPS  # nan is no pass
+    # kernels turned off by an earlier call of the process agree with the reference (it ran): still refused
+    monkeypatch.setattr(auto, "_REFUSALS", {})
+    monkeypatch.setattr(auto, "differences", lambda device: {"causal_tssa[0]": 0.0})
+    kernels.ops_for("triton")
+    monkeypatch.setattr(fused._OPS["triton"], "failure", "ImportError: no Triton")
+    ops, said = auto_warnings(lambda: auto.chosen(torch.device("cpu")))
+    assert ops is model.REFERENCE_OPS and "off in this process: ImportError: no Triton" in said[0]
 
 
 def test_the_gpu_configs_use_auto_and_every_script_accepts_it():
