@@ -11,18 +11,20 @@ THE REPORT (--report): one fixed protocol for a GPU, the source of SPEED.md's GP
 Sections (SECTIONS below; each in its own process under a time limit, --section_s to change):
 meta, gpu_check_accuracy, gpu_check_determinism (python -m kernels.gpu_check), op (TSSA fwd+bwd
 vs SDPA with FlashAttention-2 and cuDNN forced, B=1 at T, and the training shape B=16 T=1K; GPU
-busy time and kernels per call from torch.profiler), decode (per token, 1K..64K, ToST and GPT-2
-with its static KV cache, eager and CUDA graph), train_tost / train_gpt2_flash /
-train_gpt2_cudnn / train_tost_triton (the compiled training step at 4K..64K, equal tokens per
-step), main_job (train.py, config/tost_owt.py, main_iters iterations on synthetic tokens:
-tokens/s, MFU). Each section writes its rows as it goes; one that hangs is stopped at its limit
-and recorded as timed_out with the rows it measured, and the next section runs. The parent
-merges the sections into one JSON after each (--out, a file or a folder ending in /; by default
-out-bench/<gpu>.json for a full CUDA report, out-bench/cpu-report.json or <gpu>-quick.json for a
-CPU or quick one: results/, committed, only when named) and, run again with sections=all, runs
-only the sections not yet done. A quick
-report runs every section at the tiniest shapes; rows a device cannot run (Triton, FlashAttention,
-cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says more.
+busy time and kernels per call from torch.profiler), decode (per token, 1K..64K, ToST by
+tssa_impl and GPT-2 with its static KV cache, eager, CUDA graph, compiled + CUDA graph),
+train_tost / train_gpt2_flash / train_gpt2_cudnn / train_tost_triton (the compiled training
+step at 4K..64K, equal tokens per step), main_job (train.py, config/tost_owt.py with
+main_tssa_impl and config/gpt2_owt.py beside it, main_iters iterations on synthetic tokens:
+tokens/s, MFU, and on a GPU a profile of each micro-step). Each section writes its rows as it
+goes; one that hangs is stopped at its limit and recorded as timed_out with the rows it
+measured, and the next section runs. The parent merges the sections into one JSON after each
+(--out, a file or a folder ending in /; by default out-bench/<gpu>.json for a full CUDA report,
+out-bench/cpu-report.json or <gpu>-quick.json for a CPU or quick one: results/, committed, only
+when named) and, run again with sections=all, runs only the sections not yet done. A quick
+report runs every section at the tiniest shapes; rows a device cannot run (Triton,
+FlashAttention, cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says
+more.
 
 THE SUITES (without --report): tables for any device and shape, JSON to bench_results.json.
     python bench.py --quick=1                        # a few minutes: operator + decode, T = 1K, 4K, 16K
@@ -80,7 +82,7 @@ impls = "auto"  # "auto" = torch,cpu,sdpa on cpu and torch,triton,sdpa on cuda; 
 modes = "fwd,fwdbwd"
 T = "1024,2048,4096,8192,16384,32768,65536"  # sequence lengths / decode contexts (report: the operator's, at B)
 model_T = "auto"  # whole-model lengths: "auto" = 1K..8K on cuda, 1K on cpu (report: 4K, 16K, 64K, 8K, 32K)
-decode_T = "auto"  # whole-model decode contexts: "auto" = T on cuda, up to 16K on cpu (report: 1K, 64K, 4K, 16K)
+decode_T = "auto"  # whole-model decode contexts: "auto" = T on cuda, up to 16K on cpu (report: 1K, 64K, 4K, 16K, 32K)
 B = 1
 H = 12
 p = 64
@@ -100,10 +102,11 @@ budget_s = 0.0  # report: seconds for this whole command (0: no limit); sections
 remeasure = False  # report: a section run again measures every row (False: keeps the rows measured by the same code)
 train_tokens = 65536  # report: tokens per training step (batch = train_tokens / T)
 main_iters = 200  # report: iterations of the main job
+main_tssa_impl = "auto"  # report: the main job's tssa_impl (config/tost_owt.py's own: auto)
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())  # the settings above
 SUITES = ("op", "decode", "model", "model_decode", "vit")
-IMPLS = kernels.IMPLS + ("sdpa", "compiled")
+IMPLS = tuple(i for i in kernels.IMPLS if i != "auto") + ("sdpa", "compiled")  # (--impls=auto: the default set)
 MODES = ("fwd", "fwdbwd")
 
 
@@ -129,7 +132,8 @@ def check_settings(C):
     """Every setting, checked before any work (a refusal measures and writes nothing). Returns
     the lists the comma-separated settings hold (None where "auto")."""
     cli.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
-              non_negative=("warmup", "budget_s"), workers=("threads",), positive=("max_case_s",))
+              non_negative=("warmup", "budget_s"), workers=("threads",), positive=("max_case_s",),
+              choices={"main_tssa_impl": kernels.IMPLS})
     plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
                 impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
                 model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
@@ -578,11 +582,13 @@ SECTIONS = {
     "gpu_check_accuracy": (150, "python -m kernels.gpu_check accuracy: Triton vs float64, beside model.py's error"),
     "gpu_check_determinism": (60, "python -m kernels.gpu_check determinism: two fwd+bwd runs bit for bit"),
     "op": (300, "the TSSA operator fwd+bwd vs SDPA (FlashAttention-2 and cuDNN forced), GPU time, launches"),
-    "decode": (240, "per-token decoding 1K..64K: ToST and GPT-2 (static KV cache), eager and CUDA graph"),
+    "decode": (420, "per-token decoding 1K..64K: ToST (torch, triton) and GPT-2 (static KV cache), eager, CUDA "
+                    "graph, compiled + CUDA graph"),
     "train_tost": (420, "ToST-Base training step (compiled, tssa_impl=torch) at 4K..64K"),
     "train_gpt2_flash": (420, "GPT-2 Base training step (compiled, SDPA forced to FlashAttention-2) at 4K..64K"),
     "train_gpt2_cudnn": (420, "GPT-2 Base training step (compiled, SDPA forced to cuDNN attention) at 4K..64K"),
-    "main_job": (420, "200 iterations of config/tost_owt.py (synthetic GPT-2 tokens): tokens/s, MFU"),
+    "main_job": (600, "200 iterations of config/tost_owt.py, then of config/gpt2_owt.py (synthetic GPT-2 "
+                      "tokens): tokens/s, MFU, a profile of each micro-step"),
     "train_tost_triton": (420, "ToST-Base training step (compiled, tssa_impl=triton) at 4K..64K"),
 }
 DONE = ("ok", "skipped", "failed")  # a section in one of these states is not run again unless named
@@ -968,26 +974,48 @@ def build_gpt(C, arch, block_size, impl="torch"):
     return kernels.use(m, impl if arch == "tost" else "torch", chunked_loss=True)
 
 
+DECODE_CONTEXTS = [1024, 65536, 4096, 16384, 32768]  # the two ends of the target first
+DECODE_MODES = {"compiled": "torch.compile of GPT.step replayed as a CUDA graph (kernels.CompiledStep)",
+                "captured": "GPT.step op by op, replayed as a CUDA graph (kernels.CapturedStep)",
+                "eager": "GPT.step op by op"}
+
+
+def decode_cases(contexts):
+    """(arch, impl, mode, T) of every decode row, the target's first (a cut section keeps them):
+    each of DECODE_MODES at every context, for ToST-Base by tssa_impl (torch: model.py's step;
+    triton: the fused step kernel) and GPT-2 Base."""
+    for mode in DECODE_MODES:
+        for T_ in contexts:
+            for arch, impl in (("tost", "torch"), ("tost", "triton"), ("gpt2", None)):
+                yield arch, impl, mode, T_
+
+
 def section_decode(S):
     """One token at a time after T tokens: ToST from its recurrent state, GPT-2 from a static KV
     cache of T + a few tokens; bf16 weights on CUDA (model.to(dtype), no autocast: an inference
-    copy), eager and replayed as a CUDA graph (kernels.CapturedStep). The states are synthetic
-    (filled as if T tokens had been read): the cost does not depend on their values."""
+    copy); eager, replayed as a CUDA graph, and compiled then replayed (DECODE_MODES). The
+    states are synthetic (filled as if T tokens had been read): the cost does not depend on
+    their values. Every ToST model is built for the longest context, so its compiled step is
+    compiled once and serves every context (its cost does not depend on block_size)."""
     C = S.C
     dtype = tk.DTYPES[C.dtype]
+    contexts = plan_lengths(C.decode_T, DECODE_CONTEXTS)
+    S.data.update(modes=DECODE_MODES, dtype=C.dtype)
+    # GPT.step's compiled graphs: ToST's two (torch, triton) and GPT-2's, one per KV length; past
+    # the limit Dynamo would run the step uncompiled, under a "compiled" label
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 + len(contexts) + 2)
+    for arch, impl, mode, T_ in decode_cases(contexts):
+        key = {k: v for k, v in dict(arch=arch, impl=impl, mode=mode, T=T_, B=1).items() if v is not None}
+        why = None if S.cuda else SKIP.get(impl if impl == "triton" else mode)
+        if why:
+            S.row(**key, status="skipped", reason=why)
+            continue
+        S.attempt(key, lambda: decode_row(C, arch, impl, mode, T_, max(contexts), dtype))
+
+
+def decode_row(C, arch, impl, mode, T_, longest, dtype):
     steps = C.decode_steps
-    for T_ in plan_lengths(C.decode_T, [1024, 65536, 4096, 16384]):  # the two ends of the target first
-        for arch in ("tost", "gpt2"):
-            for mode in ("eager", "captured"):
-                key = dict(arch=arch, mode=mode, T=T_, B=1)
-                if mode == "captured" and not S.cuda:
-                    S.row(**key, status="skipped", reason=SKIP["captured"])
-                    continue
-                S.attempt(key, lambda: decode_row(C, arch, mode, T_, steps, dtype))
-
-
-def decode_row(C, arch, mode, T_, steps, dtype):
-    m = build_gpt(C, arch, T_ + steps + 8).to(C.device, dtype).eval()
+    m = build_gpt(C, arch, (longest if arch == "tost" else T_) + steps + 8, impl or "torch").to(C.device, dtype).eval()
     state = m.init_state(1)
     cfg = m.config
     for s in state.layers:  # as if T_ tokens had been prefilled
@@ -999,7 +1027,8 @@ def decode_row(C, arch, mode, T_, steps, dtype):
             s.sum_pi_sq.uniform_(1, 2).mul_(T_ / cfg.n_head)
             s.sum_pi.fill_(T_ / cfg.n_head)
     tok = torch.randint(0, 50257, (1, 1), device=C.device)
-    step = kernels.CapturedStep(m.step) if mode == "captured" else m.step
+    stepper = dict(compiled=kernels.CompiledStep, captured=kernels.CapturedStep).get(mode)
+    step = stepper(m.step) if stepper else m.step  # (tok, state) -> logits
 
     def tokens():  # `steps` tokens from context T_ (the position set back first: a device write)
         state.pos.fill_(T_)
@@ -1013,6 +1042,9 @@ def decode_row(C, arch, mode, T_, steps, dtype):
     row["ms_all"] = [t / steps for t in row["ms_all"]]
     row["top_kernels"] = [[n, c / steps, t / steps] for n, c, t in row.get("top_kernels", [])]
     row.update(state_mb=sum(s.nbytes() for s in state.layers) / 2**20, tokens_per_timing=steps, dtype=C.dtype)
+    note = fallback_note(impl)
+    if note:
+        row.update(status="fell_back", reason=note)
     return row
 
 
@@ -1087,18 +1119,23 @@ def train_row(C, arch, impl, backend, T_, B):
     return row
 
 
+MAIN_JOBS = (("tost", "config/tost_owt.py"), ("gpt2", "config/gpt2_owt.py"))  # ToST's job, GPT-2's beside it
+# kernel names -> what they compute, first match wins (Inductor names a fused kernel after its ops)
+KERNEL_KINDS = (("tssa", ("cumsum", "tssa", "_k_")), ("attention", ("flash", "fmha", "cudnn", "attention")),
+                ("loss", ("cross_entropy", "nll_loss", "log_softmax", "logsumexp")),
+                ("matmuls", ("gemm", "xmma", "cutlass", "cublas", "nvjet", "matmul", "sm80_", "sm90_", "ampere")))
+
+
 def section_main_job(S):
-    """train.py with config/tost_owt.py as each GPU of the recipe's 8 runs it (batch 12 x 5
-    micro-steps = 61,440 tokens per iteration), main_iters iterations, compiled on CUDA, on a
-    synthetic dataset written here (uniform random GPT-2 token ids; meta.json as
-    prepare_openwebtext.py writes it): throughput does not depend on the token values.
-    tokens/s and MFU are the medians of train.py's log.jsonl after the first iterations."""
-    import re
-    import shutil
-    import subprocess
+    """train.py with config/tost_owt.py (tssa_impl=main_tssa_impl), and config/gpt2_owt.py
+    beside it, as each GPU of the recipe's 8 runs them (batch 12 x 5 micro-steps = 61,440 tokens
+    per iteration), main_iters iterations, compiled on CUDA, on a synthetic dataset written here
+    (uniform random GPT-2 token ids; meta.json as prepare_openwebtext.py writes it): throughput
+    does not depend on the token values. tokens/s and MFU are the medians of train.py's
+    log.jsonl after the first iterations. On CUDA each row also holds a profile of the same
+    model's compiled micro-step (main_job_profile: top kernels, shares by kind)."""
     import numpy as np
     C = S.C
-    root = os.path.dirname(os.path.abspath(__file__))
     work = S.path + ".main_job"
     data = os.path.join(work, "data", "synthetic_gpt2")
     os.makedirs(data, exist_ok=True)
@@ -1110,30 +1147,52 @@ def section_main_job(S):
         json.dump(dict(dataset="synthetic_gpt2", tokenizer="gpt2", vocab_size=50257, eot_token=50256,
                        source="bench.py main_job: uniform random token ids (synthetic)", splits=counts,
                        command="python bench.py --report --sections=main_job"), f, indent=1)
+    S.data.update(data="synthetic: uniform random GPT-2 token ids (throughput does not depend on their values)",
+                  tssa_impl=C.main_tssa_impl)
+    for arch, config in MAIN_JOBS:
+        key = dict(arch=arch, impl=C.main_tssa_impl if arch == "tost" else None)
+        S.attempt({k: v for k, v in key.items() if v is not None}, lambda: main_job_row(S, work, arch, config))
+    import shutil
+    shutil.rmtree(work, ignore_errors=True)  # the checkpoint of a real model is ~1.3 GB
+
+
+def main_job_args(C, work, arch, config):
+    """train.py's command line for one main job (the quick report's: a tiny model, 3 iterations)."""
     iters = C.main_iters
-    args = ["config/tost_owt.py", f"--data_dir={os.path.join(work, 'data')}", "--dataset=synthetic_gpt2",
-            f"--out_dir={os.path.join(work, 'out')}", f"--max_iters={iters}", f"--eval_interval={iters}",
+    args = [config, f"--data_dir={os.path.join(work, 'data')}", "--dataset=synthetic_gpt2",
+            f"--out_dir={os.path.join(work, 'out-' + arch)}", f"--max_iters={iters}", f"--eval_interval={iters}",
             "--eval_iters=1", "--log_interval=1", f"--device={C.device}", f"--dtype={C.dtype}",
-            f"--compile={S.cuda}", "--wandb_log=False"]
+            f"--compile={C.device.startswith('cuda')}", "--wandb_log=False"]
+    args += [f"--tssa_impl={C.main_tssa_impl}"] if arch == "tost" else []
     args += ["--gradient_accumulation_steps=5"] if not C.quick else \
         ["--gradient_accumulation_steps=1", "--batch_size=2", "--block_size=32"] + \
         [f"--{k}={v}" for k, v in TINY.items()]
+    return args
+
+
+def main_job_row(S, work, arch, config):
+    """One train.py run: its median tokens/s and MFU after the warm-up iterations, and (CUDA) the profile."""
+    import re
+    import subprocess
+    C = S.C
+    root = os.path.dirname(os.path.abspath(__file__))
+    iters, args = C.main_iters, main_job_args(C, work, arch, config)
     shown = [a for a in args if not a.startswith(("--data_dir", "--out_dir"))]  # (temporary folders)
-    S.data.update(command="python train.py " + " ".join(shown),
-                  data="synthetic: uniform random GPT-2 token ids (throughput does not depend on their values)")
+    if arch == "tost":
+        S.data["command"] = "python train.py " + " ".join(shown)
     t0 = time.time()
-    with open(os.path.join(work, "train.log"), "w") as log:
+    log_path = os.path.join(work, f"train-{arch}.log")
+    with open(log_path, "w") as log:
         try:
             done = subprocess.run([sys.executable, "train.py"] + args, cwd=root, stdout=log, stderr=subprocess.STDOUT,
                                   timeout=max(5.0, S.time_left() - 10))
             rc = done.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    with open(os.path.join(work, "train.log")) as f:
+    with open(log_path) as f:
         tail_all = f.read()
-    tail = tail_all[-2000:]
     records = []
-    path = os.path.join(work, "out", "log.jsonl")
+    path = os.path.join(work, "out-" + arch, "log.jsonl")
     if os.path.isfile(path):
         with open(path) as f:
             records = [json.loads(line) for line in f if line.strip()]
@@ -1143,18 +1202,63 @@ def section_main_job(S):
     med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
     said = re.search(r"([\d,]+) tokens per iteration", tail_all)
-    row = dict(config="config/tost_owt.py", iters=iters, tokens_per_iter=int(said.group(1).replace(",", "")) if said
-               else None, wall_s=round(time.time() - t0, 1), iters_logged=len(steps), steady_from_iter=skip,
-               tokens_per_s=med([r["tokens_per_s"] for r in steady]), mfu=med(mfus),
-               tokens_per_s_all=[r["tokens_per_s"] for r in steps], compiled=S.cuda)
+    row = dict(config=config, command="python train.py " + " ".join(shown), iters=iters,
+               tokens_per_iter=int(said.group(1).replace(",", "")) if said else None, wall_s=round(time.time() - t0, 1),
+               iters_logged=len(steps), steady_from_iter=skip, tokens_per_s=med([r["tokens_per_s"] for r in steady]),
+               mfu=med(mfus), tokens_per_s_all=[r["tokens_per_s"] for r in steps], compiled=S.cuda)
     if rc != 0 or not steady:
         why = "did not finish in the section's time" if rc == "timeout" else f"exit code {rc}"
         row.update(status="failed", reason=f"train.py: {why}" + ("" if steady else "; no iterations logged"),
-                   output_tail=tail)
-    elif row["mfu"] is None:
+                   output_tail=tail_all[-2000:])
+        return row
+    if row["mfu"] is None:
         row["mfu_note"] = "train.py reports MFU on CUDA only" if not S.cuda else "unknown device peak"
-    shutil.rmtree(work, ignore_errors=True)  # the checkpoint of a real model is ~1.3 GB
-    S.row(**row)
+    fell_back = re.search(r"tssa_impl='(?:auto|triton)': ([^;\n]*)", tail_all)
+    row["tssa_fallback"] = fell_back.group(1)[:300] if fell_back else None
+    if S.cuda and S.time_left() > 60:
+        row["profile"] = main_job_profile(C, arch)
+    return row
+
+
+def main_job_profile(C, arch):
+    """Where a micro-step of the main job spends the GPU: the same model and batch (12 x 1K, bf16
+    autocast, compiled, the loss as train.py computes it by default), forward and backward under
+    torch.profiler. Returns GPU ms per micro-step, the top kernels and each KERNEL_KINDS share."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    torch._dynamo.reset()
+    m = model.GPT.from_preset(PRESETS[arch], block_size=1024, vocab_size=50304)
+    m = kernels.use(m, C.main_tssa_impl if arch == "tost" else "torch").to(C.device)
+    fwd = torch.compile(m)
+    idx = torch.randint(0, 50257, (12, 1024), device=C.device)
+
+    def micro_step():
+        with torch.autocast("cuda", dtype=tk.DTYPES[C.dtype]):
+            _, loss = fwd(idx, idx)
+        loss.backward()
+    for _ in range(2):  # compile, then warm
+        micro_step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            micro_step()
+        torch.cuda.synchronize()
+    return kernel_shares([(e.name, e.time_range.end - e.time_range.start) for e in prof.events()
+                          if e.device_type == DeviceType.CUDA], calls=3)
+
+
+def kernel_shares(kernels_us, calls):
+    """[(kernel name, us)] -> gpu_ms per call, the top 10 kernels, and the share of each
+    KERNEL_KINDS kind (the rest: elementwise, norms, the optimizer's kernels, copies)."""
+    by_name, by_kind = {}, {kind: 0.0 for kind, _ in KERNEL_KINDS + (("rest", ()),)}
+    for name, us in kernels_us:
+        by_name[name] = by_name.get(name, 0.0) + us
+        low = name.lower()
+        by_kind[next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "rest")] += us
+    total = sum(by_name.values()) or 1.0
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:10]
+    return dict(gpu_ms=total / 1e3 / calls, top_kernels=[[n[:120], us / 1e3 / calls] for n, us in top],
+                shares={kind: round(us / total, 4) for kind, us in by_kind.items()})
 
 
 SECTION_FUNCS = {

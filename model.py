@@ -79,20 +79,17 @@ def compression_objective(w, pi, mask=None):
     return 0.5 * ((n_k / n[:, None]) * f(s).sum(dim=-1)).sum(dim=-1)  # (B,)
 
 
-def check_w(w, temp):
-    """w must be (B, H, T, p) and temp hold one value per head; returns temp as (1, H, 1)."""
+def check_w(w, temp, mask=None):
+    """w must be (B, H, T, p), temp hold one value per head and a padding mask be (B, T) or None;
+    returns temp as (1, H, 1)."""
     if w.dim() != 4:
         raise ValueError(f"w must have shape (B, H, T, p), got {tuple(w.shape)}")
     H = w.shape[1]
     if temp.numel() != H:
         raise ValueError(f"temp must have one value per head ({H}), got shape {tuple(temp.shape)}")
-    return temp.reshape(1, H, 1).to(stat_dtype(w.dtype))  # broadcasts over batch and tokens
-
-
-def check_mask(w, mask):
-    """A padding mask must be (B, T) for w (B, H, T, p), or None."""
     if mask is not None and mask.shape != (w.shape[0], w.shape[2]):
         raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
+    return temp.reshape(1, H, 1).to(stat_dtype(w.dtype))  # broadcasts over batch and tokens
 
 
 def check_pos_bias(pos_bias, H, T, dtype):
@@ -118,8 +115,7 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
     """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); temp: (H,) or (H, 1);
     mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
     statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
-    temp = check_w(w, temp)
-    check_mask(w, mask)
+    temp = check_w(w, temp, mask)
     w32 = w.to(stat_dtype(w.dtype))  # statistics in fp32 whatever the input dtype
     if mask is not None:
         w32 = w32 * mask[:, None, :, None]  # padded tokens contribute nothing
@@ -140,6 +136,18 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
     return (out, pi.detach()) if return_pi else out
 
 
+def prefix_sum(x, block=32):
+    """x.cumsum(2) for x (B, H, T, p). Under torch.compile, nested scans of at most `block` tokens
+    (within each block, then the blocks' totals alike): Inductor sends a longer scan over few rows
+    (B H p < 64 per SM) to its split-scan kernel, which torch 2.11 fails to build."""
+    T = x.shape[2]
+    if T <= block or not torch.compiler.is_compiling():
+        return x.cumsum(2)
+    blocks = F.pad(x, (0, 0, 0, -T % block)).unflatten(2, (-1, block)).cumsum(3)  # (B, H, n, block, p)
+    before = F.pad(prefix_sum(blocks[:, :, :, -1], block)[:, :, :-1], (0, 0, 1, 0))  # (B, H, n, p): earlier blocks
+    return (blocks + before.unsqueeze(3)).flatten(2, 3)[:, :, :T]
+
+
 def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
     """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
     sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
@@ -150,13 +158,12 @@ def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
     w32 = w.to(stat_dtype(w.dtype))
     w_sq = w32.square()  # (B, H, T, p)
     # Pi[j] from the prefix: features normalised by their running sum of squares (floored)
-    w_sq_normed = w_sq / w_sq.cumsum(dim=2).clamp_min(PI_NORM_EPS)  # (B, H, T, p)
+    w_sq_normed = w_sq / prefix_sum(w_sq).clamp_min(PI_NORM_EPS)  # (B, H, T, p)
     logits = temp * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
     pi = pi_from_logits(logits, pi_mode)  # (B, H, T)
     # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
-    s = (pi.unsqueeze(-1) * w_sq).cumsum(dim=2) / (pi.cumsum(dim=2).unsqueeze(-1) + STAT_EPS)
-    out = -pi.unsqueeze(-1) * w32 * f_prime(s)  # (B, H, T, p)
-    out = out.to(w.dtype)
+    s = prefix_sum(pi.unsqueeze(-1) * w_sq) / (prefix_sum(pi.unsqueeze(-1)) + STAT_EPS)  # (B, H, T, p)
+    out = (-pi.unsqueeze(-1) * w32 * f_prime(s)).to(w.dtype)  # (B, H, T, p)
     return (out, pi.detach()) if return_pi else out
 
 

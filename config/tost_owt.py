@@ -6,7 +6,7 @@
 #   paper (MATH.md §5.2): 12 layers, 12 heads, width 768, context 1024, no biases; layer scale init 1e-5
 #   released config: weight decay 0.01 for Base (the paper's text says 0.1 for all sizes; the
 #     release uses 0.1 for Medium and Large only, and the paper's 3.20 most likely came from 0.01)
-#   ours: eval_interval, log_interval, compile (not part of the recipe)
+#   ours: eval_interval, log_interval, compile, tssa_impl (not part of the recipe)
 # Data: python prepare_openwebtext.py
 #   torchrun --standalone --nproc_per_node=8 train.py config/tost_owt.py
 
@@ -15,3 +15,4 @@ wandb_run_name = "tost-base-owt"
 eval_interval = 1000
 log_interval = 10
 compile = True
+tssa_impl = "auto"  # the Triton kernels where they pass their first-call check (CUDA), else the reference

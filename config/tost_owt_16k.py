@@ -21,9 +21,7 @@ block_size = 16384
 batch_size = 2
 gradient_accumulation_steps = 16
 chunked_loss = True  # the same loss, without 16K x 50K logits at once
-# The Triton kernels, not model.py's maths under torch.compile: on an H200 with torch 2.11,
-# Inductor could not compile the reference's cumulative sums at 16K (few rows, long scans: its
-# split-scan code generation fails; results/nvidia-h200.json, train_tost), while the kernels
-# enter the compiled graph as custom operators (they compiled and trained at 4K there).
-# On a machine without Triton or CUDA they fall back to the reference with one warning.
-tssa_impl = "triton"
+# The Triton kernels where they pass their first-call check (a CUDA GPU), else model.py's maths
+# (compiled: its sums are blocked scans Inductor builds at every batch, model.prefix_sum), with
+# one warning (kernels/auto.py).
+tssa_impl = "auto"

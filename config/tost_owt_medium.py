@@ -8,6 +8,7 @@ wandb_run_name = "tost-medium-owt"
 eval_interval = 1000
 log_interval = 10
 compile = True
+tssa_impl = "auto"  # the Triton kernels where they pass their first-call check (CUDA), else the reference
 
 n_layer = 24
 n_head = 16

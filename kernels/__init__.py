@@ -13,13 +13,16 @@ nothing of this package. A script swaps the operators of every TSSA module of a 
             the second launch of each way owns all heads of a chunk, so the softmax across
             heads (and its backward) is a row operation on a register tile; the padding mask
             and the sums over the batch (dtemp, the whole dpos_bias) are inside the kernels.
+  "auto"    auto.py: "triton" where the Triton kernels pass a first-call check against the
+            reference (a CUDA GPU), else the reference, with one warning (the GPU configs' choice).
 fused.py holds the autograd.Function both share and the fallback to the reference (one
 warning) where a kernel cannot be built or run; triton_ops.py registers the Triton forward and
 backward as torch.library custom operators, which torch.compile keeps inside its graph;
 gpu_check.py checks the Triton kernels on a GPU (accuracy, determinism, > 2^31 elements,
 compute-sanitizer, profile). Two more fast paths that are not TSSA: cross_entropy.py, the loss
 without the (B, T, V) logits (kernels.use(..., chunked_loss=True)), and cuda_graph.py, a
-decoding step replayed as a CUDA graph (kernels.capture_steps(model)). Pi comes back detached, as from model.py;
+decoding step replayed as a CUDA graph, op by op or compiled (kernels.capture_steps(model,
+compiled=...)). Pi comes back detached, as from model.py;
 gradients flow to w, temp and pos_bias. The guards PI_NORM_EPS and STAT_EPS are model.py's,
 passed to every kernel call.
 
@@ -49,24 +52,27 @@ import torch
 
 import model
 from cli import ConfigError
+from kernels.auto import AUTO_OPS
 from kernels.cross_entropy import chunked_cross_entropy
-from kernels.cuda_graph import CapturedStep, capture_steps  # noqa: F401  (sample.py: the step as a CUDA graph)
+from kernels.cuda_graph import CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
 from kernels.fused import BACKENDS, fused_ops
 
-IMPLS = ("torch", "cpu", "triton")  # the values of every script's tssa_impl setting
+IMPLS = ("torch", "cpu", "triton", "auto")  # the values of every script's tssa_impl setting
 
 
 def ops_for(impl):
     """The operator functions (model.TSSAOps: tssa, causal_tssa, causal_tssa_step) of impl."""
     if impl not in IMPLS:
         raise ValueError(f"tssa_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "auto":
+        return AUTO_OPS
     return model.REFERENCE_OPS if impl == "torch" else fused_ops(impl)
 
 
 def owned(ops):
     """Whether ops are model.py's reference or fused kernels of this package: the operators use()
     may replace. A module with any other (a forker's subclass, its own functions) keeps them."""
-    return ops == model.REFERENCE_OPS or any(ops == fused_ops(impl) for impl in BACKENDS)
+    return ops in (model.REFERENCE_OPS, AUTO_OPS) or any(ops == fused_ops(impl) for impl in BACKENDS)
 
 
 def check_f_prime(impl):
@@ -75,7 +81,7 @@ def check_f_prime(impl):
     s = torch.tensor([0.0, 0.5, 3.0, 1e3], dtype=torch.float64)
     if not torch.allclose(model.f_prime(s).double(), 1.0 / (1.0 + s), rtol=1e-12, atol=0):
         raise ConfigError(f"tssa_impl={impl} computes f'(s) = 1 / (1 + s) (f = log(1 + x)), but model.f_prime "
-                         f"is another function: use tssa_impl=torch, which runs model.py's maths")
+                          f"is another function: use tssa_impl=torch, which runs model.py's maths")
 
 
 def use(module, impl, chunked_loss=False):
@@ -83,16 +89,17 @@ def use(module, impl, chunked_loss=False):
     operators of impl; with chunked_loss, every model.GPT computes its loss CE_CHUNK tokens at a
     time (kernels/cross_entropy.py; otherwise model.cross_entropy_loss). Returns the module.
     Only operators this package owns are replaced: a TSSA with its own (a subclass, a forker's
-    functions) keeps them under "torch", and a fused impl refuses it, as it refuses another f.
+    functions) keeps them under "torch" and "auto", and "cpu" or "triton" refuses it, as they
+    refuse another f ("auto" finds that on its first call, and runs the reference with a warning).
     Pick them before torch.compile."""
     ops = ops_for(impl)
-    if impl != "torch":
+    if impl in BACKENDS:
         check_f_prime(impl)
     for name, m in module.named_modules():
         if isinstance(m, model.TSSA) and not owned(m.ops):
-            if impl != "torch":
+            if impl in BACKENDS:
                 raise ConfigError(f"tssa_impl={impl} runs the shipped TSSA only; {name or 'the model'} "
-                                 f"({type(m).__qualname__}) has its own operators: use tssa_impl=torch")
+                                  f"({type(m).__qualname__}) has its own operators: use tssa_impl=torch")
         elif isinstance(m, model.TSSA):
             m.ops = ops
         if isinstance(m, model.GPT):

@@ -172,8 +172,7 @@ class FusedOps:
 
     @torch.compiler.disable  # Dynamo must not trace into ctypes calls or Triton launches
     def _tssa(self, w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-        model.check_w(w, temp)
-        model.check_mask(w, mask)
+        model.check_w(w, temp, mask)
         res = None
         if self.kernels_for(w, pi_mode) is not None:
             res = self._apply(w, temp.reshape(-1), None, mask, False)
@@ -239,6 +238,11 @@ def _triton_ready(device_type):
         ops.disable(f"the Triton custom operators raised {type(e).__name__}: {e}")
         return False
     return True
+
+
+def failure_of(impl):
+    """Why the kernels of impl are off for the rest of the run, or None (on, or never asked)."""
+    return _OPS[impl].failure if impl in _OPS else None
 
 
 def fused_ops(impl):

@@ -1,5 +1,5 @@
 """
-Every table of the project's documents, rendered from committed JSON. README.md, SPEED.md,
+Every table of the project's documents, and every figure registered, rendered from committed JSON. README.md, SPEED.md,
 recall/README.md and lra/README.md hold each table between `<!-- table: NAME -->` and
 `<!-- /table -->`; this script rewrites what lies between from the JSON the table is
 registered with, so a figure in a table is the figure in its JSON.
@@ -13,7 +13,9 @@ TABLES = {NAME: (json path relative to the repository, fn(data) -> markdown)}. A
 also have AWAITED = {json path: the command that writes it} for a JSON that no machine here
 could write yet (SPEED.md's GPU report): until it is committed, its tables say so. Every other
 JSON must exist. --show prints the tables whose NAMEs match its patterns, from --json_path if
-given (bench.py --report prints its report this way). Standard library only.
+given (bench.py --report prints its report this way). A module's FIGURES (png path -> (json
+path, points, draw)) are figures: one whose PNG holds other points than its JSON gives is drawn
+again (draw imports matplotlib; --check reads the points back without it). Standard library only.
 """
 
 import fnmatch
@@ -39,13 +41,14 @@ root = ""  # the repository whose documents and JSON are used ("": the one this 
 # -----------------------------------------------------------------------------
 SETTINGS = cli.config_defaults(globals())
 DOCS = ("README.md", "SPEED.md", "recall/README.md", "lra/README.md")
-MODULES = ("speed_tables", "lra_tables", "recall_tables", "pydocs_tables")
+MODULES = ("speed_tables", "lra_tables", "recall_tables", "pydocs_tables", "efficiency")
 BLOCK = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 
 def registry():
-    """NAME -> (module, json path, fn) over every module; (json path -> command) of awaited JSON."""
-    tables, awaited = {}, {}
+    """NAME -> (module, json path, fn) over every module; (json path -> command) of awaited JSON;
+    the figures: png path -> (json path, points(data), draw(points, path))."""
+    tables, awaited, figures = {}, {}, {}
     for name in MODULES:
         module = importlib.import_module(name)
         for table, (path, fn) in module.TABLES.items():
@@ -53,7 +56,43 @@ def registry():
                 raise cli.UserError(f"table {table!r} is registered twice ({tables[table][0]} and {name})")
             tables[table] = (name, path, fn)
         awaited.update(getattr(module, "AWAITED", {}))
-    return tables, awaited
+        figures.update(getattr(module, "FIGURES", {}))
+    return tables, awaited, figures
+
+
+def png_points(path):
+    """The points a figure was drawn from: the JSON in its PNG's tEXt 'Description' (None if
+    the file is missing or holds none)."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        png = f.read()
+    at = 8  # after the signature: chunks of length (4 bytes), type (4), data, crc (4)
+    while at + 8 <= len(png):
+        size, kind = int.from_bytes(png[at:at + 4], "big"), png[at + 4:at + 8]
+        body = png[at + 8:at + 8 + size]
+        if kind == b"tEXt" and body.startswith(b"Description\0"):
+            return json.loads(body.split(b"\0", 1)[1].decode("latin-1"))
+        at += 12 + size
+    return None
+
+
+def render_figures(figures, awaited, where, cache, check):
+    """Each figure whose points differ from its JSON's: redrawn (or, with check, named)."""
+    differ = []
+    for png, (path, points, draw) in figures.items():
+        if path not in cache:
+            cache[path] = load_json(path, where, awaited)
+        if cache[path] is None:
+            continue
+        now = points(cache[path])
+        stale = png_points(os.path.join(where, png)) != now
+        if stale:
+            differ.append(f"{png} ({path})")
+            if not check:
+                draw(now, os.path.join(where, png))
+        print(f"{png}: figure, " + ("differs" if stale and check else "redrawn" if stale else "as rendered"))
+    return differ
 
 
 def load_json(path, where, awaited):
@@ -108,7 +147,7 @@ def main(argv):
     C, _ = cli.configure(SETTINGS, argv)
     cli.check(C)  # no numeric settings: the check asserts that none was added unchecked
     where = os.path.abspath(C.root or REPO)
-    tables, awaited = registry()
+    tables, awaited, figures = registry()
     cache = {}
     if C.show:
         chosen = [n for n in tables if any(fnmatch.fnmatchcase(n, p) for p in C.show.split(","))]
@@ -134,8 +173,9 @@ def main(argv):
                 f.write(new)
         print(f"{doc}: {count} table(s)" + (f", {'differ' if C.check else 'rewritten'}: {', '.join(changed)}"
                                             if changed else ", as rendered"))
+    differ += render_figures(figures, awaited, where, cache, C.check)  # after the documents: an error writes none
     if C.check and differ:
-        raise cli.UserError(f"{len(differ)} table(s) differ from their JSON: {'; '.join(differ)}; "
+        raise cli.UserError(f"{len(differ)} table(s) or figure(s) differ from their JSON: {'; '.join(differ)}; "
                             "python results/render.py rewrites them")
 
 

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "results"))
 
 import bench  # noqa: E402
 import cli  # noqa: E402
+import render  # noqa: E402
 import speed_tables  # noqa: E402
 
 TINIEST = ["--report=1", "--device=cpu", "--quick=1", "--T=32", "--model_T=16", "--decode_T=8", "--main_iters=2"]
@@ -71,9 +72,14 @@ def test_every_section_is_recorded_and_a_hung_one_times_out_while_the_next_runs(
     assert s["decode"]["status"] == "timed_out" and s["decode"]["limit_s"] == 2
     assert "time limit of 2 s" in s["decode"]["reason"]
     assert s["train_tost"]["status"] == "ok" and all(r["status"] == "ok" for r in s["train_tost"]["rows"])
-    assert [r["status"] for r in s["main_job"]["rows"]] == ["ok"]
-    job = s["main_job"]["rows"][0]
-    assert job["tokens_per_s"] > 0 and job["iters_logged"] == 2 and job["tokens_per_iter"] == 64
+    jobs = s["main_job"]["rows"]  # ToST's job (tssa_impl="auto": the reference here, said) and GPT-2's beside it
+    assert [(r["arch"], r.get("impl"), r["config"], r["status"]) for r in jobs] == [
+        ("tost", "auto", "config/tost_owt.py", "ok"), ("gpt2", None, "config/gpt2_owt.py", "ok")]
+    for job in jobs:
+        assert job["tokens_per_s"] > 0 and job["iters_logged"] == 2 and job["tokens_per_iter"] == 64
+        assert "profile" not in job  # a GPU's rows only
+    assert "--tssa_impl=auto" in jobs[0]["command"] and "tssa_impl" not in jobs[1]["command"]
+    assert "run on CUDA, this is a cpu device" in jobs[0]["tssa_fallback"] and jobs[1]["tssa_fallback"] is None
     assert "synthetic" in s["main_job"]["data"]
     for name, part in s.items():
         assert part["status"] in ("ok", "skipped", "timed_out"), (name, part)
@@ -108,7 +114,12 @@ def test_a_named_section_runs_again_and_the_rest_is_kept(hung_report):
     with open(hung_report["out"]) as f:
         after = json.load(f)
     assert after["sections"]["decode"]["status"] == "ok"  # the section that hung, run again
-    assert [r["status"] for r in after["sections"]["decode"]["rows"]] == ["ok", "skipped"] * 2
+    rows = {(r["arch"], r.get("impl"), r["mode"]): r for r in after["sections"]["decode"]["rows"]}
+    assert len(rows) == 9 and {r["T"] for r in rows.values()} == {8}  # ToST torch, triton; GPT-2: 3 modes each
+    assert {k for k, r in rows.items() if r["status"] == "ok"} == {("tost", "torch", "eager"), ("gpt2", None, "eager")}
+    for (arch, impl, mode), r in rows.items():  # what a CPU cannot run says why
+        if r["status"] != "ok":
+            assert r["status"] == "skipped" and ("CUDA" in r["reason"]), r
     for name in ("op", "train_tost", "main_job"):  # kept as they were
         assert after["sections"][name] == before["sections"][name], name
     assert len(after["runs"]) == 2 and after["runs"][1]["sections"] == ["decode"]
@@ -124,7 +135,7 @@ def test_the_tables_render_from_the_report(hung_report):
                             f"--json_path={hung_report['out']}"], capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout
-    assert re.findall(r"^## (\S+)$", text, re.M) == [n for n in speed_tables.TABLES if n.startswith("gpu_")]
+    assert re.findall(r"^## (\S+)$", text, re.M) == [n for n in render.registry()[0] if n.startswith("gpu_")]
     assert "| B=1, T=32 |" in text and "FlashAttention-2 is a CUDA kernel" in text
     assert "Section `gpu_check_accuracy` was skipped" in text and "n/a (a quick report)" in text
     # bench.py --report printed the same tables at the end of its run
@@ -179,6 +190,15 @@ def test_device_activity_sums_kernels_from_profiler_events():
     assert bench.attention_ran(got["top_kernels"]) == "flash"
     assert bench.attention_ran([["cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 1, 1]]) == "cudnn"
     assert bench.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_kernel_shares_tell_the_kinds_of_kernels_by_name():
+    us = [("triton_red_fused_cumsum_mul_0", 30.0), ("_k_pi", 10.0), ("sm90_xmma_gemm_bf16bf16", 40.0),
+          ("triton_per_fused__log_softmax_nll_loss_1", 12.0), ("flash_fwd_kernel", 5.0), ("triton_poi_fused_add_2", 3.0)]
+    got = bench.kernel_shares(us, calls=2)
+    assert got["gpu_ms"] == pytest.approx(100 / 1e3 / 2)
+    assert got["shares"] == dict(tssa=0.4, attention=0.05, loss=0.12, matmuls=0.4, rest=0.03)
+    assert got["top_kernels"][0] == ["sm90_xmma_gemm_bf16bf16", pytest.approx(40 / 1e3 / 2)]
 
 
 def test_a_section_run_again_keeps_the_rows_of_the_same_code_unless_remeasured():

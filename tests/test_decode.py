@@ -6,7 +6,7 @@ Decoding that a CUDA graph can replay, and the loss that lets a long context fit
     place (its tensors keep their storage): the conditions under which one recorded CUDA graph
     serves every token. Checked on the CPU with a TorchDispatchMode that sees every aten call.
   - prefill + steps give the logits of the full parallel forward (every attention kind);
-    a new prompt reuses the same buffers.
+    a new prompt reuses the same buffers; so does the step compiled (kernels.CompiledStep).
   - kernels/cross_entropy.py's chunked loss equals F.cross_entropy (loss and both gradients)
     without holding the (N, V) logits at once, and a GPT computes the same loss either way.
 
@@ -117,6 +117,26 @@ def test_a_kv_cache_model_slides_its_window_past_block_size(kind):
         for t in range(20, 50):
             logits, _ = m(out[:, max(0, t - 24):t])
             assert logits[0, -1].argmax().item() == out[0, t].item()
+
+
+@pytest.mark.parametrize("kind", ["tssa", "softmax"])  # ToST and, for a fair row, GPT-2
+def test_compiled_step_equals_the_parallel_forward_in_one_graph(kind):
+    from torch._dynamo.utils import counters
+    m = tiny(kind)
+    idx = torch.randint(0, 31, (2, 24))
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad():
+        full, _ = m(idx)  # (B, T, V)
+        state = m.init_state(2)
+        kernels.capture_steps(m, compiled=True, backend="aot_eager")  # Inductor's graph, without its C++ build
+        assert isinstance(m.step, kernels.CompiledStep)
+        got = [m.prefill(idx[:, :9], state)]
+        got += [m.step(idx[:, t:t + 1], state).clone() for t in range(9, 24)]
+    # float32: the recurrent and the parallel forms sum in different orders (1e-5 on O(1) logits)
+    torch.testing.assert_close(torch.stack(got, 1), full[:, 8:], rtol=0, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]  # one graph, every position
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])

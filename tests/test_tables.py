@@ -4,7 +4,8 @@ SPEED.md, recall/README.md and lra/README.md equals its rendering by results/ren
 committed JSON, so editing a number in a table (or in its JSON) fails here; every NAME in a
 document is registered, every registered table appears in a document, and the JSON a table
 names exists (or is awaited: a GPU report no machine here can write, whose tables say so).
-Also: render.py --check names the table that differs and render.py repairs it; mistakes are
+Also: render.py --check names the table (or figure: results/efficiency.png, by the points in
+its PNG) that differs and render.py repairs it; mistakes are
 one line; lra/listops_runs.py's smoke run writes a JSON the LRA tables render; lra/README's
 equal-budget table holds the parameter counts lra/train.py builds.
 
@@ -30,7 +31,7 @@ from lra import listops_runs  # noqa: E402
 from lra import train as lra_train  # noqa: E402
 
 RENDER = os.path.join(REPO, "results", "render.py")
-TABLES, AWAITED = render.registry()
+TABLES, AWAITED, FIGURES = render.registry()
 
 
 def read(doc, where=REPO):
@@ -97,7 +98,7 @@ def test_the_commands_that_wrote_the_json_stand_in_the_documents():
 
 def copy_of_the_repository(tmp_path):
     """The documents and every table's JSON, in a folder render.py --root can use."""
-    for path in set(render.DOCS) | {p for _, p, _ in TABLES.values()}:
+    for path in set(render.DOCS) | {p for _, p, _ in TABLES.values()} | set(FIGURES):
         if os.path.isfile(os.path.join(REPO, path)):
             os.makedirs(os.path.dirname(tmp_path / path), exist_ok=True)
             shutil.copy(os.path.join(REPO, path), tmp_path / path)
@@ -134,6 +135,25 @@ def test_a_changed_json_makes_its_tables_differ(tmp_path):
     assert check.returncode == 1
     for where in ("lra/README.md: lra_listops_tiny", "README.md: lra_listops_summary"):
         assert where in check.stderr, check.stderr
+
+
+def test_a_figure_is_checked_by_its_points_and_drawn_again_when_its_json_changes(tmp_path):
+    pytest.importorskip("matplotlib")
+    root = copy_of_the_repository(tmp_path)
+    png = "results/efficiency.png"
+    json_path, points, _ = FIGURES[png]
+    with open(os.path.join(REPO, json_path)) as f:
+        assert render.png_points(os.path.join(REPO, png)) == points(json.load(f))  # the committed figure is its JSON
+    data = json.loads((root / json_path).read_text())
+    row = next(r for r in data["sections"]["train_gpt2_cudnn"]["rows"] if r.get("ms"))
+    row["ms"] /= 2  # GPT-2 twice as fast at one length
+    (root / json_path).write_text(json.dumps(data))
+    check = run_render("--check", f"--root={root}")
+    assert check.returncode == 1 and f"{png} ({json_path})" in check.stderr, check.stderr
+    fixed = run_render(f"--root={root}")
+    assert fixed.returncode == 0 and f"{png}: figure, redrawn" in fixed.stdout, fixed.stdout + fixed.stderr
+    assert render.png_points(str(root / png)) == points(data)
+    assert run_render("--check", f"--root={root}").returncode == 0
 
 
 def test_mistakes_are_one_line(tmp_path):
