@@ -421,18 +421,6 @@ def test_a_package_cache_that_cannot_be_written_names_the_variable_that_moves_it
     assert "package" not in cli.os_error_line(OSError(code, os.strerror(code), "/srv/elsewhere/x"))
 
 
-def test_preparing_local_files_under_an_unwritable_datasets_cache_says_hf_home(tmp_path, monkeypatch):
-    import datasets
-
-    (tmp_path / "afile").write_text("a file where the cache folder would be")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "afile" / "hf"))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "afile" / "hf"))
-    (tmp_path / "a.txt").write_text("some text to prepare. " * 40)
-    monkeypatch.chdir(tmp_path)
-    message = refused("prepare_openwebtext.py", "--input=a.txt", "--num_proc=1", root=tmp_path)
-    assert str(tmp_path / "afile") in message and "set HF_HOME (or HF_DATASETS_CACHE) to a folder" in message
-
-
 # -----------------------------------------------------------------------------
 # 6. no default output is a tracked file
 
