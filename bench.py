@@ -1202,6 +1202,7 @@ def run_section(name, C, path, limit_s, hang=False, previous=None):
     S.previous_started = (previous or {}).get("started")
     try:
         if hang:  # the test hook NANOTOST_BENCH_HANG=<section>: a section that never ends
+            print(f"  {name}: hanging (NANOTOST_BENCH_HANG)", flush=True)
             time.sleep(10 ** 6)
         SECTION_FUNCS[name](S)
         rows = S.data["rows"]
@@ -1249,14 +1250,14 @@ def run_child(ctx, name, C, tmp, limit_s, previous=None):
     hang = os.environ.get("NANOTOST_BENCH_HANG") == name
     p = ctx.Process(target=bench.run_section, args=(name, C, path, limit_s, hang, previous), daemon=False)
     t0 = time.time()
-    p.start()
     interrupted = False
     try:
+        p.start()
         p.join(limit_s)
     except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) reaches this process only: the section has its own group
         interrupted = True
     timed_out = p.is_alive() and not interrupted
-    if p.is_alive():  # the section's whole process group: train.py, gpu_check, compile workers too
+    if p.pid is not None and p.is_alive():  # the section's whole process group: train.py, gpu_check, compile workers too
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(p.pid, sig)

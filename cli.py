@@ -374,7 +374,8 @@ def writable_place(path, option):
     existing = target
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
-    if existing != target and not os.path.isdir(existing):
+    wants_folder = path.endswith(("/", os.sep))
+    if (existing != target or wants_folder) and not os.path.isdir(existing):
         raise UserError(f"{existing} is a file, so {option}={path} cannot be written: choose another {option}")
     folder = existing if os.path.isdir(existing) else os.path.dirname(existing)  # (an existing file: replaced)
     if not os.access(folder, os.W_OK | os.X_OK):

@@ -86,9 +86,11 @@ def check_kind(data, registered, shown=None):
     lacks. `shown`: the file the data came from, where it is not `registered` (--json_path)."""
     what, fields = FIELDS[registered]
     missing = [f for f in fields if f not in data]
+    if missing and shown:  # (the options first: the advice check reads a script's name as the options' owner)
+        raise cli.UserError(f"{shown}: choose other tables with --show, or give --json_path a JSON they read: "
+                            f"it is not {what} (it lacks {', '.join(missing)})")
     if missing:
-        fix = f"the tables chosen read {what}: choose others with --show" if shown else restore(registered)
-        raise cli.UserError(f"{shown or registered} is not {what} (it lacks {', '.join(missing)}): {fix}")
+        raise cli.UserError(f"{registered} is not {what} (it lacks {', '.join(missing)}): {restore(registered)}")
 
 
 def render_table(name, tables, awaited, where, cache, data=None, shown=None):

@@ -471,13 +471,20 @@ READERS = {  # script -> (its arguments, the kind of checkpoint it reads)
 }
 
 
+@pytest.mark.parametrize("layout", ["nanogpt", "a bare tensor"])
 @pytest.mark.parametrize("script", sorted(READERS))
-def test_a_nanogpt_layout_checkpoint_is_one_line_saying_what_it_lacks(script, data):
-    nanogpt_checkpoint("old/ckpt.pt")
+def test_a_checkpoint_of_another_layout_is_one_line_saying_what_it_lacks(script, layout, data):
+    """nanoGPT's layout, or torch.save of a bare tensor (issue 33: an AttributeError in sample.py)."""
     argv, kind = READERS[script]
-    missing = "kind, tokenizer" if kind == "language" else "kind"
-    refused(script, *argv, root=data, contains=[f"old/ckpt.pt was not written by this version of "
-                                                f"{tk.KIND_MAKER[kind]} (it lacks {missing})"])
+    if layout == "a bare tensor":
+        os.makedirs("old")
+        torch.save(torch.zeros(3), "old/ckpt.pt")
+        words = "old/ckpt.pt holds a Tensor, not a checkpoint (a dict of kind, model, model_args, config, iter_num)"
+    else:
+        nanogpt_checkpoint("old/ckpt.pt")
+        missing = "kind, tokenizer" if kind == "language" else "kind"
+        words = f"old/ckpt.pt was not written by this version of {tk.KIND_MAKER[kind]} (it lacks {missing})"
+    refused(script, *argv, root=data, contains=[words])
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "evaluate.py"])
