@@ -22,7 +22,10 @@ out-bench/<gpu>.json for a full CUDA report, out-bench/cpu-report.json or <gpu>-
 CPU or quick one: results/, committed, only when named) and, run again with sections=all, runs
 only the sections not yet done. A quick
 report runs every section at the tiniest shapes; rows a device cannot run (Triton, FlashAttention,
-cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says more.
+cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. One command writes a report
+file at a time (a second into the same file is refused); Ctrl-C stops the section in flight
+with its process group and keeps the sections done; NANOTOST_COMMIT, when set, must name a
+commit (40 hex digits, one git knows where a .git is at hand). SPEED.md says more.
 
 THE SUITES (without --report): tables for any device and shape, JSON to bench_results.json.
     python bench.py --quick=1                        # a few minutes: operator + decode, T = 1K, 4K, 16K
@@ -1296,18 +1299,25 @@ def load_report(path, meta):
     (quick or full) is refused."""
     if not os.path.isfile(path):
         return dict(schema=REPORT_SCHEMA, meta=meta, runs=[], sections={})
+    old = read_report(path)
+    old_meta = old["meta"]
+    if (old_meta.get("slug"), bool(old_meta.get("quick"))) != (meta["slug"], bool(meta["quick"])):
+        raise cli.UserError(f"{path} holds a {'quick ' if old_meta.get('quick') else ''}report of "
+                            f"{old_meta.get('name')!r}, not of this {'quick ' if meta['quick'] else ''}run on "
+                            f"{meta['name']!r}: choose another --out")
+    return old
+
+
+def read_report(path):
+    """The report at path, its fields checked (one line naming the file and the field)."""
     fix = "restore it (git checkout, or a copy), or choose another --out"
     old = cli.read_json(path, fix)
     cli.require(old.get("schema") == REPORT_SCHEMA, f"{path} is not a report of bench.py (schema "
                                                     f"{old.get('schema')!r}): choose another --out")
     with cli.reading(path, fix):  # the fields run_report reads, each of its type
-        old_meta, _ = dict(old["meta"]), list(old["runs"])
+        _ = dict(old["meta"]), list(old["runs"])
         _ = {name: (part.get("status"), [row["status"] for row in part["rows"]])
              for name, part in dict(old["sections"]).items()}
-    if (old_meta.get("slug"), bool(old_meta.get("quick"))) != (meta["slug"], bool(meta["quick"])):
-        raise cli.UserError(f"{path} holds a {'quick ' if old_meta.get('quick') else ''}report of "
-                            f"{old_meta.get('name')!r}, not of this {'quick ' if meta['quick'] else ''}run on "
-                            f"{meta['name']!r}: choose another --out")
     return old
 
 
@@ -1425,6 +1435,8 @@ def main(argv):
         given_commit(os.path.dirname(os.path.abspath(__file__)))  # before any work (meta records it)
         if C.out != "auto" and not C.out.endswith(("/", os.sep)):
             cli.claim_output(C.out, "--out=<another file>")
+            if os.path.isfile(C.out):
+                read_report(C.out)  # a damaged one: said before the sections run
         return run_report(C)
     if C.quick:  # a short run; settings given explicitly still win
         for key, value in dict(T="1024,4096,16384", suites="op,decode", repeats=3).items():

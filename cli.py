@@ -282,9 +282,9 @@ def claim_output(path, elsewhere, folder=False):
 def _open_lock(path, folder):
     """(a descriptor to flock, the lock file or None, the folders created) for claim_output; an
     error names `path`."""
-    target = os.path.abspath(path) if folder else os.path.dirname(os.path.abspath(path))
+    target = path if folder else os.path.dirname(os.path.abspath(path))  # (an out_dir as given: errors name it so)
     made, up = [], target
-    while not os.path.lexists(up):
+    while up and not os.path.lexists(up):
         made.append(up)
         up = os.path.dirname(up)
     lock = None if folder else os.path.join(target, f".{os.path.basename(path)}.lock")
@@ -363,7 +363,8 @@ def name_list(key, text, allowed=None):
     twice = sorted({v for v in values if values.count(v) > 1})
     require(not twice, f"{key} names {', '.join(twice)} more than once: name each once, got {text!r}")
     unknown = [v for v in values if allowed is not None and v not in allowed]
-    require(not unknown, f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
+    if unknown:
+        raise ConfigError(f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
     return values
 
 

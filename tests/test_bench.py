@@ -146,7 +146,7 @@ def test_settings_are_checked_before_anything_runs(monkeypatch, tmp_path):
 def test_another_devices_report_is_not_overwritten(tmp_path):
     path = tmp_path / "r.json"
     h100 = dict(slug="nvidia-h100-80gb-hbm3", quick=False, name="NVIDIA H100 80GB HBM3")
-    path.write_text(json.dumps(dict(schema=bench.REPORT_SCHEMA, meta=h100, sections={})))
+    path.write_text(json.dumps(dict(schema=bench.REPORT_SCHEMA, meta=h100, runs=[], sections={})))
     with pytest.raises(cli.UserError, match="NVIDIA H100.*choose another --out"):
         bench.load_report(str(path), dict(slug="cpu", quick=True, name="cpu"))
     assert bench.load_report(str(path), h100)["meta"] == h100  # the same device continues it
