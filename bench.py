@@ -1260,7 +1260,7 @@ def run_child(ctx, name, C, tmp, limit_s, previous=None):
     except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) reaches this process only: the section has its own group
         interrupted = True
     timed_out = p.is_alive() and not interrupted
-    if p.pid is not None and p.is_alive():  # the section's whole process group: train.py, gpu_check, compile workers too
+    if p.pid is not None and p.is_alive():  # its whole process group: train.py, gpu_check, compile workers too
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(p.pid, sig)

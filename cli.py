@@ -249,7 +249,7 @@ def json_number(value, field, positive=False):
     return value
 
 
-_claimed = {}  # absolute output path -> (its lock file or None for a folder, the locked descriptor)
+_claimed = {}  # absolute output path -> (its lock file or None for a folder, the locked descriptor, folders made)
 
 
 def claim_output(path, elsewhere, folder=False):

@@ -6,7 +6,7 @@ the val loss on every token of val (evaluate.py) and the share of corpus words i
 three default samples (runs of 4+ ASCII letters that occur as whole words in train.bin's text).
 
     python prepare_char.py
-    python compare/pydocs.py --calibrate                     # s/iter of each model -> out-compare/pydocs/calibration.json
+    python compare/pydocs.py --calibrate                # s/iter of each model -> out-compare/pydocs/calibration.json
     python compare/pydocs.py --calibrate --calibration=compare/pydocs_calibration.json   # the committed one
     python compare/pydocs.py --out=compare/pydocs_cpu.json   # both conditions x 3 seeds: JSON, table, figure
     python compare/pydocs.py --quick                         # the whole path on a tiny ToST (a smoke test)
@@ -379,8 +379,8 @@ def calibrations_kept(C, names):
     same = old["machine"] == machine() and (old["calib_iters"], old["calib_skip"], old["rounds"]) == (
         C.calib_iters, C.calib_skip, C.calib_rounds)
     cli.require(same, f"{C.calibration} holds calibrations of {', '.join(others)} taken on another machine or with "
-                      f"other settings, which a calibration of {', '.join(names)} here would sit beside: calibrate them "
-                      "too (--models=...), or write this one elsewhere with --calibration=<new file>")
+                      f"other settings, which a calibration of {', '.join(names)} here would sit beside: "
+                      "calibrate them too (--models=...), or write this one elsewhere with --calibration=<new file>")
     return old
 
 
@@ -454,13 +454,13 @@ def main(argv):
     os.chdir(REPO)  # the paths in the JSON are relative to the repository
     train_ids, val_ids, meta = splits(C.data_dir, C.dataset)
     words = corpus_words("".join(np.array(list(meta["chars"]))[train_ids]))  # the whole words of train.bin
-    claim_outputs(C, given)
-    if C.calibrate:
-        return take_calibration(C)
-    if C.quick and uncalibrated(read_calibration(C), C.names, C):
-        take_calibration(C)
-
+    if C.calibrate or (C.quick and uncalibrated(read_calibration(C), C.names, C)):
+        claim_outputs(C, given)
+        cal = take_calibration(C)
+        if C.calibrate:
+            return cal
     conds, todo = plan(C)
+    claim_outputs(C, given)  # (before any run: the plan is read, nothing measured yet)
     rows = run_all(todo, C, words)
     data = dict(what="character-level language models on the embedded corpus (docstrings of Python's standard "
                      "library) at the first screen's budget: val loss on every val token (evaluate.py) and the "

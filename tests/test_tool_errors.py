@@ -93,7 +93,7 @@ def writers(root):
         "prepare_char.py": ([f"--input={root / 'book.txt'}", "--name=book", "--data_dir=out"], out / "book"),
         "prepare_openwebtext.py": ([f"--input={root / 'book.txt'}", "--name=owt", "--data_dir=out"], out / "owt"),
         "compare/pydocs.py": ([f"--data_dir={root / 'data'}", "--dataset=tiny_char", f"--out_root={out / 'root'}",
-                               f"--out={out / 'p.json'}"], out / "p.json"),
+                               "--conditions=iters", f"--out={out / 'p.json'}"], out / "p.json"),
         "recall/suite.py": (["--quick=True", "--out_json=out/q.json", "--figure=out/q.png"], out / "q.json"),
         "recall/decode_bench.py": (["--out=out/d.json"], out / "d.json"),
         "lra/listops_runs.py": ([f"--out={out / 'l.json'}", "--grids=tiny"], out / "l.json"),
@@ -176,7 +176,8 @@ DAMAGES = {  # doc -> what is done to it, what the refusal says
                                                    "has no <!-- /table --> after it"),
     "SPEED.md, an opening marker deleted": ("SPEED.md", lambda t: re.sub(r"<!-- table: [\w.-]+ -->\n", "", t, 1),
                                             "closes no table"),
-    "recall/README.md, a marker misspelt": ("recall/README.md", lambda t: t.replace("<!-- /table -->", "<!--/table-->", 1),
+    "recall/README.md, a marker misspelt": ("recall/README.md",
+                                            lambda t: t.replace("<!-- /table -->", "<!--/table-->", 1),
                                             "is not a table marker"),
 }
 
@@ -394,8 +395,8 @@ LATE = {  # script -> (arguments, where the work begins)
     "bench.py --report": (["--report=1", "--device=cpu", "--quick=1"], (bench, "run_child")),
     "recall/suite.py": (["--quick=True"], (suite, "run_job")),
     "recall/decode_bench.py": ([], ("recall.decode_bench", "measure")),
-    "compare/pydocs.py": (["--data_dir=DATA/data", "--dataset=tiny_char", "--out_root=DATA/out-compare/pydocs"],
-                          (pydocs, "train_and_score")),
+    "compare/pydocs.py": (["--data_dir=DATA/data", "--dataset=tiny_char", "--out_root=DATA/out-compare/pydocs",
+                           "--conditions=iters"], (pydocs, "train_and_score")),
     "lra/listops_runs.py": (["--out=DATA/out-lra/l.json"], (listops_runs, "prepare_data")),
 }
 
