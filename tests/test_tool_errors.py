@@ -444,6 +444,22 @@ def test_a_setting_that_cannot_do_what_it_says_is_refused_before_any_work(case, 
     refused(script, *[a.replace("REPO", REPO) for a in argv], root=tmp_path, contains=[words])
 
 
+def test_a_budget_spent_before_any_section_is_an_error_not_advice_to_run_again(tmp_path, monkeypatch):
+    """meta took longer than budget_s leaves for a section: exit 1 saying so (the same command
+    would do the same), not "not complete: the same command runs what is missing"."""
+    meta = bench.collect_meta(SimpleNamespace(device="cpu", dtype="float32", quick=True))
+    clock = iter(range(0, 10 ** 6, 50))  # each reading of the clock 50 s later: meta "takes" the budget
+    monkeypatch.setattr(bench, "time", SimpleNamespace(time=lambda: next(clock), strftime=bench.time.strftime,
+                                                       gmtime=bench.time.gmtime))
+    monkeypatch.setattr(bench, "run_child", lambda ctx, name, C, tmp, limit, previous=None: dict(
+        section=name, status="ok", rows=[], meta=meta, wall_s=100.0))
+    monkeypatch.chdir(tmp_path)
+    code, message = call("bench.py", "--report=1", "--device=cpu", "--quick=1", "--budget_s=90", "--out=r.json")
+    assert code == 1 and message.startswith("bench.py: budget_s=90 was spent before any section could start"), message
+    sections = json.loads((tmp_path / "r.json").read_text())["sections"]
+    assert {s["status"] for name, s in sections.items() if name != "meta"} == {"not_run"}  # and said so in the JSON
+
+
 def test_the_commit_git_knows_is_recorded(monkeypatch):
     monkeypatch.setenv("NANOTOST_COMMIT", HEAD.upper())
     assert bench.given_commit(REPO) == HEAD
