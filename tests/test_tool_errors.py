@@ -55,7 +55,7 @@ from helpers_signals import default_signals  # noqa: E402
 from lra import listops_runs  # noqa: E402
 from recall import suite  # noqa: E402
 from results import render  # noqa: E402
-from test_errors import call, data, listing, refused  # noqa: E402,F401  (data: a fixture)
+from test_errors import call, data, refused  # noqa: E402,F401  (data: a fixture)
 from test_train import TIKTOKEN_CACHE, needs_bpe  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 40
@@ -78,6 +78,23 @@ def held(path):
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
+
+
+def feed(fifo, text, reading=lambda: True):
+    """Write text into the pipe `fifo` once a reader has opened it, while reading() (never a
+    block on a reader that is gone)."""
+    for _ in range(600):
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while no reader has it open
+        except OSError:
+            if not reading():
+                return
+            threading.Event().wait(0.1)
+            continue
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return
 
 
 # -----------------------------------------------------------------------------
@@ -148,8 +165,7 @@ def test_two_preparations_under_one_name_at_once_one_is_refused(tmp_path, monkey
         assert call("prepare_char.py", f"--input={other}", "--name=book") == (
             1, "prepare_char.py: data/book is in use by another run: wait for it to end, or write this run elsewhere "
                "with --name=<other> or --data_dir=<folder>")
-        with open(fifo, "w") as f:
-            f.write(TEXT)
+        feed(fifo, TEXT, reading=lambda: first.poll() is None)
         out, err = first.communicate(timeout=120)
     finally:
         first.kill()
@@ -511,10 +527,13 @@ def test_a_pipe_is_read_once_and_identified_by_its_content(tmp_path, monkeypatch
     fifo = tmp_path / "book.fifo"
     for expected in ("prepared data/book", "data/book is already prepared"):
         os.mkfifo(fifo)
-        writer = threading.Thread(target=fifo.write_text, args=(TEXT,))  # (blocks until the script opens it)
+        done = threading.Event()
+        writer = threading.Thread(target=feed, args=(fifo, TEXT, lambda: not done.is_set()))
         writer.start()
-        assert call("prepare_char.py", f"--input={fifo}", "--name=book")[0] == 0
+        code = call("prepare_char.py", f"--input={fifo}", "--name=book")[0]
+        done.set()
         writer.join()
+        assert code == 0
         fifo.unlink()
         assert capsys.readouterr().out.startswith(expected)
     source = json.loads((tmp_path / "data" / "book" / "meta.json").read_text())["source"]
