@@ -23,8 +23,10 @@ measured, and the next section runs. The parent merges the sections into one JSO
 out-bench/cpu-report.json or <gpu>-quick.json for a CPU or quick one: results/, committed, only
 when named) and, run again with sections=all, runs only the sections not yet done. A quick
 report runs every section at the tiniest shapes; rows a device cannot run (Triton,
-FlashAttention, cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. SPEED.md says
-more.
+FlashAttention, cuDNN, CUDA graphs, torch.compile on the CPU) are rows saying why. One command
+writes a report file at a time (a second into the same file is refused); Ctrl-C stops the
+section in flight with its process group and keeps the sections done; NANOTOST_COMMIT, when
+set, must name a commit (40 hex digits, one git knows where a .git is at hand). SPEED.md says more.
 
 THE SUITES (without --report): tables for any device and shape, JSON to bench_results.json.
     python bench.py --quick=1                        # a few minutes: operator + decode, T = 1K, 4K, 16K
@@ -117,15 +119,16 @@ def lengths(key, text):
     except ValueError:
         values = []
     cli.require(values and min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
+    cli.require(len(set(values)) == len(values), f"{key} must name each length once, got {text!r}")
     return values
 
 
 def names(key, text, allowed):
-    """A comma-separated list of names, each one of `allowed`, as a list."""
-    values = text.split(",")
-    unknown = [v for v in values if v not in allowed]
-    cli.require(not unknown, f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
-    return values
+    """A comma-separated list of names, each once and one of `allowed`, as a list."""
+    return cli.name_list(key, text, allowed)
+
+
+MIN_BUDGET_S = 90  # budget_s: a section starts only with 60 s of it left, 10 s kept for the writes, ~20 s of meta
 
 
 def check_settings(C):
@@ -134,6 +137,9 @@ def check_settings(C):
     cli.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
               non_negative=("warmup", "budget_s"), workers=("threads",), positive=("max_case_s",),
               choices={"main_tssa_impl": kernels.IMPLS})
+    cli.require(C.budget_s == 0 or C.budget_s >= MIN_BUDGET_S,
+                f"budget_s={C.budget_s:g} is too short to start any section (each needs 60 s of it, and 10 s are kept "
+                f"for writing): give at least {MIN_BUDGET_S}, or 0 for no limit")
     plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
                 impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
                 model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
@@ -142,18 +148,13 @@ def check_settings(C):
     if C.sections != "all":
         names("sections", C.sections, tuple(SECTIONS))
     section_limits(C, list(SECTIONS))
-    if C.out == "auto":
-        return plan
-    into_folder = C.report and C.out.endswith(("/", os.sep))  # the report: a folder takes <gpu>.json
+    into_folder = C.out == "auto" or (C.report and C.out.endswith(("/", os.sep)))  # the report: <gpu>.json in it
     if os.path.isdir(C.out) and not into_folder:
         raise cli.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
-    folder = os.path.abspath(C.out) if into_folder else os.path.dirname(os.path.abspath(C.out))
-    while not os.path.lexists(folder):
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder):
-        raise cli.UserError(f"{folder} is a file, so out={C.out!r} cannot be written: choose another --out")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise cli.UserError(f"{folder} is not writable (permission denied): choose another --out")
+    if C.out == "auto":  # where the default goes, checked before anything is measured
+        cli.writable_place("out-bench/" if C.report else "bench_results.json", "--out")
+    else:
+        cli.writable_place(C.out, "--out")
     return plan
 
 # -----------------------------------------------------------------------------
@@ -555,12 +556,11 @@ def summary(results):
     return lines
 
 
-def write_results(path, obj):
+def write_results(path, obj, saved=None):
     """The results as JSON, atomically (a failure leaves no file and no temp file), an error
-    naming `path` rather than the temp file."""
+    naming `path` rather than the temp file; `saved`: what an interrupt then leaves behind."""
     try:
-        with cli.atomic_write(path, "w") as f:
-            json.dump(obj, f, indent=1)
+        cli.write_json(path, obj, saved)
     except OSError as e:
         if e.filename and ".tmp" not in os.path.basename(str(e.filename)):
             raise
@@ -645,13 +645,29 @@ def _run_text(cmd, cwd=None, timeout=20):
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def given_commit(root):
+    """NANOTOST_COMMIT, when set: a commit's 40 hex digits, one that git knows where a .git is at
+    hand (an unexpanded `$(git rev-parse HEAD)`, a branch name, a short hash: refused); else None."""
+    given = os.environ.get("NANOTOST_COMMIT")
+    if given is None:
+        return None
+    cli.require(len(given) == 40 and all(c in "0123456789abcdef" for c in given.lower()),
+                f"NANOTOST_COMMIT={given!r} is not a commit (40 hex digits): set it to what `git rev-parse HEAD` "
+                "prints, or unset it (the checkout's own git then names the commit)")
+    if os.path.exists(os.path.join(root, ".git")) and _run_text(["git", "--version"]) is not None:
+        known = _run_text(["git", "cat-file", "-e", f"{given}^{{commit}}"], cwd=root) is not None
+        cli.require(known, f"NANOTOST_COMMIT={given} is no commit of the repository at {root}: set it to what "
+                           "`git rev-parse HEAD` prints there, or unset it")
+    return given.lower()
+
+
 def collect_meta(C):
     """What a figure depends on besides the code: device, driver, versions, commit, date, load."""
     root = os.path.dirname(os.path.abspath(__file__))
     cuda = C.device.startswith("cuda")
     # NANOTOST_COMMIT, when given, names the commit: a copy of the tree (a device machine's) may
     # carry a .git that is not the commit sent; source_sha256 below identifies the code either way
-    given = os.environ.get("NANOTOST_COMMIT")
+    given = given_commit(root)
     commit = None if given else _run_text(["git", "rev-parse", "HEAD"], cwd=root)
     dirty = bool(_run_text(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)) if commit else None
     try:
@@ -1292,6 +1308,7 @@ def run_section(name, C, path, limit_s, hang=False, previous=None):
     S.previous_started = (previous or {}).get("started")
     try:
         if hang:  # the test hook NANOTOST_BENCH_HANG=<section>: a section that never ends
+            print(f"  {name}: hanging (NANOTOST_BENCH_HANG)", flush=True)
             time.sleep(10 ** 6)
         SECTION_FUNCS[name](S)
         rows = S.data["rows"]
@@ -1321,7 +1338,7 @@ def section_limits(C, names):
             seconds = float(value)
         except ValueError:
             seconds = -1.0
-        cli.require(seconds > 0 and (not sep or key in SECTIONS), f"section_s must be seconds ('300') or "
+        cli.require(0 < seconds < 10 ** 7 and (not sep or key in SECTIONS), f"section_s must be seconds ('300') or "
                                                                   f"section:seconds pairs ('op:200,decode:100'), got "
                                                                   f"{C.section_s!r}")
         for n in ([key] if sep else names):
@@ -1339,10 +1356,14 @@ def run_child(ctx, name, C, tmp, limit_s, previous=None):
     hang = os.environ.get("NANOTOST_BENCH_HANG") == name
     p = ctx.Process(target=bench.run_section, args=(name, C, path, limit_s, hang, previous), daemon=False)
     t0 = time.time()
-    p.start()
-    p.join(limit_s)
-    timed_out = p.is_alive()
-    if timed_out:  # the section's whole process group: train.py, gpu_check, compile workers too
+    interrupted = False
+    try:
+        p.start()
+        p.join(limit_s)
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) reaches this process only: the section has its own group
+        interrupted = True
+    timed_out = p.is_alive() and not interrupted
+    if p.pid is not None and p.is_alive():  # its whole process group: train.py, gpu_check, compile workers too
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(p.pid, sig)
@@ -1351,11 +1372,13 @@ def run_child(ctx, name, C, tmp, limit_s, previous=None):
                     p.kill()
             p.join(5)
     part = dict(section=name, status="failed", rows=[])
-    if os.path.isfile(path):
-        with open(path) as f:
-            part = json.load(f)
+    if os.path.isfile(path):  # written whole by the section (atomic_write): its rows so far
+        part = cli.read_json(path, "a bug: the section's process wrote it")
     part.update(wall_s=round(time.time() - t0, 1), limit_s=limit_s)
-    if timed_out:
+    if interrupted:
+        part.update(status="interrupted", reason="interrupted (Ctrl-C or SIGTERM); the rows measured before are "
+                                                 "kept, and the same command runs the rest")
+    elif timed_out:
         part.update(status="timed_out", reason=f"stopped at its time limit of {limit_s:.0f} s; the rows "
                                                f"measured before are kept")
     elif part.get("status") in ("running", "failed") and p.exitcode != 0 and not part.get("reason"):
@@ -1379,17 +1402,25 @@ def load_report(path, meta):
     (quick or full) is refused."""
     if not os.path.isfile(path):
         return dict(schema=REPORT_SCHEMA, meta=meta, runs=[], sections={})
-    try:
-        with open(path) as f:
-            old = json.load(f)
-        old_meta = old["meta"]
-        old["sections"].items()  # noqa: B018 (must be a mapping)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise cli.UserError(f"{path} is not a report of bench.py ({type(e).__name__}); choose another --out") from None
+    old = read_report(path)
+    old_meta = old["meta"]
     if (old_meta.get("slug"), bool(old_meta.get("quick"))) != (meta["slug"], bool(meta["quick"])):
         raise cli.UserError(f"{path} holds a {'quick ' if old_meta.get('quick') else ''}report of "
                             f"{old_meta.get('name')!r}, not of this {'quick ' if meta['quick'] else ''}run on "
                             f"{meta['name']!r}: choose another --out")
+    return old
+
+
+def read_report(path):
+    """The report at path, its fields checked (one line naming the file and the field)."""
+    fix = "restore it (git checkout, or a copy), or choose another --out"
+    old = cli.read_json(path, fix)
+    cli.require(old.get("schema") == REPORT_SCHEMA, f"{path} is not a report of bench.py (schema "
+                                                    f"{old.get('schema')!r}): choose another --out")
+    with cli.reading(path, fix):  # the fields run_report reads, each of its type
+        _ = dict(old["meta"]), list(old["runs"])
+        _ = {name: (part.get("status"), [row["status"] for row in part["rows"]])
+             for name, part in dict(old["sections"]).items()}
     return old
 
 
@@ -1425,10 +1456,13 @@ def run_report(C):
     tmp = tempfile.mkdtemp(prefix="nanotost-report-")
     try:
         meta_part = run_child(ctx, "meta", C, tmp, limits["meta"])
+        if meta_part["status"] == "interrupted":
+            raise KeyboardInterrupt
         meta = meta_part.get("meta")
         if meta_part["status"] != "ok" or not meta:
             raise cli.UserError(f"the meta section {meta_part['status']}: {meta_part.get('reason', '')}")
         out = report_out(C, meta)
+        cli.claim_output(out, "--out=<another file>")  # one report at a time into one file
         merged = load_report(out, meta)
         merged["meta"] = meta
         merged["sections"]["meta"] = meta_part
@@ -1462,7 +1496,10 @@ def run_report(C):
             print(f"[{name}] {part['status']} in {part['wall_s']:.0f} s: " + (", ".join(
                 f"{n} {s}" for s, n in counts.items()) or "no rows") + (f" ({part['reason']})" if part.get("reason")
                                                                        else ""), flush=True)
-            write_results(out, merged)
+            write_results(out, merged, saved=f"{out} holds the sections measured so far; the same command runs "
+                                             "what is missing")
+            if part["status"] == "interrupted":
+                raise KeyboardInterrupt
         for name in SECTIONS:
             merged["sections"].setdefault(name, dict(section=name, status="not_run", rows=[],
                                                      reason="not in this run's --sections"))
@@ -1470,6 +1507,10 @@ def run_report(C):
         write_results(out, merged)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if C.budget_s and not run["sections"] and any(n in chosen and merged["sections"][n]["status"] == "not_run"
+                                                  for n in SECTIONS):
+        raise cli.UserError(f"budget_s={C.budget_s:g} was spent before any section could start (meta took "
+                            f"{meta_part['wall_s']:.0f} s): give a larger --budget_s, or 0 for no limit")
     missing = [n for n in SECTIONS if not is_done(merged["sections"][n])]
     stopped = [n for n in SECTIONS if merged["sections"][n]["status"] in ("timed_out", "failed") and n not in missing]
     print(f"\nwrote {out}", flush=True)
@@ -1494,6 +1535,11 @@ def main(argv):
     if C.report:
         quick_defaults(C, given)
         check_settings(C)
+        given_commit(os.path.dirname(os.path.abspath(__file__)))  # before any work (meta records it)
+        if C.out != "auto" and not C.out.endswith(("/", os.sep)):
+            cli.claim_output(C.out, "--out=<another file>")
+            if os.path.isfile(C.out):
+                read_report(C.out)  # a damaged one: said before the sections run
         return run_report(C)
     if C.quick:  # a short run; settings given explicitly still win
         for key, value in dict(T="1024,4096,16384", suites="op,decode", repeats=3).items():
@@ -1502,6 +1548,7 @@ def main(argv):
     plan = check_settings(C)
     if C.out == "auto":
         C.out = "bench_results.json"
+    cli.claim_output(C.out, "--out=<another file>")  # one run at a time into one file
     C.device, C.dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.threads:
         torch.set_num_threads(C.threads)

@@ -11,6 +11,10 @@ the preparation scripts, bench.py, lra/, recall/), so that each script reads as 
   check       every setting checked once by kind before any work, and every number must have
               a kind (a range); require for the rest
   atomic_write  a file written whole or not at all (a temp file renamed over it; errors name it)
+  claim_output  one writer per output (a file or a folder) at a time, claimed before any work;
+              write_json / read_json / reading: the project's own JSON written whole, and read
+              back as one line naming the file and the field when it is cut short or changed
+  name_list   a comma-separated list of names, each once
 
     def main(argv):
         C, given = cli.configure(cli.config_defaults(globals()), argv)
@@ -22,7 +26,9 @@ and, under the script's __main__ guard, cli.run_cli(main, sys.argv[1:]).
 import ast
 import difflib
 import errno
+import fcntl
 import getpass
+import json
 import math
 import os
 import signal
@@ -193,6 +199,126 @@ def atomic_write(path, mode="wb"):
         raise
 
 
+def write_json(path, obj, saved=None):
+    """obj as JSON at path, whole or not at all (atomic_write); then `saved`, if given, becomes
+    what an interrupt leaves behind (on_interrupt): said only once it is true."""
+    with atomic_write(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+    if saved:
+        on_interrupt(saved)
+
+
+def read_json(path, fix, kind=dict):
+    """The project's own JSON at path, a `kind` (dict or list); a file cut short, not JSON, not
+    UTF-8 or of another kind is one line naming it and `fix` (what to do: run again, restore it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: not JSON ({e.msg}; cut short?): {fix}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 (byte {e.start}), so not a JSON this project wrote: {fix}") from None
+    if not isinstance(data, kind):
+        raise UserError(f"{path} holds a {type(data).__name__}, not the {kind.__name__} this project writes: {fix}")
+    return data
+
+
+@contextmanager
+def reading(path, fix):
+    """with reading(path, fix): code that reads the fields of the JSON at `path`. A field it
+    lacks (KeyError) or of another type (a string for a number, a list for a mapping, a number
+    out of range) is one line naming the file, the field where known, and `fix`."""
+    try:
+        yield
+    except UserError:
+        raise
+    except KeyError as e:
+        raise UserError(f"{path} lacks the field {e.args[0]!r}: {fix}") from None
+    except (TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        detail = " ".join(str(e).split())[:100]
+        raise UserError(f"{path} holds a value of another type than this version writes ({type(e).__name__}: "
+                        f"{detail}): {fix}") from None
+
+
+def json_number(value, field, positive=False):
+    """value, a number of a JSON (not a string that reads as one, not a bool), else a TypeError
+    naming `field` (inside reading(): one line)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
+        raise TypeError(f"{field} is {value!r}, not a{' positive' if positive else ''} number")
+    return value
+
+
+_claimed = {}  # absolute output path -> (its lock file or None for a folder, the locked descriptor, folders made)
+
+
+def claim_output(path, elsewhere, folder=False):
+    """Claim the output `path` (a file, or a folder with folder=True) for this process until
+    run_cli ends: a second writer, in another process, is refused in one line naming
+    `elsewhere` (how to write elsewhere, e.g. "--out=<new file>"), before any work. flock, so
+    the OS frees it when the process ends, however it ends. A folder is locked itself; a file
+    through .<name>.lock beside it (atomic_write replaces the file, so its own inode cannot
+    hold a lock). Creating the lock is also the check that the place can be written; the
+    folders it creates for it go again at the release if the run left them empty."""
+    key = os.path.abspath(path)
+    if key in _claimed:  # this process holds it already
+        return
+    for _ in range(10):  # (a lock file removed by its last holder between our open and flock: again)
+        fd, lock, made = _open_lock(path, folder)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            _remove_empty(made)
+            raise UserError(f"{path} is in use by another run: wait for it to end, or write this run elsewhere "
+                            f"with {elsewhere}") from None
+        if lock is None or (os.path.exists(lock) and os.stat(lock).st_ino == os.fstat(fd).st_ino):
+            break
+        os.close(fd)
+    _claimed[key] = (lock, fd, made)
+    at_end(lambda: release_output(path))
+
+
+def _open_lock(path, folder):
+    """(a descriptor to flock, the lock file or None, the folders created) for claim_output; an
+    error names `path`."""
+    target = path if folder else os.path.dirname(os.path.abspath(path))  # (an out_dir as given: errors name it so)
+    made, up = [], target
+    while up and not os.path.lexists(up):
+        made.append(up)
+        up = os.path.dirname(up)
+    lock = None if folder else os.path.join(target, f".{os.path.basename(path)}.lock")
+    try:
+        os.makedirs(target, exist_ok=True)
+        if folder:
+            return os.open(path, os.O_RDONLY), None, []  # (the run's own folder: kept)
+        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644), lock, made
+    except OSError as e:
+        _remove_empty(made)
+        if e.filename is not None and e.filename != lock:  # a folder on the way: named as it is
+            raise
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from None  # the output, not its lock
+
+
+def release_output(path):
+    """Give up a claim_output (run_cli does it when the script ends)."""
+    lock, fd, made = _claimed.pop(os.path.abspath(path), (None, None, []))
+    if fd is None:
+        return
+    if lock:
+        with suppress(OSError):
+            os.remove(lock)  # before the unlock: a waiting process then sees a new file, and checks that
+    os.close(fd)
+    _remove_empty(made)
+
+
+def _remove_empty(folders):
+    """Remove the folders (deepest first) that are empty: those a claim created and nothing used."""
+    for folder in folders:
+        with suppress(OSError):
+            os.rmdir(folder)
+
+
 def pid_alive(pid):
     """Whether process `pid` is alive (signal 0 sends nothing: it only asks)."""
     try:
@@ -236,6 +362,35 @@ def seed_list(key, text):
         require(0 <= s <= SEED_MAX, f"{key}: {s} is no seed: each must be a whole number in 0..{SEED_MAX} "
                                      f"(2**32 - 1, what numpy and torch take)")
     return seeds
+
+
+def name_list(key, text, allowed=None):
+    """A comma-separated list of names ("op,decode") as a list: each once (a name twice would run
+    and record the same thing twice), not empty, and each one of `allowed` where given."""
+    values = [v.strip() for v in text.split(",")]
+    require(text.strip() and all(values), f"{key} must be names separated by commas, got {text!r}")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    require(not twice, f"{key} names {', '.join(twice)} more than once: name each once, got {text!r}")
+    unknown = [v for v in values if allowed is not None and v not in allowed]
+    if unknown:
+        raise ConfigError(f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
+    return values
+
+
+def writable_place(path, option):
+    """Refuse, before any work, an output path that cannot be created: the part of it that
+    exists must be a folder this process can write into. `option` names the setting."""
+    target = os.path.abspath(path)
+    existing = target
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    wants_folder = path.endswith(("/", os.sep))
+    if (existing != target or wants_folder) and not os.path.isdir(existing):
+        raise UserError(f"{existing} is a file, so {option}={path} cannot be written: choose another {option}")
+    folder = existing if os.path.isdir(existing) else os.path.dirname(existing)  # (an existing file: replaced)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{folder} is not writable (permission denied), so {option}={path} cannot be written: "
+                        f"choose another {option}")
 
 
 def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), seed=(), workers=(), between=None,

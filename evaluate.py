@@ -59,6 +59,8 @@ def check_settings(C, given):
     ignored = ", ".join(f"--{k}" for k in SPLIT_ONLY if k in given)
     cli.require(not (C.harness and ignored), f"--harness scores lm-eval's tasks, not a split: drop {ignored} "
                                              "(--harness_limit limits the documents per task)")
+    if C.harness:  # each task once (lm-eval would run a name twice), at least one
+        cli.name_list("harness", C.harness)
     cli.require(C.harness or "harness_limit" not in given,
                 "--harness_limit limits the documents of --harness=<tasks>: drop it, or give --harness")
     if C.out:
@@ -92,7 +94,7 @@ def run_harness(C):
     cli.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
     import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
 
-    specs = [spec.strip() for spec in C.harness.split(",") if spec.strip()]
+    specs = cli.name_list("harness", C.harness)
     lm = lm_eval_adapter.NanoToSTLM(out_dir=C.out_dir, device=C.device, dtype=C.dtype, batch_size=C.batch_size,
                                     stride=C.stride, tssa_impl=C.tssa_impl)
     t0 = time.time()

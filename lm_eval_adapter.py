@@ -287,6 +287,7 @@ class NanoToSTLM(LM):
 def load_tasks(specs):
     """A TaskManager and the check that each task spec (a name of lm-eval, or a task YAML file)
     loads, with its data: an unknown name or data that cannot be fetched is one line."""
+    import yaml
     from lm_eval.tasks import TaskManager
 
     for spec in specs:
@@ -300,6 +301,11 @@ def load_tasks(specs):
         except KeyError:
             raise cli.UserError(f"{spec!r} is neither a task of lm-eval nor a task YAML file (with a `task:` key): "
                                 "`lm-eval ls tasks` lists the tasks") from None
+        except yaml.YAMLError as e:  # a task YAML that does not parse
+            mark = getattr(e, "problem_mark", None)
+            where = f"{spec}:{mark.line + 1}" if mark is not None else spec
+            raise cli.UserError(f"{where}: not YAML ({getattr(e, 'problem', None) or type(e).__name__}): correct the "
+                                "task file (lm-eval's task YAML)") from None
         except ValueError as e:
             raise cli.UserError(f"{spec!r} is not a task lm-eval can load ({str(e).splitlines()[0][:160]})") from None
         except (ConnectionError, OSError) as e:

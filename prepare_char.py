@@ -74,11 +74,16 @@ def check_settings(args):
     cli.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
     cli.check(args, fraction=("val_fraction",), dashes=True)  # (cli.check: every number has a range)
     cli.require(args.input != "", "--input must name a text file (leave it out for the embedded corpus)")
-    if args.input:
-        td.check_text_file(args.input)
+    cli.require(args.name or not args.input or not td.is_pipe(args.input), "--input is a pipe, which has no file "
+                                                                          "name: give --name=<dataset>")
     if args.name is None:
         args.name = os.path.splitext(os.path.basename(args.input))[0] + "_char" if args.input else "pydocs_char"
-    out_dir = td.check_destination(args.data_dir, args.name)
+    if args.input and not td.is_pipe(args.input):
+        td.check_text_file(args.input)
+    out_dir = td.check_destination(args.data_dir, args.name)  # (claimed: one writer at a time)
+    if args.input and td.is_pipe(args.input):
+        args.input = td.input_copy(args.input)  # a pipe (<(zcat book.gz)): read once, into a temp file
+        td.check_text_file(args.input)
     source = (td.file_source(args.input) if args.input
               else dict(stdlib=sysconfig.get_paths()["stdlib"], python=sys.version.split()[0]))
     return out_dir, source

@@ -28,7 +28,9 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 from tqdm import tqdm
@@ -63,7 +65,7 @@ def input_files(patterns):
         if not matched and glob.has_magic(pattern):
             raise cli.UserError(f"--input={pattern} matches no file: check the pattern")
         files += matched or [pattern]
-    files = sorted(set(files))
+    files = [td.input_copy(f) for f in sorted(set(files))]  # a pipe (<(zcat x.jsonl.gz)): read once, into a temp file
     for f in files:
         if os.path.isdir(f):
             raise cli.UserError(f"{f} is a folder: give the files in it, e.g. --input='{f}/*.jsonl'")
@@ -97,6 +99,8 @@ def check_settings(args):
     cli.check(args, fraction=("val_fraction",), at_least_1=("num_proc",), workers=("num_proc",), seed=("seed",),
               dashes=True)
     files, kind = input_files(args.input) if args.input else ([], None)
+    cli.require(args.name or not any(map(td.is_stream, files)), "--input is a pipe, which has no file name: "
+                                                                "give --name=<dataset>")
     if args.name is None:
         args.name = os.path.splitext(os.path.basename(files[0]))[0] if files else args.dataset
     out_dir = td.check_destination(args.data_dir, args.name)
@@ -181,16 +185,28 @@ def bad_record(files, kind, field):
     return None
 
 
+def local_cache(args):
+    """The folder `datasets` keeps its Arrow copy of local files in: a temp folder beside the
+    output (written there anyway, so writable), removed at the end. Local files need no Hugging
+    Face cache, so a read-only home (HF_HOME) does not stop them."""
+    os.makedirs(args.data_dir, exist_ok=True)
+    cache = tempfile.mkdtemp(prefix=f".{args.name}.datasets-cache-", dir=args.data_dir)
+    cli.at_end(lambda: shutil.rmtree(cache, ignore_errors=True))
+    return cache
+
+
 def load_rows(args, files, kind):
     """The text as a datasets.Dataset, its text column and how its rows join (see td.HUB)."""
     import datasets
 
     if files:
+        cache = local_cache(args)
         if kind == "text":  # one document per file, every character kept
-            return datasets.load_dataset("text", data_files=files, split="train", sample_by="document"), "text", "eot"
+            return datasets.load_dataset("text", data_files=files, split="train", sample_by="document",
+                                         cache_dir=cache), "text", "eot"
         field = args.text_field
         try:
-            ds = datasets.load_dataset(kind, data_files=files, split="train")
+            ds = datasets.load_dataset(kind, data_files=files, split="train", cache_dir=cache)
         except Exception:  # a malformed record: say which; anything else keeps its traceback
             found = bad_record(files, kind, field)
             if found:

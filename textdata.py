@@ -14,8 +14,9 @@ A prepared dataset is a folder <data_dir>/<name>/ holding
 Reading:   open_dataset (checked), read_batch (which stops when the files change under a run),
            windows (evaluation), load_tokenizer, gpt2_encoding, tokenizer_info / check_tokenizer,
            load_language_model (a train.py checkpoint), SAMPLING_SETTINGS / check_generation (decoding)
-Writing:   ArgumentParser, command_line, check_destination, check_text_file, check_utf8,
-           file_source, already_prepared, write_splits (all or nothing)
+Writing:   ArgumentParser, command_line, check_destination, input_copy (a pipe read once),
+           check_text_file, check_utf8 (UTF-8 and no NUL byte throughout), file_source,
+           already_prepared, write_splits (all or nothing)
 """
 
 import argparse
@@ -26,6 +27,8 @@ import os
 import re
 import shlex
 import shutil
+import stat
+import tempfile
 from types import SimpleNamespace
 
 import numpy as np
@@ -263,30 +266,69 @@ def check_destination(data_dir, name):
     if not os.access(existing, os.W_OK | os.X_OK):
         raise cli.UserError(f"{existing} is not writable (permission denied): choose another --data_dir "
                             "or change its permissions")
+    cli.claim_output(out_dir, "--name=<other> or --data_dir=<folder>")  # (the name: the folder itself is swapped)
     return out_dir
+
+
+_streams = {}  # the temp copy of a pipe -> the pipe's path as given (input_copy)
+
+
+def input_copy(path):
+    """`path`, or for a pipe or device (--input=<(zcat book.gz), /dev/stdin) a temp copy of what
+    it gives, which a preparation can read more than once (removed when the script ends)."""
+    if not is_pipe(path):
+        return path
+    fd, copy = tempfile.mkstemp(prefix="nanotost-input-", suffix=os.path.splitext(path)[1] or ".txt")
+    cli.at_end(lambda: os.path.exists(copy) and os.remove(copy))
+    with os.fdopen(fd, "wb") as out, open(path, "rb") as stream:
+        shutil.copyfileobj(stream, out, 1 << 20)
+    _streams[copy] = path
+    return copy
+
+
+def is_pipe(path):
+    """Whether `path` is a pipe or a device (something read once, with no size), not a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False  # missing: the checks that follow say so
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def is_stream(path):
+    """Whether `path` is input_copy's copy of a pipe (it has no name of its own)."""
+    return path in _streams
 
 
 def check_text_file(path):
     """Refuse what is not a non-empty text file, saying what it is instead."""
+    shown = _streams.get(path, path)  # a pipe's copy: the pipe as given
     if os.path.isdir(path):
-        raise cli.UserError(f"{path} is a folder, not a text file: give --input a file")
+        raise cli.UserError(f"{shown} is a folder, not a text file: give --input a file")
     if not os.path.isfile(path):
-        raise cli.UserError(f"{path} not found: check the path given to --input")
+        raise cli.UserError(f"{shown} not found: check the path given to --input")
     with open(path, "rb") as f:
         head = f.read(1 << 16)
     if not head:
-        raise cli.UserError(f"{path} is empty: there is nothing to prepare")
+        raise cli.UserError(f"{shown} is empty: there is nothing to prepare")
     if head[:2] == b"\x1f\x8b" or head[:4] in (b"PK\x03\x04", b"BZh9") or head[:6] == b"\xfd7zXZ\x00":
-        raise cli.UserError(f"{path} is a compressed archive, not text: unpack it first (gunzip, unzip, ...)")
+        raise cli.UserError(f"{shown} is a compressed archive, not text: unpack it first (gunzip, unzip, ...)")
     if b"\x00" in head:
-        raise cli.UserError(f"{path} holds NUL bytes: a binary file (or UTF-16 text), not UTF-8 text; give a "
-                            "text file (UTF-16 converts with iconv -f utf-16 -t utf-8)")
+        raise cli.UserError(nul_bytes(shown))
+
+
+def nul_bytes(path, where=""):
+    """The refusal of a file holding NUL bytes (`where`: the line and byte of the first)."""
+    return (f"{path}{where} holds NUL bytes: a binary file (or UTF-16 text), not UTF-8 text; give a text file "
+            "(UTF-16 converts with iconv -f utf-16 -t utf-8)")
 
 
 def check_utf8(path, chunk=1 << 24):
     """Refuse a file that is not UTF-8 throughout, naming the line and byte of the first fault,
-    and one that holds only whitespace (no text to learn from). A leading byte-order mark (as some
+    and one that holds only whitespace (no text to learn from), or a NUL byte anywhere (never text:
+    a binary file, or UTF-16, past the head that check_text_file reads). A leading byte-order mark (as some
     editors write) is no text: utf-8-sig drops it here, as prepare_char.py does when it reads."""
+    shown = _streams.get(path, path)  # a pipe's copy: the pipe as given
     decoder, offset, lines, blank = codecs.getincrementaldecoder("utf-8-sig")(), 0, 1, True
     with open(path, "rb") as f:
         while True:
@@ -296,20 +338,29 @@ def check_utf8(path, chunk=1 << 24):
             except UnicodeDecodeError as e:
                 at = offset + max(e.start, 0)
                 line = lines + block[:max(e.start, 0)].count(b"\n")
-                raise cli.UserError(f"{path}:{line}: not UTF-8 text (byte {at}: {block[e.start:e.start + 4]!r}); "
+                raise cli.UserError(f"{shown}:{line}: not UTF-8 text (byte {at}: {block[e.start:e.start + 4]!r}); "
                                     "convert it from its encoding first, e.g. iconv -f <encoding> -t utf-8") from None
+            if b"\x00" in block:
+                at = block.index(b"\x00")
+                line = lines + block[:at].count(b"\n")
+                raise cli.UserError(nul_bytes(shown, f":{line} (byte {offset + at})"))
             blank = blank and not text.strip()
             if not block:
                 break
             offset, lines = offset + len(block), lines + block.count(b"\n")
     if blank:
-        raise cli.UserError(f"{path} holds only whitespace ({offset:,} bytes of spaces, tabs, line breaks or a "
+        raise cli.UserError(f"{shown} holds only whitespace ({offset:,} bytes of spaces, tabs, line breaks or a "
                             "byte-order mark): there is no text to prepare")
 
 
 def file_source(path):
-    """What identifies an input file's content cheaply: its path, size and modification time."""
+    """What identifies an input file's content cheaply: its path, size and modification time; for
+    a pipe's copy (input_copy), the pipe as given and its content's sha256."""
     st = os.stat(path)
+    if path in _streams:
+        import hashlib
+        with open(path, "rb") as f:
+            return dict(stream=_streams[path], bytes=st.st_size, sha256=hashlib.file_digest(f, "sha256").hexdigest())
     return dict(path=os.path.abspath(path), bytes=st.st_size, mtime=int(st.st_mtime))
 
 

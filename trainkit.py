@@ -16,7 +16,6 @@ the settings of every script are cli.py's.
 
 import dataclasses
 import errno
-import fcntl
 import gc
 import json
 import math
@@ -32,8 +31,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import cli
 import model
-from cli import UserError, at_end, atomic_write, require
+from cli import UserError, atomic_write, require
 
 # -----------------------------------------------------------------------------
 # devices and processes
@@ -144,23 +144,10 @@ def all_reduce_mean(tensor, d):
 # -----------------------------------------------------------------------------
 # files, checkpoints and logs
 
-_locks = {}  # out_dir -> its open descriptor, locked while this process lives
-
-
 def claim_out_dir(out_dir, init_from):
-    """Lock out_dir for this run (flock on the folder itself: nothing is written, and the OS
-    frees it when the process ends, however it ends); refuse a scratch run over an existing
-    checkpoint. Rank 0 only."""
-    os.makedirs(out_dir, exist_ok=True)
-    fd = os.open(out_dir, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise UserError(f"{out_dir} is in use by another run: wait for it to end, or write this run elsewhere "
-                        "with --out_dir=<new folder>") from None
-    _locks[os.path.abspath(out_dir)] = fd
-    at_end(lambda: release_out_dir(out_dir))  # run_cli releases it when the script ends
+    """Lock out_dir for this run (cli.claim_output: a flock on the folder, freed by run_cli or the
+    end of the process); refuse a scratch run over an existing checkpoint. Rank 0 only."""
+    cli.claim_output(out_dir, "--out_dir=<new folder>", folder=True)
     ckpt = os.path.join(out_dir, "ckpt.pt")
     if init_from != "resume" and os.path.exists(ckpt):
         raise UserError(f"{ckpt} already exists and init_from={init_from!r} would overwrite it: continue that run "
@@ -168,9 +155,7 @@ def claim_out_dir(out_dir, init_from):
 
 
 def release_out_dir(out_dir):
-    fd = _locks.pop(os.path.abspath(out_dir), None)
-    if fd is not None:
-        os.close(fd)
+    cli.release_output(out_dir)
 
 
 def save_checkpoint(obj, path):
@@ -222,10 +207,13 @@ def load_checkpoint(path, kind):
                         f"{KIND_MAKER[kind]} wrote, or train one first")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        fields = set(ckpt)
     except Exception as e:  # zip errors, EOF, unpickling errors, not a dict: a damaged file
         raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): the "
                         "file is truncated or corrupt; delete it, or start a new run in another out_dir") from None
+    if not isinstance(ckpt, dict):  # torch.save of a bare tensor, a model, a list: no checkpoint's fields
+        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint (a dict of {', '.join(CKPT_FIELDS)}): "
+                        f"give a checkpoint that {KIND_MAKER[kind]} wrote")
+    fields = set(ckpt)
     found = ckpt.get("kind")
     if found in KIND_MAKER and found != kind:
         raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER[found]}), not "

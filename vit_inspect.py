@@ -143,6 +143,7 @@ def main(argv):
                 f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
     if not os.path.isfile(path):
         raise cli.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
+    cli.claim_output(out, "--out_dir=<another folder>")  # one writer at a time, and a place that can be written
     model, ck = vit_data.load_vit_model(path, device=dev)
     model.eval()
     T = SimpleNamespace(**{**ck["config"], "img_size": model.config.img_size})  # the run's data settings

@@ -6,7 +6,8 @@ the val loss on every token of val (evaluate.py) and the share of corpus words i
 three default samples (runs of 4+ ASCII letters that occur as whole words in train.bin's text).
 
     python prepare_char.py
-    python compare/pydocs.py --calibrate                     # s/iter of each model -> compare/pydocs_calibration.json
+    python compare/pydocs.py --calibrate                # s/iter of each model -> out-compare/pydocs/calibration.json
+    python compare/pydocs.py --calibrate --calibration=compare/pydocs_calibration.json   # the committed one
     python compare/pydocs.py --out=compare/pydocs_cpu.json   # both conditions x 3 seeds: JSON, table, figure
     python compare/pydocs.py --quick                         # the whole path on a tiny ToST (a smoke test)
 
@@ -15,7 +16,10 @@ conditions (short train.py runs, one thread, interleaved round by round, the loa
 and the equal-time condition then trains each model for budget / (its s/iter) iterations on its
 own schedule, a deterministic command (budget: `iters` iterations of `time_ref`). The committed
 calibration fixes those counts, so the table reproduces on any machine; --calibrate measures
-again (on a quiet machine: the ratios are what matter), and runs whose count changed run again.
+again (on a quiet machine: the ratios are what matter), into out_root/calibration.json unless
+--calibration names the file (the committed one only when named); the models it does not
+measure keep their entries there (when taken on this machine with the same settings), and
+runs whose count changed run again.
 
 Every run is `train.py <config> <the model's settings> --seed=S --max_iters=N --lr_decay_iters=N`
 (one thread, one run at a time), then evaluate.py and sample.py on its out_dir, all under
@@ -51,7 +55,7 @@ calibrate = False  # measure s/iter of every model into `calibration`, and stop
 calib_iters = 60  # iterations of each calibration run ...
 calib_skip = 10  # ... of which the first are not timed (warm-up)
 calib_rounds = 3  # rounds over the models (interleaved)
-calibration = "compare/pydocs_calibration.json"  # the s/iter the equal-time condition uses
+calibration = "compare/pydocs_calibration.json"  # the s/iter the equal-time condition uses (--calibrate: when named)
 out_root = "out-compare/pydocs"  # every run's out_dir, and results.json (the finished runs)
 out = ""  # the JSON to write (and a .png figure beside it); "": print the table only
 data_dir = "data"  # the character-level dataset every model trains on (prepare_char.py)
@@ -317,14 +321,10 @@ def plot(data, path):
 
 def check_settings(C):
     """Every setting checked before any run; lists parsed."""
-    C.names = [m.strip() for m in C.models.split(",") if m.strip()]
-    cli.require(C.names and len(set(C.names)) == len(C.names), f"models must name each model once, got {C.models!r}")
-    for name in C.names + [C.time_ref]:
-        cli.require(name in MODELS, f"unknown model {name!r}: choose from {', '.join(MODELS)}")
+    C.names = cli.name_list("models", C.models, tuple(MODELS))
+    cli.require(C.time_ref in MODELS, f"unknown model {C.time_ref!r}: choose from {', '.join(MODELS)}")
     C.seed_list = cli.seed_list("seeds", C.seeds)
-    C.cond_list = [c.strip() for c in C.conditions.split(",") if c.strip()]
-    cli.require(C.cond_list and set(C.cond_list) <= {"iters", "time"},
-                f"conditions must be iters, time or iters,time, got {C.conditions!r}")
+    C.cond_list = cli.name_list("conditions", C.conditions, ("iters", "time"))
     cli.check(C, at_least_1=("iters", "calib_iters", "calib_rounds"), non_negative=("calib_skip",))
     cli.require(C.calib_skip < C.calib_iters, f"calib_skip ({C.calib_skip}) must be below calib_iters "
                                               f"({C.calib_iters}): some steps must be timed")
@@ -332,29 +332,72 @@ def check_settings(C):
                                                       f"got {C.out!r}")
 
 
+def claim_outputs(C, given):
+    """Before any run: where --calibrate writes (C.calibration only when named: the committed file
+    is never a default output), and every output claimed (one writer each; writable)."""
+    if C.calibrate and "calibration" not in given and not C.quick:
+        C.calibration = os.path.join(C.out_root, "calibration.json")
+    if C.calibrate or C.quick:
+        cli.claim_output(C.calibration, "--calibration=<another file>")
+    cli.claim_output(os.path.join(C.out_root, "results.json"), "--out_root=<another folder>")
+    for path in ([C.out, C.out[:-len(".json")] + ".png"] if C.out else []):
+        cli.claim_output(path, "--out=<another file>")
+
+
 def take_calibration(C):
     """--calibrate (and --quick, when its own calibration is missing or stale): measure every
     model's s/iter and write it to C.calibration."""
     names = list(dict.fromkeys(C.names + [C.time_ref]))
+    kept = calibrations_kept(C, names)
     print(f"calibrating {', '.join(names)}: {C.calib_rounds} round(s) of {C.calib_iters} iterations "
           f"(load {os.getloadavg()[0]:.2f})", flush=True)
     models_cal, loads = calibrate_models(names, C)
+    date = time.strftime("%Y-%m-%d %H:%M")
+    for entry in models_cal.values():
+        entry["date"] = date
     cal = dict(what="seconds per training iteration of each model (median step time of train.py, one thread)",
                command="python compare/pydocs.py --calibrate" + (" --quick" if C.quick else ""),
-               date=time.strftime("%Y-%m-%d %H:%M"), machine=machine(), calib_iters=C.calib_iters,
-               calib_skip=C.calib_skip, rounds=C.calib_rounds, models=models_cal, loads=loads)
-    with cli.atomic_write(C.calibration, "w") as f:
-        json.dump(cal, f, indent=1)
-    print(f"wrote {C.calibration}: " + ", ".join(f"{m} {1000 * v['s_per_iter']:.1f} ms" for m, v in models_cal.items()))
+               date=date, machine=machine(), calib_iters=C.calib_iters, calib_skip=C.calib_skip,
+               rounds=C.calib_rounds, models={**kept.get("models", {}), **models_cal},
+               loads=kept.get("loads", []) + loads)
+    cli.write_json(C.calibration, cal)
+    print(f"wrote {C.calibration}: " + ", ".join(f"{m} {1000 * v['s_per_iter']:.1f} ms" for m, v in models_cal.items())
+          + (f"; kept {', '.join(m for m in kept.get('models', {}) if m not in models_cal)} from before"
+             if set(kept.get("models", {})) - set(models_cal) else ""))
+    if C.calibration != SETTINGS["calibration"]:
+        print(f"the equal-time condition uses it with --calibration={C.calibration}")
     return cal
 
 
+def calibrations_kept(C, names):
+    """The calibration at C.calibration whose other models' entries --calibrate keeps ({} if none).
+    Refused before any run when it was taken elsewhere or with other settings: one file, one machine."""
+    old = read_calibration(C)
+    others = sorted(set((old or {}).get("models", {})) - set(names))
+    if not others:
+        return old or {}
+    same = old["machine"] == machine() and (old["calib_iters"], old["calib_skip"], old["rounds"]) == (
+        C.calib_iters, C.calib_skip, C.calib_rounds)
+    cli.require(same, f"{C.calibration} holds calibrations of {', '.join(others)} taken on another machine or with "
+                      f"other settings, which a calibration of {', '.join(names)} here would sit beside: "
+                      "calibrate them too (--models=...), or write this one elsewhere with --calibration=<new file>")
+    return old
+
+
 def read_calibration(C):
-    """The calibration the equal-time condition uses (None if there is none)."""
+    """The calibration the equal-time condition uses (None if there is none), its fields checked."""
     if not os.path.isfile(C.calibration):
         return None
-    with open(C.calibration, encoding="utf-8") as f:
-        return json.load(f)
+    fix = "restore it with git checkout, or measure one with python compare/pydocs.py --calibrate"
+    cal = cli.read_json(C.calibration, fix)
+    with cli.reading(C.calibration, fix):
+        for name, entry in dict(cal["models"]).items():
+            cli.json_number(entry["s_per_iter"], f"models.{name}.s_per_iter", positive=True)
+            _ = entry["recipe_id"]  # (present)
+        for key in ("calib_iters", "calib_skip", "rounds"):
+            cli.json_number(cal[key], key)
+        _ = dict(cal["machine"]), list(cal["loads"])  # (each of its type)
+    return cal
 
 
 def plan(C):
@@ -379,9 +422,12 @@ def run_all(todo, C, words):
     done_path = os.path.join(C.out_root, "results.json")
     done = {}
     if os.path.isfile(done_path):
-        with open(done_path, encoding="utf-8") as f:
-            done = json.load(f)
-    cli.on_interrupt(f"the finished runs are in {done_path}; the same command continues")
+        done = cli.read_json(done_path, f"move it away (its runs are then trained again), or choose another "
+                                        f"--out_root")
+        with cli.reading(done_path, "move it away (its runs are then trained again), or choose another --out_root"):
+            for key, r in done.items():  # what the table reads, each a number
+                for field in ("val_loss", "iters", "share", "corpus_words", "words", "params"):
+                    cli.json_number(r[field], f"{key}.{field}")
     rows = []
     for i, (name, seed, n) in enumerate(todo):
         key = f"{name}_s{seed}_i{n}_{recipe_id(name, C)}"
@@ -389,8 +435,7 @@ def run_all(todo, C, words):
             print(f"[{i + 1}/{len(todo)}] {name}, seed {seed}, {n} iterations (load {os.getloadavg()[0]:.2f})",
                   flush=True)
             done[key] = r = train_and_score(name, seed, n, C, words)
-            with cli.atomic_write(done_path, "w") as f:
-                json.dump(done, f, indent=1)
+            cli.write_json(done_path, done, saved=f"the finished runs are in {done_path}; the same command continues")
             print(f"    val loss {r['val_loss']:.4f}, corpus words {r['corpus_words']}/{r['words']}, "
                   f"trained in {r['train_wall_s']:.0f} s", flush=True)
         rows.append(done[key])
@@ -409,12 +454,13 @@ def main(argv):
     os.chdir(REPO)  # the paths in the JSON are relative to the repository
     train_ids, val_ids, meta = splits(C.data_dir, C.dataset)
     words = corpus_words("".join(np.array(list(meta["chars"]))[train_ids]))  # the whole words of train.bin
-    if C.calibrate:
-        return take_calibration(C)
-    if C.quick and uncalibrated(read_calibration(C), C.names, C):
-        take_calibration(C)
-
+    if C.calibrate or (C.quick and uncalibrated(read_calibration(C), C.names, C)):
+        claim_outputs(C, given)
+        cal = take_calibration(C)
+        if C.calibrate:
+            return cal
     conds, todo = plan(C)
+    claim_outputs(C, given)  # (before any run: the plan is read, nothing measured yet)
     rows = run_all(todo, C, words)
     data = dict(what="character-level language models on the embedded corpus (docstrings of Python's standard "
                      "library) at the first screen's budget: val loss on every val token (evaluate.py) and the "
@@ -428,8 +474,7 @@ def main(argv):
                 model_labels={m: MODELS[m][0] for m in C.names}, conditions=conds, rows=rows)
     print(pydocs_tables.compare_table(data))
     if C.out:
-        with cli.atomic_write(C.out, "w") as f:
-            json.dump(data, f, indent=1)
+        cli.write_json(C.out, data)
         plot(data, C.out[:-len(".json")] + ".png")
         print(f"wrote {C.out} and {C.out[:-len('.json')]}.png")
     return data

@@ -454,6 +454,7 @@ def existing_set(C):
 def main(argv):
     C, _ = cli.configure(DEFAULTS, argv)
     check_settings(C)
+    cli.claim_output(C.out_dir, "--out_dir=<new folder>")  # one writer at a time, before the existing set is looked for
     folder = existing_set(C)
     if folder:  # never overwrite a set (it may be the release's own)
         raise cli.UserError(f"{folder} already holds a {C.task} set: write this one elsewhere with "

@@ -78,10 +78,6 @@ GRIDS = {
 }
 
 
-def split_list(key, text):
-    return [t.strip() for t in text.split(",") if t.strip()] or cli.require(False, f"{key} is empty")
-
-
 def environment(path):
     """The environment of a run on vector path `path` (native: this process's own)."""
     env = dict(os.environ, PYTHONHASHSEED="0")
@@ -160,33 +156,34 @@ def git_commit():
     return head.stdout.strip(), bool(dirty.stdout.strip())
 
 
-def write(path, results):
-    with cli.atomic_write(path, "w") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
+def read_results(out, C):
+    """The results already at `out` (the grids not run now are kept as they are), checked."""
+    if not os.path.isfile(out):
+        return dict(schema=SCHEMA, grids={})
+    fix = "restore it (git checkout, for the committed one), or choose another --out"
+    results = cli.read_json(out, fix)
+    cli.require(results.get("schema") == SCHEMA, f"{C.out} is not a file this script wrote (schema "
+                                                 f"{results.get('schema')!r}): choose another --out")
+    with cli.reading(out, fix):  # what the tables read of each grid, each of its type
+        for grid in dict(results["grids"]).values():
+            for r in list(grid["runs"]):
+                for field in ("seed", "params", "iters", "test_acc_at_best_val", "best_val_acc"):
+                    cli.json_number(r[field], field)
+            _ = dict(grid["vector_paths"]), dict(grid["data"])
+    return results
 
 
 def main(argv):
     C, given = cli.configure(SETTINGS, argv)
-    chosen = split_list("grids", C.grids)
-    for g in chosen:
-        cli.require(g in GRIDS, f"grids: unknown {g!r}; choose from {', '.join(GRIDS)}")
-    names = [n for g in chosen for n in GRIDS[g]["runs"]] if C.runs == "all" else split_list("runs", C.runs)
-    known = {n for g in chosen for n in GRIDS[g]["runs"]}
-    cli.require(set(names) <= known, f"runs: unknown {', '.join(sorted(set(names) - known))}; the grids "
-                                     f"{', '.join(chosen)} have {', '.join(sorted(known))}")
+    chosen = cli.name_list("grids", C.grids, tuple(GRIDS))
+    known = [n for g in chosen for n in GRIDS[g]["runs"]]
+    names = known if C.runs == "all" else cli.name_list("runs", C.runs, known)  # each once: never a run twice
     seed_list = cli.seed_list("seeds", C.seeds)
-    paths = None if C.vector_paths == "grid" else split_list("vector_paths", C.vector_paths)
-    cli.require(paths is None or set(paths) <= set(VECTOR_PATHS),
-                f"vector_paths: choose from grid or {', '.join(VECTOR_PATHS)}")
+    paths = None if C.vector_paths == "grid" else cli.name_list("vector_paths", C.vector_paths, VECTOR_PATHS)
     cli.check(C, non_negative=("max_iters",))
     out = C.out if os.path.isabs(C.out) else os.path.join(REPO, C.out)
-    results = dict(schema=SCHEMA, grids={})
-    if os.path.isfile(out):  # the grids not run now are kept as they are
-        with open(out) as f:
-            results = json.load(f)
-        cli.require(results.get("schema") == SCHEMA, f"{C.out} is not a file this script wrote (schema "
-                                                     f"{results.get('schema')!r}): choose another --out")
+    cli.claim_output(out, "--out=<another file>")  # one writer, and a place that can be written, before any run
+    results = read_results(out, C)
     commit, dirty = git_commit()
     for g in chosen:
         grid = GRIDS[g]
@@ -210,9 +207,11 @@ def main(argv):
                     print(f"{g} {name} seed {seed} {path}: test {r['test_acc_at_best_val']:.2f} (best val "
                           f"{r['best_val_acc']:.2f}), {r['wall_s']:.0f} s at load {r['load_average_before'][0]:.1f}",
                           flush=True)
-                    write(out, results)  # after every run: a stopped command keeps what it measured
+                    cli.write_json(out, results, saved=f"{C.out} holds the {len(record['runs'])} run(s) that "
+                                                       f"ended, grid {g} marked incomplete (the same command runs "
+                                                       "that grid again)")
         record.update(complete=True, wall_s=round(time.time() - t0), load_average_after=list(os.getloadavg()))
-        write(out, results)
+        cli.write_json(out, results)
         print(f"{g}: {len(record['runs'])} runs in {record['wall_s']} s; wrote {C.out}", flush=True)
     return results
 

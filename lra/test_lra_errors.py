@@ -14,6 +14,7 @@ import io
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -492,19 +493,23 @@ def test_invsqrt_schedule_and_layer_scale_zero_means_none():
 
 
 def test_a_held_out_dir_refuses_and_an_interrupt_says_what_was_saved(listops, tmp_path, monkeypatch, capsys):
-    """While out_dir is claimed (trainkit's flock, taken here as a live run takes it) a second
-    run refuses in one line. Ctrl-C (KeyboardInterrupt, which run_cli also makes of SIGTERM)
+    """While out_dir is claimed (trainkit's flock, taken by another process as a live run takes
+    it) a second run refuses in one line. Ctrl-C (KeyboardInterrupt, which run_cli also makes of SIGTERM)
     after a few saves exits 130 with one line naming the checkpoint and its iteration; the
     printed command continues the run. In this process: the lock and the signal are
     trainkit's, what is checked here is what lra/train.py tells them."""
     out = str(tmp_path / "out")
     argv = [*TINY, f"--data_dir={listops}", f"--out_dir={out}", "--cache_dir=", "--eval_interval=1",
             "--max_iters=100"]
-    tk.claim_out_dir(out, "auto")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, cli; cli.claim_output(sys.argv[1], 'x', folder=True); "
+                               "print('held', flush=True); sys.stdin.read()", out], cwd=REPO, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
+        assert holder.stdout.readline().strip() == "held"
         message = refused(train, argv, monkeypatch, tmp_path)
     finally:
-        tk.release_out_dir(out)
+        holder.stdin.close()
+        holder.wait(timeout=60)
     assert f"{out} is in use by another run" in message
     real = train.batch_indices
 

@@ -17,7 +17,6 @@ filled positions are counted. Nothing the repository ships is an output default:
 goes to out-recall/ unless --out names the committed file.
 """
 
-import json
 import os
 import statistics
 import sys
@@ -99,6 +98,8 @@ def main(argv):
         raise cli.ConfigError(f"T must be integers separated by commas, got {C.T!r}") from None
     cli.require(lengths and min(lengths) >= 1, f"T must be positive lengths, got {C.T!r}")
     cli.require(not os.path.isdir(C.out), f"out is a folder ({C.out}); give a file name (\"\" for none)")
+    if C.out:  # one writer at a time, and a place that can be written, before anything is measured
+        cli.claim_output(C.out, "--out=<another file>")
     if C.num_threads:
         torch.set_num_threads(C.num_threads)
     rows = []
@@ -111,9 +112,7 @@ def main(argv):
                   flush=True)
     load = os.getloadavg()
     if C.out:
-        with cli.atomic_write(C.out, "w") as f:
-            json.dump(dict(settings=vars(C), rows=rows, loadavg=load, torch=torch.__version__, labels=LABELS), f,
-                      indent=1)
+        cli.write_json(C.out, dict(settings=vars(C), rows=rows, loadavg=load, torch=torch.__version__, labels=LABELS))
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return rows
 

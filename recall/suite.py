@@ -29,7 +29,6 @@ optimisation) is refused, not mixed. The tables are results/recall_tables.py's, 
 """
 
 import functools
-import json
 import math
 import multiprocessing
 import os
@@ -344,13 +343,14 @@ def load_results(C):
     other settings, so that a table never mixes two setups."""
     if not os.path.exists(C.out_json):
         return dict(runs=[])
-    try:
-        with open(C.out_json, encoding="utf-8") as f:
-            data = json.load(f)
-        old = data["identity"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise cli.UserError(f"{C.out_json} is not a results file of this suite; name another --out_json "
-                            "or move it away") from None
+    fix = "restore it (git checkout, for a committed one), or name another --out_json, or move it away"
+    data = cli.read_json(C.out_json, fix)
+    with cli.reading(C.out_json, fix):  # what a continued suite reads of it, each of its type
+        old = dict(data["identity"])
+        for r in list(data["runs"]):  # a run's key, and what the selection and the tables read
+            for field in ("lr", "seed", "val_acc", "steps"):
+                cli.json_number(r[field], field)
+            _ = r["recipe"], r["model"], r["task"], dict(r["acc"])
     new = identity(C)
     differ = [f"{k}: {old.get(k)!r} there, {new[k]!r} here" for k in new if old.get(k) != new[k]]
     cli.require(not differ, f"{C.out_json} holds runs of other settings ({'; '.join(differ)}); name another "
@@ -384,8 +384,8 @@ def save_results(C, data, swept):
     data["lengths"] = {name: Task(name, C).lengths for name in TASKS}
     data["labels"], data["recipes"] = LABELS, RECIPES
     data["torch"] = torch.__version__
-    with cli.atomic_write(C.out_json, "w") as f:
-        json.dump(data, f, indent=1)
+    cli.write_json(C.out_json, data, saved=f"the runs that ended are in {C.out_json}: the same command continues "
+                                           "from them")
 
 
 def run_all(jobs, C, data, swept, phase):
@@ -472,8 +472,12 @@ def main(argv):
         torch.set_num_threads(C.num_threads)
     model_list, recipe_list, task_list = parse_list(C.models), parse_list(C.recipes), parse_list(C.tasks)
     swept, lrs = task_list[0], rates(C)
+    for path, key in ((C.out_json, "--out_json"), (C.figure, "--figure")):  # one writer each, before any run
+        if path:
+            cli.claim_output(path, f"{key}=<another file>")
     data = load_results(C)
-    cli.on_interrupt(f"the runs that ended are in {C.out_json}: the same command continues from them")
+    if data["runs"]:  # (said once a run has ended: save_results says it then)
+        cli.on_interrupt(f"the runs that ended are in {C.out_json}: the same command continues from them")
     cli.require(data.get("swept", swept) == swept,
                 f"{C.out_json} holds a sweep of {data.get('swept')}: --tasks must start with it")
     t0, load0 = time.time(), os.getloadavg()

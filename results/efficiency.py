@@ -12,7 +12,7 @@ in its PNG metadata, so --check compares them with the JSON's without drawing (n
 """
 
 from results.markdown import table
-from results.speed_tables import AWAITED, REPORT, num, ok, section  # noqa: F401  (AWAITED: the same report)
+from results.speed_tables import AWAITED, FIELDS, REPORT, num, ok, section  # noqa: F401  (AWAITED, FIELDS: the same report)
 
 FIGURE = "results/efficiency.png"
 TRAIN_SECTIONS = {"train_tost": "tost", "train_tost_triton": "tost", "train_gpt2_flash": "gpt2",

@@ -148,3 +148,4 @@ def table_listops_summary(data):
 
 TABLES = {"lra_listops_tiny": (RESULTS, table_listops_tiny), "lra_listops_mini": (RESULTS, table_listops_mini),
           "lra_listops_summary": (RESULTS, table_listops_summary)}
+FIELDS = {RESULTS: ("the JSON of python lra/listops_runs.py", ("schema", "grids"))}  # for results/render.py

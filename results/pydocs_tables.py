@@ -58,3 +58,5 @@ def compare_table(data):
 
 
 TABLES = {"pydocs_compare": ("compare/pydocs_cpu.json", compare_table)}
+FIELDS = {"compare/pydocs_cpu.json": ("the JSON of python compare/pydocs.py --out",
+                                      ("settings", "counting", "conditions", "rows"))}  # for results/render.py

@@ -212,3 +212,6 @@ TABLES = {
     "recall_decode": (DECODE_JSON, table_decode),
 }
 SUITE_TABLES = ("recall_sweep", "recall_tuned", "recall_plain", "recall_summary")
+FIELDS = {SUITE_JSON: ("the JSON of python recall/suite.py", ("runs", "selected", "swept", "settings", "labels",
+                                                             "recipes", "chance", "lengths")),
+          DECODE_JSON: ("the JSON of python recall/decode_bench.py", ("rows", "settings", "loadavg", "torch"))}

@@ -16,6 +16,12 @@ JSON must exist. --show prints the tables whose NAMEs match its patterns, from -
 given (bench.py --report prints its report this way). A module's FIGURES (png path -> (json
 path, points, draw)) are figures: one whose PNG holds other points than its JSON gives is drawn
 again (draw imports matplotlib; --check reads the points back without it). Standard library only.
+
+A document whose markers do not pair up (an opening without its closing marker before the next
+table, a closing marker without an opening) is refused, by --check as well: a rewrite would
+replace the prose between two tables. Each module also says what its JSON holds (FIELDS:
+{json path: (what it is, the top-level fields its tables read)}), so that a JSON of another
+kind, or one cut short, is one line naming it instead of a wrong table or a traceback.
 """
 
 import fnmatch
@@ -43,11 +49,13 @@ SETTINGS = cli.config_defaults(globals())
 DOCS = ("README.md", "SPEED.md", "recall/README.md", "lra/README.md")
 MODULES = ("speed_tables", "lra_tables", "recall_tables", "pydocs_tables", "efficiency")
 BLOCK = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+MARKER = re.compile(r"<!--\s*(/?)\s*table\b.*?-->")  # any table marker, well formed or not
+FIELDS = {}  # json path -> (what it is, the top-level fields its tables read), from the modules
 
 
 def registry():
     """NAME -> (module, json path, fn) over every module; (json path -> command) of awaited JSON;
-    the figures: png path -> (json path, points(data), draw(points, path))."""
+    the figures: png path -> (json path, points(data), draw(points, path)). Fills FIELDS from the modules."""
     tables, awaited, figures = {}, {}, {}
     for name in MODULES:
         module = importlib.import_module(name)
@@ -56,6 +64,7 @@ def registry():
                 raise cli.UserError(f"table {table!r} is registered twice ({tables[table][0]} and {name})")
             tables[table] = (name, path, fn)
         awaited.update(getattr(module, "AWAITED", {}))
+        FIELDS.update(module.FIELDS)
         figures.update(getattr(module, "FIGURES", {}))
     return tables, awaited, figures
 
@@ -103,26 +112,68 @@ def load_json(path, where, awaited):
             return None
         raise cli.UserError(f"{path} does not exist: it is the JSON of a table; write it with the command "
                             "the document gives beside the table")
-    with open(full, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise cli.UserError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+    return cli.read_json(full, restore(path))
 
 
-def render_table(name, tables, awaited, where, cache):
-    """The markdown of table `name` from its JSON (`cache`: path -> data, read once)."""
+def restore(path):
+    """What to do about a committed JSON that cannot be read."""
+    return f"restore it with git checkout -- {path}, or write it again with the command its document gives"
+
+
+def check_kind(data, registered, shown=None):
+    """Refuse data that is not the kind of JSON at `registered` (FIELDS): one line naming what it
+    lacks. `shown`: the file the data came from, where it is not `registered` (--json_path)."""
+    what, fields = FIELDS[registered]
+    missing = [f for f in fields if f not in data]
+    if missing and shown:  # (the options first: the advice check reads a script's name as the options' owner)
+        raise cli.UserError(f"{shown}: choose other tables with --show, or give --json_path a JSON they read: "
+                            f"it is not {what} (it lacks {', '.join(missing)})")
+    if missing:
+        raise cli.UserError(f"{registered} is not {what} (it lacks {', '.join(missing)}): {restore(registered)}")
+
+
+def render_table(name, tables, awaited, where, cache, data=None, shown=None):
+    """The markdown of table `name` from its JSON (`cache`: path -> data, read once), or from
+    `data` read from the file `shown` (--json_path)."""
     _, path, fn = tables[name]
-    if path not in cache:
-        cache[path] = load_json(path, where, awaited)
-    if cache[path] is None:
-        return f"_No report is committed yet (`{path}`): {awaited[path]} writes it._"
-    return fn(cache[path]).rstrip()
+    if data is None:
+        if path not in cache:
+            cache[path] = load_json(path, where, awaited)
+        if cache[path] is None:
+            return f"_No report is committed yet (`{path}`): {awaited[path]} writes it._"
+        data = cache[path]
+    check_kind(data, path, shown)
+    with cli.reading(shown or path, f"it is not {FIELDS[path][0]} as this version writes it" if shown
+                     else restore(path)):
+        return fn(data).rstrip()
+
+
+def check_markers(text, doc):
+    """Refuse a document whose table markers do not pair up: each `<!-- table: NAME -->`
+    followed by its `<!-- /table -->` before the next marker, both well formed."""
+    opened = None  # (line, name) of the table open at this point of the text
+    again = "put it back (git diff shows what changed); nothing was written"
+    for m in MARKER.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        closing = bool(m.group(1))
+        if not re.fullmatch(r"<!-- /table -->" if closing else r"<!-- table: [\w.-]+ -->", m.group(0)):
+            raise cli.UserError(f"{doc}:{line}: {m.group(0)!r} is not a table marker the renderer reads "
+                                "(<!-- table: NAME --> ... <!-- /table -->): correct it; nothing was written")
+        if closing and opened is None:
+            raise cli.UserError(f"{doc}:{line}: this <!-- /table --> closes no table (its opening marker is gone): "
+                                f"{again}")
+        if not closing and opened is not None:
+            raise cli.UserError(f"{doc}:{opened[0]}: the table {opened[1]!r} has no <!-- /table --> before the next "
+                                f"table (line {line}), and a rewrite would replace the text between: {again}")
+        opened = None if closing else (line, m.group(0)[len("<!-- table: "):-len(" -->")])
+    if opened is not None:
+        raise cli.UserError(f"{doc}:{opened[0]}: the table {opened[1]!r} has no <!-- /table --> after it: {again}")
 
 
 def render_doc(text, tables, awaited, where, cache, doc="the document"):
     """`text` with every table block rewritten; the names of the blocks whose text changed.
     A block whose NAME no module registers is an error."""
+    check_markers(text, doc)
     changed = []
 
     def one(m):
@@ -152,11 +203,13 @@ def main(argv):
     if C.show:
         chosen = [n for n in tables if any(fnmatch.fnmatchcase(n, p) for p in C.show.split(","))]
         cli.require(chosen, f"show: no table matches {C.show!r}; the tables: {', '.join(sorted(tables))}")
+        data = None
         if C.json_path:
             cli.require(os.path.isfile(C.json_path), f"no JSON at {C.json_path}")
-            data = load_json(os.path.abspath(C.json_path), where, {})
+            data = cli.read_json(C.json_path, "give --json_path a JSON that bench.py, recall/suite.py, "
+                                              "lra/listops_runs.py or compare/pydocs.py wrote")
         for name in chosen:
-            body = tables[name][2](data).rstrip() if C.json_path else render_table(name, tables, awaited, where, cache)
+            body = render_table(name, tables, awaited, where, cache, data, C.json_path or None)
             print(f"## {name}\n\n{body}\n")
         return
     cli.require(not C.json_path, "json_path goes with show (a module's tables to stdout)")
@@ -167,6 +220,8 @@ def main(argv):
         new, changed = render_doc(text, tables, awaited, where, cache, doc)
         differ += [f"{doc}: {name} ({tables[name][1]})" for name in changed]
         rendered[doc] = (new, changed, len(names_in(text)))
+    for doc in [doc for doc, (_, changed, _) in rendered.items() if changed and not C.check]:
+        cli.claim_output(os.path.join(where, doc), "--root=<another checkout>")  # one writer at a time, all first
     for doc, (new, changed, count) in rendered.items():
         if changed and not C.check:
             with cli.atomic_write(os.path.join(where, doc), "w") as f:  # a document is never half written

@@ -512,3 +512,5 @@ TABLES = {name: (REPORT, fn) for name, fn in (
     ("gpu_summary", table_gpu_summary))}
 TABLES.update({"cpu_op": (CPU_BENCH, table_cpu_op), "cpu_decode": (CPU_BENCH, table_cpu_decode),
                "cpu_summary": (CPU_BENCH, table_cpu_summary)})
+FIELDS = {REPORT: ("a report of python bench.py --report", ("schema", "meta", "sections")),
+          CPU_BENCH: ("the JSON of python bench.py (the suites)", ("meta", "results"))}  # for results/render.py

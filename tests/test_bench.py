@@ -157,7 +157,7 @@ def test_settings_are_checked_before_anything_runs(monkeypatch, tmp_path):
 def test_another_devices_report_is_not_overwritten(tmp_path):
     path = tmp_path / "r.json"
     h100 = dict(slug="nvidia-h100-80gb-hbm3", quick=False, name="NVIDIA H100 80GB HBM3")
-    path.write_text(json.dumps(dict(schema=bench.REPORT_SCHEMA, meta=h100, sections={})))
+    path.write_text(json.dumps(dict(schema=bench.REPORT_SCHEMA, meta=h100, runs=[], sections={})))
     with pytest.raises(cli.UserError, match="NVIDIA H100.*choose another --out"):
         bench.load_report(str(path), dict(slug="cpu", quick=True, name="cpu"))
     assert bench.load_report(str(path), h100)["meta"] == h100  # the same device continues it
@@ -213,12 +213,14 @@ def test_a_section_run_again_keeps_the_rows_of_the_same_code_unless_remeasured()
 
 def test_the_commit_named_by_the_environment_wins_over_a_copys_git(monkeypatch):
     C = SimpleNamespace(device="cpu", dtype="float32", quick=True)
-    monkeypatch.setenv("NANOTOST_COMMIT", "f" * 40)
+    earlier = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert len(earlier) == 40  # a commit of this repository other than the checkout's
+    monkeypatch.setenv("NANOTOST_COMMIT", earlier)
     meta = bench.collect_meta(C)
-    assert (meta["commit"], meta["commit_from"], meta["dirty"]) == ("f" * 40, "NANOTOST_COMMIT", None)
+    assert (meta["commit"], meta["commit_from"], meta["dirty"]) == (earlier, "NANOTOST_COMMIT", None)
     monkeypatch.delenv("NANOTOST_COMMIT")
     meta = bench.collect_meta(C)
-    assert meta["commit_from"] in ("git", None) and meta["commit"] != "f" * 40
+    assert meta["commit_from"] in ("git", None) and meta["commit"] != earlier
 
 
 def test_a_section_cut_by_budget_keeps_its_measured_rows(tmp_path):

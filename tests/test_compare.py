@@ -140,10 +140,11 @@ def script(*args):
 
 
 @pytest.mark.parametrize("bad, message", [
-    (["--models=tost,gpt"], "unknown model 'gpt': choose from tost, tost_conv, softmax, linear, hybrid_conv"),
+    (["--models=tost,gpt"], "models: unknown 'gpt'; choose from tost, tost_conv, softmax, linear, hybrid_conv"),
+    (["--models=tost,tost"], "models names tost more than once: name each once"),
     (["--seeds=1,x"], "seeds must be whole numbers separated by commas, got '1,x'"),
     (["--seeds=1,1"], "seeds must name each seed once, got '1,1'"),
-    (["--conditions=speed"], "conditions must be iters, time or iters,time, got 'speed'"),
+    (["--conditions=speed"], "conditions: unknown 'speed'; choose from iters, time"),
     (["--calib_skip=60"], "calib_skip (60) must be below calib_iters (60): some steps must be timed"),
     (["--out=table.md"], "out must be a .json file (the figure goes beside it), got 'table.md'"),
     (["--time_ref=gpt"], "unknown model 'gpt': choose from"),
@@ -157,7 +158,7 @@ def test_bad_settings_are_refused_before_any_run(bad, message):
 def test_a_refusal_is_one_line(corpus, capsys):
     p = script("--models=tost,gpt")
     assert p.returncode == 1 and p.stdout == ""
-    assert p.stderr == ("compare/pydocs.py: unknown model 'gpt': choose from tost, tost_conv, softmax, linear, "
+    assert p.stderr == ("compare/pydocs.py: models: unknown 'gpt'; choose from tost, tost_conv, softmax, linear, "
                         "hybrid_conv\n")
     data = [f"--data_dir={corpus / 'data'}", "--dataset=t_char"]
     with pytest.raises(cli.UserError, match="no calibration at .*none.json: measure one first with python "

@@ -421,18 +421,6 @@ def test_a_package_cache_that_cannot_be_written_names_the_variable_that_moves_it
     assert "package" not in cli.os_error_line(OSError(code, os.strerror(code), "/srv/elsewhere/x"))
 
 
-def test_preparing_local_files_under_an_unwritable_datasets_cache_says_hf_home(tmp_path, monkeypatch):
-    import datasets
-
-    (tmp_path / "afile").write_text("a file where the cache folder would be")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "afile" / "hf"))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "afile" / "hf"))
-    (tmp_path / "a.txt").write_text("some text to prepare. " * 40)
-    monkeypatch.chdir(tmp_path)
-    message = refused("prepare_openwebtext.py", "--input=a.txt", "--num_proc=1", root=tmp_path)
-    assert str(tmp_path / "afile") in message and "set HF_HOME (or HF_DATASETS_CACHE) to a folder" in message
-
-
 # -----------------------------------------------------------------------------
 # 6. no default output is a tracked file
 
@@ -484,13 +472,20 @@ READERS = {  # script -> (its arguments, the kind of checkpoint it reads)
 }
 
 
+@pytest.mark.parametrize("layout", ["nanogpt", "a bare tensor"])
 @pytest.mark.parametrize("script", sorted(READERS))
-def test_a_nanogpt_layout_checkpoint_is_one_line_saying_what_it_lacks(script, data):
-    nanogpt_checkpoint("old/ckpt.pt")
+def test_a_checkpoint_of_another_layout_is_one_line_saying_what_it_lacks(script, layout, data):
+    """nanoGPT's layout, or torch.save of a bare tensor (issue 33: an AttributeError in sample.py)."""
     argv, kind = READERS[script]
-    missing = "kind, tokenizer" if kind == "language" else "kind"
-    refused(script, *argv, root=data, contains=[f"old/ckpt.pt was not written by this version of "
-                                                f"{tk.KIND_MAKER[kind]} (it lacks {missing})"])
+    if layout == "a bare tensor":
+        os.makedirs("old")
+        torch.save(torch.zeros(3), "old/ckpt.pt")
+        words = "old/ckpt.pt holds a Tensor, not a checkpoint (a dict of kind, model, model_args, config, iter_num)"
+    else:
+        nanogpt_checkpoint("old/ckpt.pt")
+        missing = "kind, tokenizer" if kind == "language" else "kind"
+        words = f"old/ckpt.pt was not written by this version of {tk.KIND_MAKER[kind]} (it lacks {missing})"
+    refused(script, *argv, root=data, contains=[words])
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "evaluate.py"])

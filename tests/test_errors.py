@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import trainkit as tk  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
+from helpers_signals import default_signals  # noqa: E402
 
 CONFIGURED = ["train.py", "sample.py", "evaluate.py", "vit_train.py", "vit_inspect.py", "lm_inspect.py", "bench.py",
               "lra/train.py", "lra/generate.py"]  # the scripts that read config files
@@ -200,7 +201,8 @@ def test_an_interrupt_says_what_was_saved_and_a_live_out_dir_is_locked(sig, data
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, os.path.join(REPO, "train.py"), *TINY, "--out_dir=out", "--max_iters=100000",
            "--eval_interval=2"]
-    proc = subprocess.Popen(cmd, cwd=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, cwd=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_signals)  # SIGINT as from a terminal, however pytest was started
     try:
         for line in proc.stdout:  # wait for the first checkpoint
             if line.startswith("saved"):

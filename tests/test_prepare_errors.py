@@ -240,9 +240,9 @@ def make_place(case, work):
     raise ValueError(case)
 
 
-BENCH_PLACES = {"data_dir is a file": (["--out=data/results.json"], "is a file, so out="),
-                "data_dir under a file": (["--out=data/sub/results.json"], "is a file, so out="),
-                "dataset folder is a file": (["--out=data/poem/results.json"], "is a file, so out="),
+BENCH_PLACES = {"data_dir is a file": (["--out=data/results.json"], "is a file, so --out="),
+                "data_dir under a file": (["--out=data/sub/results.json"], "is a file, so --out="),
+                "dataset folder is a file": (["--out=data/poem/results.json"], "is a file, so --out="),
                 "read-only folder": (["--out=data/results.json"], "not writable")}
 
 

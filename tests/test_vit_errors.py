@@ -24,6 +24,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # never reach for the network
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -34,6 +35,7 @@ import cli  # noqa: E402
 import trainkit as tk  # noqa: E402
 import vit_inspect  # noqa: E402
 import vit_train  # noqa: E402
+from helpers_signals import default_signals  # noqa: E402
 
 try:  # the project's shared check of advice, where the repository has it
     from helpers_advice import assert_advice_exists
@@ -393,7 +395,8 @@ def test_interrupt_names_the_checkpoint_and_a_second_run_refuses_the_locked_out_
     argv = TINY + [f"--out_dir={out}", "--eval_interval=3"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "vit_train.py"), *argv, "--max_iters=100000"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)  # (the signals' defaults, whatever pytest inherited)
     watchdog = threading.Timer(120, proc.kill)  # a hung run fails the test instead of blocking it
     watchdog.start()
     try:
