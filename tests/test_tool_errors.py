@@ -121,8 +121,8 @@ def writers(root):
 
 def docs_copy(where):
     """The documents and the JSON of their tables under `where`, a table of README.md stale."""
-    tables, _ = render.registry()
-    for rel in list(render.DOCS) + sorted({path for _, path, _ in tables.values()}):
+    tables, _, figures = render.registry()
+    for rel in list(render.DOCS) + sorted({path for _, path, _ in tables.values()}) + sorted(figures):
         if os.path.isfile(os.path.join(REPO, rel)):
             os.makedirs(os.path.dirname(os.path.join(where, rel)), exist_ok=True)
             shutil.copy(os.path.join(REPO, rel), os.path.join(where, rel))
@@ -246,7 +246,7 @@ def committed(rel):
 def read_render(path):
     """results/render.py rendering lra/README.md's table from the JSON at path."""
     root = os.path.dirname(os.path.dirname(path))
-    tables, awaited = render.registry()
+    tables, awaited, _ = render.registry()
     return render.render_table("lra_listops_tiny", tables, awaited, root, {})
 
 
