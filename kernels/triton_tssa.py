@@ -444,21 +444,30 @@ def _k_grad_w(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_t, pi
         t = c * BT + tl.arange(0, BT)
         x, gt, Pt = _w_g_pi(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_t, pi_ptr, b, h, bh, t, T,
                             p, HAS_MASK, P, EVEN_P)
-        # the M path first, then the S path: fewer tiles live at once (registers)
-        M, n = _mn(x * x, Pt, cMN_ptr, bh, c, nC, p, stat_eps, CAUSAL, P)
-        D = n / (n + M)
-        gM = gt * Pt[:, None] * x * D * D / n
-        GM = cGM[None, :] + tl.cumsum(gM, axis=0, reverse=True) if CAUSAL else cGM[None, :] + tl.zeros_like(gM)
-        gw = Pt[:, None] * (2.0 * x * GM - D * gt)
-        if CAUSAL:
-            cGM += tl.sum(gM, axis=0)
         Rt = _row(R_ptr, bh, t, T)[:, None]
         q = x * x
-        A, gS = _grad_s(q, Rt, _running_sq(q, _load_vec(cS_ptr, _slot(bh, c, nC, p), p, P), CAUSAL), sq_floor)
-        GS = cGS[None, :] + tl.cumsum(gS, axis=0, reverse=True) if CAUSAL else cGS[None, :] + tl.zeros_like(gS)
-        gw += 2.0 * x * (Rt * A + GS)
+        cM, cN = _load_pair(cMN_ptr, _slot(bh, c, nC, p + 1), p, P)
+        cS = _load_vec(cS_ptr, _slot(bh, c, nC, p), p, P)
+        if CAUSAL:  # (tl.cumsum: the interpreter runs a scan with a combine function per element)
+            M = cM[None, :] + tl.cumsum(Pt[:, None] * q, axis=0)
+            S = cS[None, :] + tl.cumsum(q, axis=0)
+            n = (cN + tl.cumsum(Pt, axis=0))[:, None] + stat_eps
+        else:
+            M = cM[None, :] + tl.zeros_like(q)
+            S = cS[None, :] + tl.zeros_like(q)
+            n = (cN + tl.zeros_like(Pt))[:, None] + stat_eps
+        D = n / (n + M)
+        gM = gt * Pt[:, None] * x * D * D / n
+        A, gS = _grad_s(q, Rt, S, sq_floor)
         if CAUSAL:
+            GM = cGM[None, :] + tl.cumsum(gM, axis=0, reverse=True)
+            GS = cGS[None, :] + tl.cumsum(gS, axis=0, reverse=True)
+            cGM += tl.sum(gM, axis=0)
             cGS += tl.sum(gS, axis=0)
+        else:
+            GM = cGM[None, :] + tl.zeros_like(gM)
+            GS = cGS[None, :] + tl.zeros_like(gS)
+        gw = Pt[:, None] * (2.0 * x * GM - D * gt) + 2.0 * x * (Rt * A + GS)
         _store_tile(gw_ptr, gw, o_b, o_h, o_t, b, h, t, T, p, P, EVEN_P)
         if HAS_BIAS and b == 0:
             acc = tl.zeros((BT,), dtype=tl.float32)

@@ -552,17 +552,17 @@ TRITON_CASES = dict(  # small enough for the interpreter
     # model.py's guards, made large, reach the kernels (the floor holds for the first tokens)
     causal_guards=dict(B=1, H=3, T=40, p=8, dtype=torch.float32, causal=True, seed=16, guards=(3.0, 0.5)),
     noncausal_guards=dict(B=1, H=3, T=4, p=8, dtype=torch.float32, causal=False, seed=17, guards=(3.0, 0.5)),
-    # head counts 1, 5, 12, 17 (HP = 1, 8, 16, 32 heads in the all-heads kernels' register
-    # tiles); T = 1, one chunk - 1, one chunk + 1 (chunks of 16 tokens here; one chunk exactly:
-    # causal_fp32_batch). H = 12, p = 24 and H = 17, p = 16: the all-heads scans are wider
-    # than one step's 256 columns
+    # head counts 1, 5, 12, 17 (HP = 1, 8, 16, 32 heads in the (tokens, heads) tiles of
+    # per-token scalars); T = 1, one chunk - 1, one chunk + 1 (chunks of 16 tokens here; one
+    # chunk exactly: causal_fp32_batch); H = 17 in two groups of one chunk
     causal_h1_t1=dict(B=1, H=1, T=1, p=8, dtype=torch.float32, causal=True, seed=18),
     causal_h5_chunk_minus_1=dict(B=2, H=5, T=15, p=4, dtype=torch.float32, causal=True, seed=19, block_t=16),
     causal_h12_chunk_plus_1_bf16=dict(B=1, H=12, T=17, p=24, dtype=torch.bfloat16, causal=True, seed=20,
                                       block_t=16),
     noncausal_h17_mask=dict(B=1, H=17, T=16, p=4, dtype=torch.float32, causal=False, masked=True, seed=21,
                             block_t=16),
-    causal_h17_bf16=dict(B=1, H=17, T=20, p=16, dtype=torch.bfloat16, causal=True, seed=22, block_t=16),
+    causal_h17_bf16=dict(B=1, H=17, T=20, p=16, dtype=torch.bfloat16, causal=True, seed=22, block_t=16,
+                         group_chunks=1),
     # T = 1 with a mask: batch row 0 is all padding (every statistic of the row empty)
     noncausal_h5_t1_mask=dict(B=2, H=5, T=1, p=8, dtype=torch.float32, causal=False, masked=True, seed=23),
     noncausal_h12_bf16_mask=dict(B=2, H=12, T=7, p=4, dtype=torch.bfloat16, causal=False, masked=True, seed=24),
@@ -570,21 +570,19 @@ TRITON_CASES = dict(  # small enough for the interpreter
     # written by the programs of groups 0, 1, 2 (groups of one chunk); walks of 2 groups a step
     causal_long_bias=dict(B=2, H=2, T=33, p=4, dtype=torch.float32, causal=True, seed=25, block_t=16, bias_extra=40,
                           group_chunks=1, carry_groups=2),
-    # several groups a row: 7 chunks in 4 groups of 2, the last of one chunk (bf16); 13 chunks
-    # with at most 3 groups a row: groups of 5 chunks, the last of 3; a padding mask that ends
-    # inside a group; H = 17 with groups of one chunk; walks of 2 groups a step
-    causal_groups_bf16=dict(B=1, H=5, T=100, p=8, dtype=torch.bfloat16, causal=True, seed=26, block_t=16,
+    # several groups a row: 7 chunks in 4 groups of 2, the last of one chunk (bf16); 10 chunks
+    # with at most 3 groups a row: groups of 4 chunks, the last of 2; a padding mask that ends
+    # inside a group; walks of 2 groups a step (H = 17 in groups: causal_h17_bf16)
+    causal_groups_bf16=dict(B=1, H=3, T=100, p=8, dtype=torch.bfloat16, causal=True, seed=26, block_t=16,
                             group_chunks=2, carry_groups=2, first_scale=0.01),
-    causal_max_groups=dict(B=1, H=3, T=200, p=4, dtype=torch.float32, causal=True, seed=27, block_t=16,
+    causal_max_groups=dict(B=1, H=3, T=150, p=4, dtype=torch.float32, causal=True, seed=27, block_t=16,
                            max_groups=3, carry_groups=2),
-    noncausal_groups_mask=dict(B=2, H=5, T=70, p=4, dtype=torch.float32, causal=False, masked=True, seed=28,
+    noncausal_groups_mask=dict(B=2, H=3, T=70, p=4, dtype=torch.float32, causal=False, masked=True, seed=28,
                                block_t=16, group_chunks=2, carry_groups=2),
-    causal_groups_h17=dict(B=1, H=17, T=40, p=4, dtype=torch.float32, causal=True, seed=29, block_t=16,
-                           group_chunks=1, carry_groups=2),
 )
 # Run again, and again with the programs of every launch in reverse order (the interpreter
-# runs them first to last): the results must be the same bits.
-REPEATED_CASES = ("causal_groups_bf16", "noncausal_groups_mask")
+# runs them first to last): the results must be the same bits. Both have several groups a row.
+REPEATED_CASES = ("causal_long_bias", "noncausal_groups_mask")
 CUDA_CASES = dict(  # model-sized, on a GPU only
     causal_bf16_base=dict(B=2, H=12, T=4100, p=64, dtype=torch.bfloat16, causal=True, seed=10),
     causal_fp32_base=dict(B=1, H=12, T=2050, p=64, dtype=torch.float32, causal=True, seed=11),
@@ -943,9 +941,10 @@ def test_torch_compile_runs_the_fused_path(tmp_path):
 # or 17 heads, within 128 registers a thread (so two 256-thread programs fit an SM's register
 # file) and without spilling registers to local memory (cuobjdump's STACK column), which would
 # cost the memory traffic the kernels exist to save. The all-heads kernels of the first
-# version used 244 and 248 registers (one program per SM). It also reads the PTX and the SASS
-# of every kernel for atomic or reduction instructions and memory fences: the kernels'
-# determinism rests on there being none (no program waits on or adds into another's data).
+# version used 244 and 248 registers (one program per SM). It also reads the PTX of every
+# kernel (and the SASS of those of the two H100 bf16 settings) for atomic or reduction
+# instructions and memory fences: the kernels' determinism rests on there being none (no
+# program waits on or adds into another's data).
 
 COMPILE_SCRIPT = textwrap.dedent("""
     import json, os, re, subprocess, sys, tempfile
@@ -987,12 +986,12 @@ COMPILE_SCRIPT = textwrap.dedent("""
         return {(k,): [["tt.divisibility", 16]] for k, n in enumerate(kernel.arg_names)
                 if n not in consts and (n.endswith("_ptr") or (n in strides and p % 16 == 0))}
 
-    def compile_kernel(kernel, dtype, consts, num_warps, arch, p):
+    def compile_kernel(kernel, dtype, consts, num_warps, arch, p, read_sass):
         sig = {n: arg_type(n, dtype, consts) for n in kernel.arg_names}
         ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=divisible(kernel, consts, p)),
                             target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
         usage = cuobjdump("--dump-resource-usage", ck.asm["cubin"])
-        sass = cuobjdump("-sass", ck.asm["cubin"])
+        sass = cuobjdump("-sass", ck.asm["cubin"]) if read_sass else ""
         regs, stack = (int(re.search(rf"{k}:(\\d+)", usage).group(1)) for k in ("REG", "STACK"))
         return dict(regs=regs, stack=stack, sass_lines=sass.count("\\n"), ptx_moves=sorted(set(PTX_LOAD.findall(ck.asm["ptx"]))),
                     ptx_sync=sorted(set(PTX_SYNC.findall(ck.asm["ptx"]))), sass_sync=sorted(set(SASS_SYNC.findall(sass))))
@@ -1001,10 +1000,11 @@ COMPILE_SCRIPT = textwrap.dedent("""
     for arch, dtype, p, H, causal in [(90, "bf16", 64, 12, True), (90, "bf16", 64, 12, False),
                                       (90, "fp32", 64, 12, True), (90, "fp16", 24, 12, False),
                                       (90, "bf16", 128, 12, True), (80, "bf16", 64, 12, True),
-                                      (90, "bf16", 64, 17, True), (90, "fp16", 24, 17, False)]:
+                                      (90, "fp16", 24, 17, False)]:
         for name, consts in F.TritonKernels.plan(p, H, causal, has_mask=not causal).items():
             consts = dict(consts)
-            got = compile_kernel(getattr(F, name), dtype, consts, consts.pop("num_warps"), arch, p)
+            got = compile_kernel(getattr(F, name), dtype, consts, consts.pop("num_warps"), arch, p,
+                                 read_sass=len(rows) < 18)  # the SASS of the first two (H100) settings
             rows.append(dict(arch=arch, dtype=dtype, p=p, H=H, causal=causal, kernel=name, **got))
     json.dump(rows, open(sys.argv[1], "w"))
 """)
@@ -1028,8 +1028,8 @@ def test_triton_kernels_compile_for_gpus(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     kernels_ = set(triton_tssa.FORWARD + triton_tssa.BACKWARD) | {"_k_step"}
-    assert len(rows) == 8 * 9 and {r["kernel"] for r in rows} == kernels_
-    assert all(r["regs"] > 0 and r["sass_lines"] > 100 for r in rows)  # the dumps were read
+    assert len(rows) == 7 * 9 and {r["kernel"] for r in rows} == kernels_
+    assert all(r["regs"] > 0 for r in rows) and all(r["sass_lines"] > 100 for r in rows[:18])  # the dumps were read
     spilling = [r for r in rows if r["stack"] > 0]
     assert not spilling, f"kernels spill registers: {spilling}"
     too_many = [r for r in rows if r["regs"] > 128]
