@@ -7,12 +7,13 @@ nothing of this package. A script swaps the operators of every TSSA module of a 
   "cpu"     cpu.py + tssa_cpu.c: C kernels compiled once with the system C compiler, OpenMP
             over batch rows and chunks of tokens, all heads of a token together.
   "triton"  triton_tssa.py: Triton kernels over chunks of tokens (CUDA; TRITON_INTERPRET=1
-            runs them on the CPU). Three launches each way and no PyTorch op around them:
-            each launch that writes chunk totals also turns them into carries (the last
-            program of a row scans them in a fixed order, so results are deterministic);
-            the second launch of each way owns all heads of a chunk, so the softmax across
-            heads (and its backward) is a row operation on a register tile; the padding mask
-            and the sums over the batch (dtemp, the whole dpos_bias) are inside the kernels.
+            runs them on the CPU). Four streaming launches each way and no PyTorch op around
+            them: every launch runs a program per (batch row, group of chunks, head), which
+            walks the other groups' totals for its carries itself (a fixed order, no atomics:
+            the same bits in any program order); the heads meet only through per-token
+            scalars (u forward, Pi dL/dPi backward) read as (tokens, heads) tiles; the padding
+            mask and the sums over the batch (dtemp, the whole dpos_bias) are inside the
+            kernels; launch_plan() states every launch's grid and bytes.
   "auto"    auto.py: "triton" where the Triton kernels pass a first-call check against the
             reference (a CUDA GPU), else the reference, with one warning (the GPU configs' choice).
 fused.py holds the autograd.Function both share and the fallback to the reference (one
@@ -44,8 +45,9 @@ floor on the sum of squares, e = STAT_EPS):
             A_t = 1 / max(S_t, F);  gS_t = -R_t q_t A_t^2 where S_t >= F, else 0
             dw_t = -Pi_t D_t g_t + 2 w_t (Pi_t G_M_t + R_t A_t + G_S_t)
 The softmax across heads couples the heads: a kernel that computes Pi (or dL/dlogit) must see
-every head of a token. The CPU kernels own every head of a token; the Triton kernels K2 and B2
-own every head of a chunk (K1 | K2 | K3 forward, B1 | B2 | B3 backward: triton_tssa.py).
+every head of a token. The CPU kernels own every head of a token; the Triton kernels F3 and B3
+read every head's per-token scalar (u, or Pi dL/dPi) for the tokens of their head's chunk
+(F1 | F2 | F3 | F4 forward, B1 | B2 | B3 | B4 backward: triton_tssa.py).
 """
 
 import torch

@@ -6,7 +6,8 @@ per call, from the repository root on a CUDA machine (the README's "On a GPU" fi
     python -m kernels.gpu_check big                  # a forward of > 2**31 elements: first/last rows == run alone
     python -m kernels.gpu_check sanitize             # one bf16 fwd+bwd at the training shape, for
         compute-sanitizer --tool memcheck|racecheck|synccheck|initcheck python -m kernels.gpu_check sanitize
-    python -m kernels.gpu_check profile              # GPU time per kernel vs wall time (launch overhead)
+    python -m kernels.gpu_check profile              # GPU time per kernel vs wall time (launch overhead),
+        and each Triton kernel's bandwidth: the bytes kernels.triton_tssa.launch_plan states / its GPU time
 """
 import json
 import sys
@@ -16,6 +17,7 @@ import torch
 
 import kernels
 import model
+from kernels.triton_tssa import launch_plan, modelled_time_s
 
 TRITON = kernels.ops_for("triton")
 
@@ -139,11 +141,17 @@ def profile():
         rows = sorted(p.key_averages(), key=lambda e: -e.device_time_total)
         gpu_total = sum(e.device_time_total for e in rows) / 10 / 1e3
         print(f"B={B} T={T}: wall {eager_ms:.3f} ms/iter, GPU busy {gpu_total:.3f} ms/iter", flush=True)
+        plan = {launch["kernel"]: launch for launch in launch_plan(B, 12, T, 64, torch.bfloat16, causal=True)}
         table = []
         for e in rows[:14]:
-            table.append((e.key[:60], e.count // 10, e.device_time_total / 10 / 1e3))
-            print(f"   {e.key[:60]:<60} x{e.count // 10:<3} {e.device_time_total / 10 / 1e3:.4f} ms", flush=True)
-        out[f"B{B}_T{T}"] = dict(wall_ms=eager_ms, gpu_ms=gpu_total, kernels=table)
+            ms = e.device_time_total / 10 / 1e3
+            launch = plan.get(e.key)  # a Triton kernel of the plan: its bytes over its time
+            tbs = (launch["read"] + launch["write"]) / (ms / (e.count // 10) * 1e-3) / 1e12 if launch else None
+            table.append((e.key[:60], e.count // 10, ms, tbs))
+            print(f"   {e.key[:60]:<60} x{e.count // 10:<3} {ms:.4f} ms" + (f"  {tbs:.2f} TB/s" if tbs else ""),
+                  flush=True)
+        out[f"B{B}_T{T}"] = dict(wall_ms=eager_ms, gpu_ms=gpu_total, kernels=table,
+                                 plan_ms=modelled_time_s(list(plan.values())) * 1e3)
     return out
 
 
