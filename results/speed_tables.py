@@ -503,7 +503,8 @@ def table_gpu_summary(data):
     lines = [line for line in (summary_op(data), summary_train(data), summary_decode(data), summary_main_job(data))
              if line]
     return "\n".join(lines or ["- (no row of the report has both sides)"]) + (
-        f"\n\nOne {m.get('name')}, bf16, torch {m.get('torch')}, `{REPORT}` (SPEED.md, On a GPU: the tables).")
+        f"\n\nOne {m.get('name')}, bf16, torch {m.get('torch')}, the code of commit {str(m.get('commit'))[:7]}, "
+        f"`{REPORT}` (SPEED.md, On a GPU: the tables).")
 
 
 TABLES = {name: (REPORT, fn) for name, fn in (
