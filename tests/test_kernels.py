@@ -22,6 +22,8 @@ import warnings
 import pytest
 import torch
 
+import background
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -737,19 +739,44 @@ def programs_in_reverse_order():
         del builder.set_grid_idx
 
 
-@pytest.fixture(scope="module")
-def triton_results(tmp_path_factory):
+INTERPRETED = os.path.join(background.SCRATCH, "results.pt")  # TRITON_SCRIPT's results
+COMPILED = os.path.join(background.SCRATCH, "usage.json")  # COMPILE_SCRIPT's register and instruction counts
+USES_INTERPRETER = {"test_triton_kernels_match_reference", "test_triton_runs_are_bitwise_reproducible",
+                    "test_triton_step_matches_reference", "test_triton_call_is_four_launches_each_way_and_nothing_else"}
+
+
+def triton_missing():
+    """Why the Triton tests cannot run here (None if they can)."""
     try:
         import triton  # noqa: F401  (only whether it imports)
     except ImportError:
-        pytest.skip("triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)")
-    path = tmp_path_factory.mktemp("triton") / "results.pt"
+        return "triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)"
+    return None
+
+
+def start_interpreter_job():
     path_var = os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path_var)
-    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT, str(path)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    background.start("triton interpreter", [sys.executable, "-c", TRITON_SCRIPT, INTERPRETED], env=env, cwd=ROOT)
+
+
+def start_in_background(names):
+    """tests/conftest.py: the two long subprocesses of the selected Triton tests start now and
+    run beside the other tests (tests/background.py)."""
+    if names & USES_INTERPRETER and triton_missing() is None:
+        start_interpreter_job()
+    if "test_triton_kernels_compile_for_gpus" in names and gpu_compile_missing() is None:
+        start_compile_job()
+
+
+@pytest.fixture(scope="module")
+def triton_results():
+    if triton_missing():
+        pytest.skip(triton_missing())
+    start_interpreter_job()  # a no-op where the session started it already
+    proc = background.wait("triton interpreter", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(path, weights_only=False)
+    return torch.load(INTERPRETED, weights_only=False)
 
 
 @pytest.mark.parametrize("name", list(TRITON_CASES))
@@ -1010,23 +1037,34 @@ COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_triton_kernels_compile_for_gpus(tmp_path):
+def gpu_compile_missing():
+    """Why the ahead-of-time compile for NVIDIA GPUs cannot run here (None if it can)."""
     try:
         import triton
         from triton.backends.compiler import GPUTarget  # noqa: F401
     except ImportError:
-        pytest.skip("triton is not installed (requirements-dev.txt installs it on Linux x86-64)")
+        return "triton is not installed (requirements-dev.txt installs it on Linux x86-64)"
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
-        pytest.skip("this triton build has no NVIDIA back end (ptxas, cuobjdump)")
-    from kernels import triton_tssa
+        return "this triton build has no NVIDIA back end (ptxas, cuobjdump)"
+    return None
+
+
+def start_compile_job():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+               TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=os.path.join(background.SCRATCH, "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
-    out = tmp_path / "usage.json"
-    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(out)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    background.start("gpu compile", [sys.executable, "-c", COMPILE_SCRIPT, COMPILED], env=env, cwd=ROOT)
+
+
+def test_triton_kernels_compile_for_gpus():
+    if gpu_compile_missing():
+        pytest.skip(gpu_compile_missing())
+    from kernels import triton_tssa
+    start_compile_job()  # a no-op where the session started it already
+    proc = background.wait("gpu compile", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())
+    with open(COMPILED) as f:
+        rows = json.load(f)
     kernels_ = set(triton_tssa.FORWARD + triton_tssa.BACKWARD) | {"_k_step"}
     assert len(rows) == 7 * 9 and {r["kernel"] for r in rows} == kernels_
     assert all(r["regs"] > 0 for r in rows) and all(r["sass_lines"] > 100 for r in rows[:18])  # the dumps were read

@@ -1,0 +1,58 @@
+"""
+Long subprocesses that a test only waits for, started when the session has chosen its tests
+(tests/conftest.py), so that on two cores they run beside the rest of the suite instead of
+after it. A job runs at a lower priority (nice 10) with one thread, so the tests that time
+something in the foreground keep their core; its output goes to files, never to a full pipe.
+
+    job = background.start("name", [sys.executable, "-c", SCRIPT, path], env=env)
+    proc = background.wait("name", timeout=300)   # a CompletedProcess, as subprocess.run gives
+
+Jobs write their results under SCRATCH. A test calls start before wait: a no-op where the
+session started the job already.
+"""
+
+import atexit
+import os
+import shutil
+import subprocess
+import tempfile
+
+_JOBS = {}  # name -> (Popen, stdout file, stderr file)
+SCRATCH = tempfile.mkdtemp(prefix="nanotost-jobs-")  # where jobs write their results; removed at exit
+
+
+def _lower_priority():
+    os.nice(10)
+
+
+def start(name, argv, env=None, cwd=None):
+    """Start job `name` unless it runs already."""
+    if name in _JOBS:
+        return
+    env = dict(env or os.environ, OMP_NUM_THREADS="1")
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err, text=True, preexec_fn=_lower_priority)
+    _JOBS[name] = (proc, out, err)
+
+
+def wait(name, timeout):
+    """The job's CompletedProcess (returncode, stdout, stderr), once it has ended."""
+    proc, out, err = _JOBS[name]
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out.seek(0)
+    err.seek(0)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+
+@atexit.register
+def _stop_all():  # a session that ends (or is interrupted) leaves no job and no scratch behind
+    for proc, _, _ in _JOBS.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(SCRATCH, ignore_errors=True)
