@@ -54,7 +54,7 @@ import torch
 
 import model
 from cli import ConfigError
-from kernels.auto import AUTO_OPS
+from kernels.auto import AUTO_OPS, CHECK_TOLERANCE, differences
 from kernels.cross_entropy import chunked_cross_entropy
 from kernels.cuda_graph import CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
 from kernels.fused import BACKENDS, fused_ops
@@ -86,17 +86,30 @@ def check_f_prime(impl):
                           f"is another function: use tssa_impl=torch, which runs model.py's maths")
 
 
+def check_maths(impl):
+    """The C kernels against model.py's operators as they are now, on a small case (kernels/auto.py's
+    check): a fork that changed the maths (Pi, the statistic, a guard) is refused in one line, not
+    run with the shipped maths. (The Triton kernels are checked where they run: tssa_impl=auto.)"""
+    name, diff = max(differences("cpu", impl).items(), key=lambda kv: kv[1])
+    if not diff <= CHECK_TOLERANCE:  # (nan fails too)
+        raise ConfigError(f"tssa_impl={impl} computes the shipped TSSA, and model.py's operators differ from it "
+                          f"({name} by {diff:.2g} of its largest value): use tssa_impl=torch, which runs model.py's maths")
+
+
 def use(module, impl, chunked_loss=False):
     """Run every model.TSSA inside `module` (a GPT, a ToSTViT, an LRA classifier, ...) with the
     operators of impl; with chunked_loss, every model.GPT computes its loss CE_CHUNK tokens at a
     time (kernels/cross_entropy.py; otherwise model.cross_entropy_loss). Returns the module.
     Only operators this package owns are replaced: a TSSA with its own (a subclass, a forker's
     functions) keeps them under "torch" and "auto", and "cpu" or "triton" refuses it, as they
-    refuse another f ("auto" finds that on its first call, and runs the reference with a warning).
+    refuse another f; "cpu" also refuses model.py's operators edited (check_maths). "auto" finds
+    either on its first call, and runs the reference with a warning.
     Pick them before torch.compile."""
     ops = ops_for(impl)
     if impl in BACKENDS:
         check_f_prime(impl)
+    if impl == "cpu":
+        check_maths(impl)
     for name, m in module.named_modules():
         if isinstance(m, model.TSSA) and not owned(m.ops):
             if impl in BACKENDS:

@@ -23,19 +23,20 @@ CHECK_ON_CPU = False  # tests: run the check on the CPU too (the kernels under T
 CHECK_TOLERANCE = 1e-3  # fp32 sums in another order differ ~1e-6 relative; a wrong kernel by O(1)
 
 
-def differences(device):
-    """The largest difference, relative to the reference's largest value, between the Triton
-    kernels and model.py over each output and gradient of a small fp32 case on device."""
+def differences(device, impl="triton"):
+    """The largest difference, relative to the reference's largest value, between the fused
+    kernels of impl and model.py's operators as they are now (looked up by name: a fork's edit
+    shows) over each output and gradient of a small fp32 case on device."""
     gen = torch.Generator().manual_seed(0)
     B, H, T, p = 2, 3, 40, 8  # T over a chunk boundary of the kernels at their smallest chunk
     w0 = torch.randn(B, H, T, p, generator=gen)
     temp0, bias0 = torch.rand(H, generator=gen) + 0.5, 0.1 * torch.randn(H, T + 8, generator=gen)
     g = torch.randn(B, H, T, p, generator=gen).to(device)
-    triton = fused_ops("triton")
+    fused, reference = fused_ops(impl), model.TSSAOps(model.tssa, model.causal_tssa, model.causal_tssa_step)
     worst = {}
     for name in ("causal_tssa", "tssa"):
         got = []
-        for ops in (model.REFERENCE_OPS, triton):
+        for ops in (reference, fused):
             w, temp, bias = (t.to(device).requires_grad_() for t in (w0, temp0, bias0))
             out = ops.causal_tssa(w, temp, bias) if name == "causal_tssa" else ops.tssa(w, temp)
             inputs = (w, temp, bias) if name == "causal_tssa" else (w, temp)
@@ -43,7 +44,7 @@ def differences(device):
         for i, (ref, new) in enumerate(zip(*got)):
             worst[f"{name}[{i}]"] = ((new - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
     outs = []
-    for ops in (model.REFERENCE_OPS, triton):
+    for ops in (reference, fused):
         state = model.TSSAState.zeros(B, H, p, device)
         with torch.no_grad():
             for t in range(3):  # three tokens: the state's sums are read back as well as written

@@ -175,6 +175,17 @@ def test_the_fused_implementations_refuse_another_f(monkeypatch, impl):
     kernels.use(tiny(), impl)  # the shipped f: nothing to refuse (the kernels may still fall back)
 
 
+def test_the_c_kernels_refuse_model_pys_operators_edited(monkeypatch):
+    """A fork that edits causal_tssa itself (here: its update halved) while f stays: the C
+    kernels, which compute the shipped maths, are refused in one line; the reference runs it."""
+    shipped_f(monkeypatch)
+    kernels.use(tiny(), "cpu")  # the shipped maths: nothing to refuse
+    monkeypatch.setattr(model, "causal_tssa", halved(model.causal_tssa))
+    with pytest.raises(ValueError, match=r"^tssa_impl=cpu computes the shipped TSSA, and model.py's operators "
+                                         r"differ from it \(causal_tssa\[\d\] by [\d.]+ of its largest value\): use tssa_impl=torch"):
+        kernels.use(tiny(), "cpu")
+
+
 # -----------------------------------------------------------------------------
 # rules between settings: one place
 
