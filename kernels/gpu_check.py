@@ -115,7 +115,7 @@ def profile():
     host-side wall time with and without a CUDA graph (launch overhead)."""
     from torch.profiler import ProfilerActivity, profile as prof
     out = {}
-    for B, T in [(16, 1024), (1, 16384)]:
+    for B, T in [(1, 16384), (16, 1024), (1, 65536)]:
         w, temp, bias, gout = inputs(B, 12, T, 64, seed=3)
         wb = w.bfloat16().requires_grad_()
         t32, b32 = temp.float().requires_grad_(), bias.float().requires_grad_()
@@ -152,7 +152,32 @@ def profile():
                   flush=True)
         out[f"B{B}_T{T}"] = dict(wall_ms=eager_ms, gpu_ms=gpu_total, kernels=table,
                                  plan_ms=modelled_time_s(list(plan.values())) * 1e3)
+    out["compiled"] = compiled_kernels()
     return out
+
+
+def compiled_kernels():
+    """What the JIT built on this GPU for each Triton kernel launched so far: registers a thread,
+    spilled bytes, warps, stages, shared memory (read from Triton's own cache of compiled kernels)."""
+    from kernels import triton_tssa as tt
+    info = {}
+    for name in tt.FORWARD + tt.BACKWARD + ("_k_step",):
+        for cache in getattr(getattr(tt, name), "device_caches", {}).values():
+            for compiled in cache[0].values():
+                try:
+                    compiled._init_handles()
+                except Exception:  # noqa: BLE001 (a kernel that cannot load says so by its missing fields)
+                    pass
+                meta = compiled.metadata
+                info.setdefault(name, []).append(dict(
+                    n_regs=getattr(compiled, "n_regs", None), n_spills=getattr(compiled, "n_spills", None),
+                    num_warps=getattr(meta, "num_warps", None), num_stages=getattr(meta, "num_stages", None),
+                    shared=getattr(meta, "shared", None)))
+    for name, builds in info.items():
+        print(f"   {name:<14} " + "; ".join(f"{b['n_regs']} regs, {b['n_spills']} B spilled, {b['num_warps']} warps, "
+                                             f"{b['num_stages']} stages, {b['shared']} B shared" for b in builds),
+              flush=True)
+    return info
 
 
 if __name__ == "__main__":
