@@ -500,8 +500,13 @@ def table_gpu_summary(data):
     m = data.get("meta", {})
     if not m.get("gpu"):
         return "_No GPU report is committed yet._"
-    lines = [line for line in (summary_op(data), summary_train(data), summary_decode(data), summary_main_job(data))
-             if line]
+    lines = []
+    for line, names in ((summary_op(data), ("op",)), (summary_train(data), ("train_tost", "train_gpt2_flash")),
+                        (summary_decode(data), ("decode",)), (summary_main_job(data), ("main_job",))):
+        if line:  # a section kept from an earlier run (another commit) says which
+            older = sorted({str(section(data, n).get("commit"))[:7] for n in names if section(data, n).get("commit")
+                            and section(data, n).get("commit") != m.get("commit")})
+            lines.append(line[:-1] + f" (measured at commit {', '.join(older)})" + line[-1] if older else line)
     return "\n".join(lines or ["- (no row of the report has both sides)"]) + (
         f"\n\nOne {m.get('name')}, bf16, torch {m.get('torch')}, the code of commit {str(m.get('commit'))[:7]}, "
         f"`{REPORT}` (SPEED.md, On a GPU: the tables).")
