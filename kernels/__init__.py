@@ -15,7 +15,11 @@ nothing of this package. A script swaps the operators of every TSSA module of a 
             mask and the sums over the batch (dtemp, the whole dpos_bias) are inside the
             kernels; launch_plan() states every launch's grid and bytes.
   "auto"    auto.py: "triton" where the Triton kernels pass a first-call check against the
-            reference (a CUDA GPU), else the reference, with one warning (the GPU configs' choice).
+            reference (a CUDA GPU) and are the faster at the run's shape (timed against the
+            reference, compiled when the run compiles), else the reference (the GPU configs' choice).
+check.py is the check of the whole maths (every output and gradient, in the regimes a fork
+changes) that "cpu", "triton" and "auto" run before their kernels do: a fork of model.py's
+operators is refused in one line, never run with the shipped maths.
 fused.py holds the autograd.Function both share and the fallback to the reference (one
 warning) where a kernel cannot be built or run; triton_ops.py registers the Triton forward and
 backward as torch.library custom operators, which torch.compile keeps inside its graph;
@@ -50,11 +54,14 @@ read every head's per-token scalar (u, or Pi dL/dPi) for the tokens of their hea
 (F1 | F2 | F3 | F4 forward, B1 | B2 | B3 | B4 backward: triton_tssa.py).
 """
 
+import os
+
 import torch
 
 import model
 from cli import ConfigError
-from kernels.auto import AUTO_OPS, CHECK_TOLERANCE, differences
+from kernels import check
+from kernels.auto import AUTO_OPS
 from kernels.cross_entropy import chunked_cross_entropy
 from kernels.cuda_graph import CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
 from kernels.fused import BACKENDS, fused_ops
@@ -86,14 +93,35 @@ def check_f_prime(impl):
                           f"is another function: use tssa_impl=torch, which runs model.py's maths")
 
 
+def shipped_maths_here(impl):
+    """(device, kernels) that check_maths runs as the shipped maths for impl: the C kernels on the
+    CPU wherever they build (a fraction of a second, before any work), else the Triton kernels
+    where they run (CUDA, or TRITON_INTERPRET=1); None where neither can (impl then falls back
+    to model.py's maths itself, with its one warning)."""
+    from kernels.cpu import KernelUnavailable, c_library
+    try:
+        c_library()
+        return "cpu", "cpu"
+    except KernelUnavailable:
+        pass
+    if impl == "triton":
+        if torch.cuda.is_available():
+            return "cuda", "triton"
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return "cpu", "triton"
+    return None
+
+
 def check_maths(impl):
-    """The C kernels against model.py's operators as they are now, on a small case (kernels/auto.py's
-    check): a fork that changed the maths (Pi, the statistic, a guard) is refused in one line, not
-    run with the shipped maths. (The Triton kernels are checked where they run: tssa_impl=auto.)"""
-    name, diff = max(differences("cpu", impl).items(), key=lambda kv: kv[1])
-    if not diff <= CHECK_TOLERANCE:  # (nan fails too)
-        raise ConfigError(f"tssa_impl={impl} computes the shipped TSSA, and model.py's operators differ from it "
-                          f"({name} by {diff:.2g} of its largest value): use tssa_impl=torch, which runs model.py's maths")
+    """Refuse impl (cpu, triton), in one line, when model.py's operators as they are now (a fork's
+    edit to Pi, the statistic, the step, one form and not the other) differ from the shipped maths
+    the kernels compute (kernels/check.py: every output and gradient). Runs under any grad mode,
+    inference mode or autocast (evaluate.py's no_grad main)."""
+    here = shipped_maths_here(impl)
+    if here is not None:
+        cause = check.mismatch(impl, check.differences(*here))
+        if cause:
+            raise ConfigError(cause)
 
 
 def use(module, impl, chunked_loss=False):
@@ -102,13 +130,12 @@ def use(module, impl, chunked_loss=False):
     time (kernels/cross_entropy.py; otherwise model.cross_entropy_loss). Returns the module.
     Only operators this package owns are replaced: a TSSA with its own (a subclass, a forker's
     functions) keeps them under "torch" and "auto", and "cpu" or "triton" refuses it, as they
-    refuse another f; "cpu" also refuses model.py's operators edited (check_maths). "auto" finds
-    either on its first call, and runs the reference with a warning.
+    refuse another f or model.py's operators edited (check_maths). "auto" finds either on its
+    first call, and runs the reference with a warning.
     Pick them before torch.compile."""
     ops = ops_for(impl)
     if impl in BACKENDS:
         check_f_prime(impl)
-    if impl == "cpu":
         check_maths(impl)
     for name, m in module.named_modules():
         if isinstance(m, model.TSSA) and not owned(m.ops):

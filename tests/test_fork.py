@@ -182,7 +182,8 @@ def test_the_c_kernels_refuse_model_pys_operators_edited(monkeypatch):
     kernels.use(tiny(), "cpu")  # the shipped maths: nothing to refuse
     monkeypatch.setattr(model, "causal_tssa", halved(model.causal_tssa))
     with pytest.raises(ValueError, match=r"^tssa_impl=cpu computes the shipped TSSA, and model.py's operators "
-                                         r"differ from it \(causal_tssa\[\d\] by [\d.]+ of its largest value\): use tssa_impl=torch"):
+                                         r"differ from it: causal_tssa in the update -Pi w f'\(s\) \(by [\d.]+ of its "
+                                         r"largest value\); .* then use tssa_impl=torch$"):
         kernels.use(tiny(), "cpu")
 
 
