@@ -50,6 +50,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import cli
+import kernels
 import model as tost  # tost.STAT_EPS, tost.stat_dtype (an imported constant would read as a setting)
 import textdata as td
 import trainkit as tk
@@ -71,6 +72,7 @@ page_dir = ""  # "" = <checkpoint folder>/inspect
 screenshot = ""  # a .png path: also draw the page as it opens, with headless Chromium (installed apart)
 device = "cpu"  # "auto", "cpu", "cuda", "cuda:1"
 num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
+tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())
 CLASSES = ("letters", "digits", "spaces", "punctuation")
@@ -79,7 +81,7 @@ CLASSES = ("letters", "digits", "spaces", "punctuation")
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or built."""
     cli.check(C, at_least_1=("n_windows", "batch_size", "top_tokens"), non_negative=("val_start",),
-              workers=("num_threads",))
+              workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS})
     cli.require(C.out_dir or C.ckpt_path, "give the run to inspect: --out_dir=<a train.py out_dir>")
     layer_numbers(C.layers, "1,6")
     cli.require(not C.screenshot or C.screenshot.lower().endswith(".png"),
@@ -476,7 +478,7 @@ def text_layers(model, idx, chosen, colours):
 def load(C, dev):
     """(model, ckpt, path) of a TSSA run, or one line that says why not."""
     path = C.ckpt_path or os.path.join(C.out_dir, "ckpt.pt")
-    model, ckpt = td.load_language_model(path, dev)
+    model, ckpt = td.load_language_model(path, dev, C.tssa_impl)
     attns = [type(block.attn).__name__ for block in model.blocks]
     if "TSSA" not in attns:
         raise cli.UserError(f"{path} is a {model.config.attn} model: lm_inspect.py draws TSSA's Pi and statistics; "

@@ -1,16 +1,18 @@
 """
 tssa_impl="auto" (kernels/auto.py): the reference with one warning where the Triton kernels
-cannot serve (this CPU; a check that raises; kernels that answer differently), the Triton
-kernels where their first-call check passes (forced on the CPU under TRITON_INTERPRET=1, in a
-subprocess: Triton fixes interpreter mode at import), and the GPU configs that use it.
+cannot serve (this CPU; a check that raises; kernels that answer differently); where they pass,
+the faster of them and the reference at the call's shape (the timer mocked here: speed is
+measured by bench.py, never by a test), once per device and shape class; and, in the scripts'
+own flows (train.py eager and compiled, sample.py, evaluate.py, lm_inspect.py, inference_mode
+and autocast), the Triton kernels picked, with the kernels interpreted (TRITON_INTERPRET=1, in a
+background process, tests/auto_in_scripts.py: Triton fixes interpreter mode at import).
 
     python -m pytest -q tests/test_auto.py
 """
 
+import json
 import os
-import subprocess
 import sys
-import textwrap
 import warnings
 
 import pytest
@@ -19,18 +21,20 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import background  # noqa: E402
 import cli  # noqa: E402
 import kernels  # noqa: E402
 import model  # noqa: E402
-from kernels import auto, fused  # noqa: E402  (fused: the process's FusedOps)
+from kernels import auto, check, fused  # noqa: E402  (fused: the process's FusedOps)
 
 TINY = dict(block_size=64, vocab_size=96, n_layer=2, n_head=4, n_embd=32)
 
 
 @pytest.fixture(autouse=True)
 def fresh_choice(monkeypatch):
-    """Every test asks the question anew (the answer is kept per process)."""
+    """Every test asks the questions anew (the answers are kept per process)."""
     monkeypatch.setattr(auto, "_REFUSALS", {})
+    monkeypatch.setattr(auto, "_PICKS", {})
 
 
 def auto_warnings(fn):
@@ -55,31 +59,142 @@ def test_auto_on_the_cpu_runs_the_reference_with_one_warning():
     for out in outs:
         assert torch.equal(out, ref(idx)[0])  # the same operators: bit for bit
     assert torch.equal(tokens, ref.generate(idx[:, :8], 4, temperature=0))
+    assert auto._PICKS == {}  # nothing timed where the check refused
 
 
 def test_a_check_that_raises_or_disagrees_falls_back_with_its_cause(monkeypatch):
     monkeypatch.setattr(auto, "CHECK_ON_CPU", True)
+    w = torch.randn(2, 3, 40, 8)
 
-    def broken(device):
+    def picked():
+        return auto.uses_triton("causal_tssa", w)
+
+    def broken(device, impl):
         raise RuntimeError("PTX assembly failed\nmore lines")
-    monkeypatch.setattr(auto, "differences", broken)
-    ops, said = auto_warnings(lambda: auto.chosen(torch.device("cpu")))
-    assert ops is model.REFERENCE_OPS and said == [
+    monkeypatch.setattr(check, "differences", broken)
+    triton, said = auto_warnings(picked)
+    assert not triton and said == [
         "tssa_impl='auto': the Triton check raised RuntimeError: PTX assembly failed; running model.py's reference maths"]
+    # a difference is said in MATH.md's words: the operator and what differs
     monkeypatch.setattr(auto, "_REFUSALS", {})
-    monkeypatch.setattr(auto, "differences", lambda device: {"tssa[1]": 0.5, "causal_tssa[0]": 1e-7})
-    ops, said = auto_warnings(lambda: auto.chosen(torch.device("cpu")))
-    assert ops is model.REFERENCE_OPS and len(said) == 1 and "tssa[1] by 0.5 of its largest value" in said[0]
+    monkeypatch.setattr(check, "differences", lambda device, impl: {
+        ("tssa", "Pi"): 1e-7, ("tssa", "the gradient with respect to Pi's temperature"): 0.5,
+        ("causal_tssa", "the update -Pi w f'(s)"): 1e-7})
+    triton, said = auto_warnings(picked)
+    assert not triton and said == [
+        "tssa_impl='auto': the Triton kernels differ from model.py's operators: tssa in the gradient with respect to "
+        "Pi's temperature (by 0.5 of its largest value); running model.py's reference maths"]
     monkeypatch.setattr(auto, "_REFUSALS", {})
-    monkeypatch.setattr(auto, "differences", lambda device: {"causal_tssa[0]": float("nan")})
-    assert auto_warnings(lambda: auto.chosen(torch.device("cpu")))[0] is model.REFERENCE_OPS  # nan is no pass
+    monkeypatch.setattr(check, "differences", lambda device, impl: {("causal_tssa", "Pi"): float("nan")})
+    assert not auto_warnings(picked)[0]  # nan is no pass
     # kernels turned off by an earlier call of the process agree with the reference (it ran): still refused
     monkeypatch.setattr(auto, "_REFUSALS", {})
-    monkeypatch.setattr(auto, "differences", lambda device: {"causal_tssa[0]": 0.0})
+    monkeypatch.setattr(check, "differences", lambda device, impl: {("causal_tssa", "Pi"): 0.0})
     kernels.ops_for("triton")
     monkeypatch.setattr(fused._OPS["triton"], "failure", "ImportError: no Triton")
-    ops, said = auto_warnings(lambda: auto.chosen(torch.device("cpu")))
-    assert ops is model.REFERENCE_OPS and "off in this process: ImportError: no Triton" in said[0]
+    triton, said = auto_warnings(picked)
+    assert not triton and "off in this process: ImportError: no Triton" in said[0]
+    assert auto._PICKS == {}  # a refused device times nothing
+
+
+# -----------------------------------------------------------------------------
+# correct, then faster: the timer mocked
+
+
+@pytest.fixture
+def timed(monkeypatch, capsys):
+    """Triton passes the check here; the timer answers TIMES (seconds by candidate); returns the
+    specs timed and a function giving what was printed."""
+    monkeypatch.setattr(auto, "triton_refusal", lambda device: None)
+    specs = []
+    times = {"triton": 1e-3, "reference": 2e-3}
+
+    def seconds(candidate, run, device, repeats):
+        specs.append((candidate, device))
+        return times[candidate]
+    monkeypatch.setattr(auto, "seconds", seconds)
+    monkeypatch.setattr(auto, "measure_in_child", lambda spec: specs.append(("child", spec)) or dict(times))
+    return dict(specs=specs, times=times, said=lambda: capsys.readouterr().out.splitlines())
+
+
+def test_auto_runs_the_faster_of_the_kernels_that_agree(timed):
+    w = torch.randn(3, 2, 40, 8)
+    assert auto.uses_triton("causal_tssa", w)  # Triton 1 ms, the reference 2 ms
+    assert timed["said"]() == ["tssa_impl='auto': causal_tssa at B=3 H=2 T=40 p=8 float32 on cpu: Triton 1.000 ms, "
+                               "the reference 2.000 ms (forward and backward): running Triton"]
+    assert timed["specs"] == [("triton", torch.device("cpu")), ("reference", torch.device("cpu"))]
+    timed["times"]["triton"] = 3e-3  # a slower correct kernel is not picked
+    assert not auto.uses_triton("causal_tssa", torch.randn(3, 2, 200, 8))  # another shape class: timed anew
+    assert timed["said"]()[0].endswith("Triton 3.000 ms, the reference 2.000 ms (forward and backward): "
+                                       "running the reference")
+    # the answer is kept per (device, shape class): B and T up to powers of two, H, p, dtype, mask
+    assert auto.uses_triton("causal_tssa", torch.randn(4, 2, 33, 8))  # B 3 -> 4, T 40 -> 64: the first class
+    assert not auto.uses_triton("causal_tssa", torch.randn(3, 2, 256, 8))
+    assert len(timed["specs"]) == 4 and timed["said"]() == []
+    assert auto.uses_triton("tssa", w, masked=True) is False  # another operator, another class: timed, slower
+    assert auto.uses_triton("causal_tssa_step", w[:, :, 0]) is False
+    assert timed["said"]()[1].startswith("tssa_impl='auto': causal_tssa_step at B=3 H=2 T=1 p=8 float32 on cpu")
+    assert len(auto._PICKS) == 4 and len(timed["specs"]) == 8
+
+
+def test_what_the_kernels_never_run_is_never_timed(timed):
+    w = torch.randn(2, 2, 40, 8)
+    assert not auto.uses_triton("causal_tssa", w.double()) and not auto.uses_triton("causal_tssa", w, pi_mode="uniform")
+    assert timed["specs"] == [] and auto._REFUSALS == {}
+
+
+def test_inside_torch_compile_the_reference_is_timed_compiled_and_the_choice_is_a_constant(timed):
+    """The first call inside torch.compile's trace times the compiled reference (in a child
+    process: a compile cannot start inside another); the graph holds the answer, no break."""
+    timed["times"]["triton"] = 3e-3  # here the reference is faster (the Triton kernels cannot run on this CPU)
+    torch.manual_seed(0)
+    m = kernels.use(model.GPT(model.GPTConfig(**TINY)), "auto")
+    idx = torch.randint(0, 96, (2, 40))
+    with torch.no_grad():
+        eager = m(idx)[0]
+        explained = torch._dynamo.explain(m)(idx)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(m, backend="aot_eager")(idx)[0]
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)  # the reference both times
+    (_, spec), = [s for s in timed["specs"] if s[0] == "child"]
+    assert spec == dict(device="cpu", form="causal_tssa", shape=(2, 4, 64, 8), dtype="float32", masked=False,
+                        compiled=True, backend=auto.COMPILE_BACKEND, repeats=auto.REPEATS)  # the class's size
+    said = timed["said"]()
+    assert said[0].startswith("tssa_impl='auto': causal_tssa at B=2 H=4 T=40 p=8 float32 on cpu: ")  # eager: its own
+    assert said[0].endswith("the reference 2.000 ms (forward and backward): running the reference")
+    assert said[1].startswith("tssa_impl='auto': causal_tssa at B=2 H=4 T=64 p=8 float32 on cpu: ")
+    assert said[1].endswith("Triton 3.000 ms, the compiled reference 2.000 ms (forward and backward): running the "
+                            "compiled reference")
+    assert sorted(k[2] for k in auto._PICKS) == [False, True]  # eager and compiled: each its own answer
+
+
+def test_compiled_lengths_of_one_shape_class_share_a_graph_and_an_answer(timed):
+    """Under torch.compile the answer depends on the shape class alone: sequences of other
+    lengths in one class do not recompile the model once its length is dynamic, nor time again."""
+    timed["times"]["triton"] = 3e-3  # the reference (the Triton kernels cannot run on this CPU)
+    torch.manual_seed(0)
+    m = kernels.use(model.GPT(model.GPTConfig(**TINY)), "auto")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    compiled = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for T in (33, 40, 50, 64):  # one class: T up to 64
+            compiled(torch.randint(0, 96, (2, T)))
+    assert len(graphs) == 2  # the first length, then one graph with the length dynamic
+    assert len([s for s in timed["specs"] if s[0] == "child"]) == 1 and len(timed["said"]()) == 1
+
+
+def test_the_timer_warms_up_then_takes_the_median_of_its_repeats(monkeypatch):
+    clock = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # three timed calls: 1, 3 and 2 seconds
+    monkeypatch.setattr(auto.time, "perf_counter", lambda: next(clock))
+    calls = []
+    assert auto.seconds("triton", lambda: calls.append(1), "cpu", 3) == 2.0
+    assert len(calls) == 4  # one warm-up (compiles, builds), then REPEATS
 
 
 def test_the_gpu_configs_use_auto_and_every_script_accepts_it():
@@ -90,41 +205,80 @@ def test_the_gpu_configs_use_auto_and_every_script_accepts_it():
     assert "auto" in kernels.IMPLS and kernels.ops_for("auto") is auto.AUTO_OPS
 
 
-PICKS_TRITON = textwrap.dedent("""
-    import warnings
-    import torch
-    import kernels, model
-    from kernels import auto, fused, triton_tssa
-    assert triton_tssa.INTERPRET
-    auto.CHECK_ON_CPU = True  # the check runs here as it does on a CUDA GPU
-    torch.manual_seed(0)
-    cfg = model.GPTConfig(block_size=48, vocab_size=64, n_layer=1, n_head=2, n_embd=16)
-    ref = model.GPT(cfg)
-    picked = kernels.use(model.GPT(cfg), "auto")
-    picked.load_state_dict(ref.state_dict())
-    idx = torch.randint(0, 64, (1, 40))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # any fallback is a failure here
-        _, loss = picked(idx, idx)
-        assert auto.chosen(idx.device).causal_tssa.__self__.impl == "triton"
-        assert auto.chosen(idx.device).causal_tssa.__self__.failure is None
-    # fp32 sums in another order: 1e-4 of the loss
-    torch.testing.assert_close(loss, ref(idx, idx)[1], rtol=1e-4, atol=0)
-    # compiled, as the GPU configs run it: the answer is a constant of the graph, the kernels custom operators
-    auto._REFUSALS.clear()
-    fused.PROBE_ON_CPU = True  # the operators' start-up probe runs here as on a GPU
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _, compiled_loss = torch.compile(picked, backend="aot_eager")(idx, idx)  # the graph, without a C++ build
-    torch.testing.assert_close(compiled_loss, loss, rtol=1e-6, atol=0)
-    print("picked triton", auto._REFUSALS)
-""")
+# -----------------------------------------------------------------------------
+# the scripts' own flows, with the Triton kernels interpreted (tests/auto_in_scripts.py)
+
+IN_SCRIPTS = os.path.join(background.SCRATCH, "auto_in_scripts.json")
 
 
-def test_auto_picks_the_triton_kernels_where_their_check_passes():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", PICKS_TRITON], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+def triton_missing():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)"
+    return None
+
+
+def start_job():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    background.start("auto in the scripts", [sys.executable, os.path.join(ROOT, "tests", "auto_in_scripts.py"),
+                                             IN_SCRIPTS], env=env, cwd=ROOT)
+
+
+def start_in_background(names):
+    """tests/conftest.py: the scripts' flows start now and run beside the other tests."""
+    if any("scripts" in n for n in names) and triton_missing() is None:
+        start_job()
+
+
+@pytest.fixture(scope="module")
+def flows():
+    if triton_missing():
+        pytest.skip(triton_missing())
+    start_job()  # a no-op where the session started it already
+    proc = background.wait("auto in the scripts", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "picked triton {'cpu': None}" in proc.stdout
+    with open(IN_SCRIPTS) as f:
+        return json.load(f)
+
+
+FLOWS = {  # flow -> the operators its first calls ask for, (operator, compiled)
+    "train": [["causal_tssa", False]],  # estimate_loss, under no_grad, first
+    "train compiled bf16": [["causal_tssa", True]],  # inside torch.compile's trace, under autocast
+    "sample": [["causal_tssa", False], ["causal_tssa_step", False]],  # prefill then steps: no_grad, eval mode
+    "evaluate": [["causal_tssa", False]],  # a @torch.no_grad main
+    "lm_inspect": [["causal_tssa", False]],
+    "inference_mode autocast": [["causal_tssa", False]],
+}
+
+
+@pytest.mark.parametrize("name", list(FLOWS))
+def test_auto_picks_the_triton_kernels_in_the_scripts_flows(flows, name):
+    r = flows[name]
+    assert r["error"] is None and r["warned"] == [] and r["failure"] is None, r
+    assert r["refusals"] == {"cpu": None}  # the whole check passed where the flow made its first call
+    assert [p[:2] for p in r["picks"]] == FLOWS[name] and all(p[2] for p in r["picks"]), r["picks"]
+    assert len(r["said"]) == len(FLOWS[name]) and all(s.endswith("running Triton") for s in r["said"]), r["said"]
+    # and the flow's own calls ran the Triton kernels (H=2, p=16; the check's are H=3, p=8)
+    assert ["forward", 2, 16] in r["launched"], r["launched"]
+    if name == "sample":
+        assert ["step", 2, 16] in r["launched"]
+    if name.startswith("train"):
+        assert ["backward", 2, 16] in r["launched"]
+
+
+def test_evaluate_runs_with_the_c_kernels_under_its_no_grad_main_in_the_scripts_flows(flows):
+    r, ref = flows["evaluate cpu"], flows["evaluate"]
+    assert r["error"] is None and r["warned"] == [], r
+    assert abs(r["numbers"]["loss"] - ref["numbers"]["loss"]) < 1e-4  # the same checkpoint and tokens, other kernels
+
+
+def test_a_model_run_by_auto_in_the_scripts_flows_equals_the_reference_eager_and_compiled(flows):
+    r = flows["a model, eager and compiled"]
+    assert r["error"] is None and r["warned"] == [], r
+    n = r["numbers"]
+    assert abs(n["loss"] - n["reference_loss"]) <= 1e-4 * abs(n["reference_loss"])  # fp32 sums in another order
+    assert abs(n["compiled_loss"] - n["loss"]) <= 1e-6 * abs(n["loss"])
+    assert n["graph_breaks"] == 0  # the choice is a constant of the graph
+    child, = flows["child"]  # the compiled reference was timed in its child process, as on a GPU
+    assert set(child) == {"triton", "reference"} and all(t > 0 for t in child.values())
