@@ -1,5 +1,5 @@
 """
-tests/test_auto.py's background job: tssa_impl=auto in the scripts' own flows, with the Triton
+tests/test_scripts_auto.py's background job: tssa_impl=auto in the scripts' own flows, with the Triton
 kernels interpreted (TRITON_INTERPRET=1) and kernels.auto.CHECK_ON_CPU set, so that the first-call
 check runs where the scripts make their first TSSA call: train.py's estimate_loss under no_grad
 (eager; and compiled, under bfloat16 autocast: inside torch.compile's trace), sample.py's prefill
@@ -124,8 +124,9 @@ def main(out_path):
         data, out = os.path.join(tmp, "data"), os.path.join(tmp, "out")
         run(prepare_char.main, [f"--input={text}", "--name=book", f"--data_dir={data}"])
         tiny = ["--dataset=book", f"--data_dir={data}", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32",
-                "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=1", "--eval_interval=1", "--eval_iters=1", "--log_interval=1",
-                "--num_threads=1", "--device=cpu", "--warmup_iters=1", "--tssa_impl=auto"]
+                "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=1", "--eval_interval=1",
+                "--eval_iters=1", "--log_interval=1", "--num_threads=1", "--device=cpu", "--warmup_iters=1",
+                "--tssa_impl=auto"]
         flow("train", lambda: run(train.main, [*tiny, f"--out_dir={out}", "--dtype=float32", "--compile=False"]),
              results)
         flow("train compiled bf16", lambda: run(train.main, [*tiny, f"--out_dir={out}-c", "--dtype=bfloat16",

@@ -3,14 +3,11 @@ tssa_impl="auto" (kernels/auto.py): the reference with one warning where the Tri
 cannot serve (this CPU; a check that raises; kernels that answer differently); where they pass,
 the faster of them and the reference at the call's shape (the timer mocked here: speed is
 measured by bench.py, never by a test), once per device and shape class; and, in the scripts'
-own flows (train.py eager and compiled, sample.py, evaluate.py, lm_inspect.py, inference_mode
-and autocast), the Triton kernels picked, with the kernels interpreted (TRITON_INTERPRET=1, in a
-background process, tests/auto_in_scripts.py: Triton fixes interpreter mode at import).
+own flows, the Triton kernels picked: tests/test_scripts_auto.py.
 
     python -m pytest -q tests/test_auto.py
 """
 
-import json
 import os
 import sys
 import warnings
@@ -21,13 +18,13 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import background  # noqa: E402
 import cli  # noqa: E402
 import kernels  # noqa: E402
 import model  # noqa: E402
 from kernels import auto, check, fused  # noqa: E402  (fused: the process's FusedOps)
 
 TINY = dict(block_size=64, vocab_size=96, n_layer=2, n_head=4, n_embd=32)
+ONE_LAYER = dict(TINY, n_layer=1)  # what is traced: one block
 
 
 @pytest.fixture(autouse=True)
@@ -148,7 +145,7 @@ def test_inside_torch_compile_the_reference_is_timed_compiled_and_the_choice_is_
     process: a compile cannot start inside another); the graph holds the answer, no break."""
     timed["times"]["triton"] = 3e-3  # here the reference is faster (the Triton kernels cannot run on this CPU)
     torch.manual_seed(0)
-    m = kernels.use(model.GPT(model.GPTConfig(**TINY)), "auto")
+    m = kernels.use(model.GPT(model.GPTConfig(**ONE_LAYER)), "auto")
     idx = torch.randint(0, 96, (2, 40))
     with torch.no_grad():
         eager = m(idx)[0]
@@ -175,7 +172,7 @@ def test_compiled_lengths_of_one_shape_class_share_a_graph_and_an_answer(timed):
     lengths in one class do not recompile the model once its length is dynamic, nor time again."""
     timed["times"]["triton"] = 3e-3  # the reference (the Triton kernels cannot run on this CPU)
     torch.manual_seed(0)
-    m = kernels.use(model.GPT(model.GPTConfig(**TINY)), "auto")
+    m = kernels.use(model.GPT(model.GPTConfig(**ONE_LAYER)), "auto")
     graphs = []
 
     def backend(gm, example_inputs):
@@ -203,82 +200,3 @@ def test_the_gpu_configs_use_auto_and_every_script_accepts_it():
         C, _ = cli.configure(train.DEFAULTS, [os.path.join(ROOT, "config", f"{name}.py")])
         assert C.tssa_impl == "auto", name
     assert "auto" in kernels.IMPLS and kernels.ops_for("auto") is auto.AUTO_OPS
-
-
-# -----------------------------------------------------------------------------
-# the scripts' own flows, with the Triton kernels interpreted (tests/auto_in_scripts.py)
-
-IN_SCRIPTS = os.path.join(background.SCRATCH, "auto_in_scripts.json")
-
-
-def triton_missing():
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)"
-    return None
-
-
-def start_job():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    background.start("auto in the scripts", [sys.executable, os.path.join(ROOT, "tests", "auto_in_scripts.py"),
-                                             IN_SCRIPTS], env=env, cwd=ROOT)
-
-
-def start_in_background(names):
-    """tests/conftest.py: the scripts' flows start now and run beside the other tests."""
-    if any("scripts" in n for n in names) and triton_missing() is None:
-        start_job()
-
-
-@pytest.fixture(scope="module")
-def flows():
-    if triton_missing():
-        pytest.skip(triton_missing())
-    start_job()  # a no-op where the session started it already
-    proc = background.wait("auto in the scripts", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(IN_SCRIPTS) as f:
-        return json.load(f)
-
-
-FLOWS = {  # flow -> the operators its first calls ask for, (operator, compiled)
-    "train": [["causal_tssa", False]],  # estimate_loss, under no_grad, first
-    "train compiled bf16": [["causal_tssa", True]],  # inside torch.compile's trace, under autocast
-    "sample": [["causal_tssa", False], ["causal_tssa_step", False]],  # prefill then steps: no_grad, eval mode
-    "evaluate": [["causal_tssa", False]],  # a @torch.no_grad main
-    "lm_inspect": [["causal_tssa", False]],
-    "inference_mode autocast": [["causal_tssa", False]],
-}
-
-
-@pytest.mark.parametrize("name", list(FLOWS))
-def test_auto_picks_the_triton_kernels_in_the_scripts_flows(flows, name):
-    r = flows[name]
-    assert r["error"] is None and r["warned"] == [] and r["failure"] is None, r
-    assert r["refusals"] == {"cpu": None}  # the whole check passed where the flow made its first call
-    assert [p[:2] for p in r["picks"]] == FLOWS[name] and all(p[2] for p in r["picks"]), r["picks"]
-    assert len(r["said"]) == len(FLOWS[name]) and all(s.endswith("running Triton") for s in r["said"]), r["said"]
-    # and the flow's own calls ran the Triton kernels (H=2, p=16; the check's are H=3, p=8)
-    assert ["forward", 2, 16] in r["launched"], r["launched"]
-    if name == "sample":
-        assert ["step", 2, 16] in r["launched"]
-    if name.startswith("train"):
-        assert ["backward", 2, 16] in r["launched"]
-
-
-def test_evaluate_runs_with_the_c_kernels_under_its_no_grad_main_in_the_scripts_flows(flows):
-    r, ref = flows["evaluate cpu"], flows["evaluate"]
-    assert r["error"] is None and r["warned"] == [], r
-    assert abs(r["numbers"]["loss"] - ref["numbers"]["loss"]) < 1e-4  # the same checkpoint and tokens, other kernels
-
-
-def test_a_model_run_by_auto_in_the_scripts_flows_equals_the_reference_eager_and_compiled(flows):
-    r = flows["a model, eager and compiled"]
-    assert r["error"] is None and r["warned"] == [], r
-    n = r["numbers"]
-    assert abs(n["loss"] - n["reference_loss"]) <= 1e-4 * abs(n["reference_loss"])  # fp32 sums in another order
-    assert abs(n["compiled_loss"] - n["loss"]) <= 1e-6 * abs(n["loss"])
-    assert n["graph_breaks"] == 0  # the choice is a constant of the graph
-    child, = flows["child"]  # the compiled reference was timed in its child process, as on a GPU
-    assert set(child) == {"triton", "reference"} and all(t > 0 for t in child.values())

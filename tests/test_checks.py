@@ -145,9 +145,9 @@ FORKS = {  # fork -> what the one line says ({n}: a size, where the fork does no
     "a temperature inside Pi": (pi_temperature, "causal_tssa in Pi (by {n} of its largest value), tssa in Pi (by {n} "
                                                 "of its largest value), causal_tssa_step in Pi (by {n} of its largest "
                                                 "value)" + TORCH),
-    "s clipped": (s_clipped, "causal_tssa in the update -Pi w f'(s) (by {n} of its largest value), tssa in the update "
-                             "-Pi w f'(s) (by {n} of its largest value), causal_tssa_step in the update -Pi w f'(s) (by "
-                             "{n} of its largest value)" + TORCH),
+    "s clipped": (s_clipped, "causal_tssa in the update -Pi w f'(s) (by {n} of its largest value), tssa in the "
+                             "update -Pi w f'(s) (by {n} of its largest value), causal_tssa_step in the update -Pi w "
+                             "f'(s) (by {n} of its largest value)" + TORCH),
     # 0.9 times the update: 0.1 / 0.9 of the fork's own
     "the step rescaled": (step_rescaled, "causal_tssa in the update -Pi w f'(s) (by 0.11 of its largest value), tssa "
                                          "in the update -Pi w f'(s) (by 0.11 of its largest value), causal_tssa_step "

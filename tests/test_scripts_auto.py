@@ -1,0 +1,97 @@
+"""
+tssa_impl="auto" in the scripts' own flows (issue 37): with the Triton kernels interpreted
+(TRITON_INTERPRET=1) and kernels.auto.CHECK_ON_CPU set, the first-call check and the timing run
+where each script makes its first TSSA call, and the Triton kernels are picked: train.py (its
+first call under no_grad in estimate_loss; eager, and compiled under bfloat16 autocast),
+sample.py (prefill and steps, eval mode), evaluate.py (a no_grad main; and --tssa_impl=cpu),
+lm_inspect.py, a model under inference_mode and autocast. The flows run in one background
+process (tests/auto_in_scripts.py: Triton fixes interpreter mode at import), started when the
+session has chosen its tests (tests/conftest.py), with the timer mocked (the Triton kernels the
+faster); this file comes late in the suite so that the process has finished by then.
+
+    python -m pytest -q tests/test_scripts_auto.py
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+import background
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IN_SCRIPTS = os.path.join(background.SCRATCH, "auto_in_scripts.json")
+
+
+def triton_missing():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)"
+    return None
+
+
+def start_job():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    background.start("auto in the scripts", [sys.executable, os.path.join(ROOT, "tests", "auto_in_scripts.py"),
+                                             IN_SCRIPTS], env=env, cwd=ROOT)
+
+
+def start_in_background(names):
+    """tests/conftest.py: the scripts' flows start now and run beside the other tests."""
+    if triton_missing() is None:
+        start_job()
+
+
+@pytest.fixture(scope="module")
+def flows():
+    if triton_missing():
+        pytest.skip(triton_missing())
+    start_job()  # a no-op where the session started it already
+    proc = background.wait("auto in the scripts", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(IN_SCRIPTS) as f:
+        return json.load(f)
+
+
+FLOWS = {  # flow -> the operators its first calls ask for, (operator, compiled)
+    "train": [["causal_tssa", False]],  # estimate_loss, under no_grad, first
+    "train compiled bf16": [["causal_tssa", True]],  # inside torch.compile's trace, under autocast
+    "sample": [["causal_tssa", False], ["causal_tssa_step", False]],  # prefill then steps: no_grad, eval mode
+    "evaluate": [["causal_tssa", False]],  # a @torch.no_grad main
+    "lm_inspect": [["causal_tssa", False]],
+    "inference_mode autocast": [["causal_tssa", False]],
+}
+
+
+@pytest.mark.parametrize("name", list(FLOWS))
+def test_auto_picks_the_triton_kernels_in_the_scripts_flows(flows, name):
+    r = flows[name]
+    assert r["error"] is None and r["warned"] == [] and r["failure"] is None, r
+    assert r["refusals"] == {"cpu": None}  # the whole check passed where the flow made its first call
+    assert [p[:2] for p in r["picks"]] == FLOWS[name] and all(p[2] for p in r["picks"]), r["picks"]
+    assert len(r["said"]) == len(FLOWS[name]) and all(s.endswith("running Triton") for s in r["said"]), r["said"]
+    # and the flow's own calls ran the Triton kernels (H=2, p=16; the check's are H=3, p=8)
+    assert ["forward", 2, 16] in r["launched"], r["launched"]
+    if name == "sample":
+        assert ["step", 2, 16] in r["launched"]
+    if name.startswith("train"):
+        assert ["backward", 2, 16] in r["launched"]
+
+
+def test_evaluate_runs_with_the_c_kernels_under_its_no_grad_main_in_the_scripts_flows(flows):
+    r, ref = flows["evaluate cpu"], flows["evaluate"]
+    assert r["error"] is None and r["warned"] == [], r
+    assert abs(r["numbers"]["loss"] - ref["numbers"]["loss"]) < 1e-4  # the same checkpoint and tokens, other kernels
+
+
+def test_a_model_run_by_auto_in_the_scripts_flows_equals_the_reference_eager_and_compiled(flows):
+    r = flows["a model, eager and compiled"]
+    assert r["error"] is None and r["warned"] == [], r
+    n = r["numbers"]
+    assert abs(n["loss"] - n["reference_loss"]) <= 1e-4 * abs(n["reference_loss"])  # fp32 sums in another order
+    assert abs(n["compiled_loss"] - n["loss"]) <= 1e-6 * abs(n["loss"])
+    assert n["graph_breaks"] == 0  # the choice is a constant of the graph
+    child, = flows["child"]  # the compiled reference was timed in its child process, as on a GPU
+    assert set(child) == {"triton", "reference"} and all(t > 0 for t in child.values())
