@@ -166,12 +166,14 @@ def triton_picked(device, shape_class, shape, compiled):
 
 
 def faster_is_triton(device, shape_class, shape, compiled):
-    """Time both candidates (measure) and say in one line which runs; the reference if the timing fails."""
+    """Time both candidates (measure) and say in one line which runs; the reference if the timing fails.
+    The line begins "tssa_impl=auto:", unlike a fallback's warning ("tssa_impl='auto':", which
+    bench.py's main job reports as one)."""
     form, B, H, T, p, dtype, masked = shape_class
     spec = dict(device=device, form=form, shape=shape or (B, H, T, p), dtype=dtype, masked=masked,
                 compiled=compiled, backend=COMPILE_BACKEND, repeats=REPEATS)
     B, H, T, p = spec["shape"]
-    what = f"tssa_impl='auto': {form} at B={B} H={H} T={T} p={p} {dtype}{' masked' if masked else ''} on {device}"
+    what = f"tssa_impl=auto: {form} at B={B} H={H} T={T} p={p} {dtype}{' masked' if masked else ''} on {device}"
     reference = "the compiled reference" if compiled else "the reference"
     try:
         times = measure_in_child(spec) if compiled else measure(spec)

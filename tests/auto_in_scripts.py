@@ -79,7 +79,7 @@ def flow(name, fn, results, fresh=True):
         except SystemExit as e:
             numbers, error = None, f"exit {e.code}"
     picks = [(shape_class[0], compiled, triton) for (_, shape_class, compiled), triton in auto._PICKS.items()]
-    said = [line for line in out.getvalue().splitlines() if line.startswith("tssa_impl='auto'")]
+    said = [line for line in out.getvalue().splitlines() if line.startswith("tssa_impl=auto:")]
     results[name] = dict(error=error, numbers=numbers, refusals=dict(auto._REFUSALS), picks=picks, said=said,
                          failure=fused.failure_of("triton"), launched=sorted(set(LAUNCHED)),
                          warned=[str(w.message) for w in caught if "tssa_impl" in str(w.message)])

@@ -117,7 +117,7 @@ def timed(monkeypatch, capsys):
 def test_auto_runs_the_faster_of_the_kernels_that_agree(timed):
     w = torch.randn(3, 2, 40, 8)
     assert auto.uses_triton("causal_tssa", w)  # Triton 1 ms, the reference 2 ms
-    assert timed["said"]() == ["tssa_impl='auto': causal_tssa at B=3 H=2 T=40 p=8 float32 on cpu: Triton 1.000 ms, "
+    assert timed["said"]() == ["tssa_impl=auto: causal_tssa at B=3 H=2 T=40 p=8 float32 on cpu: Triton 1.000 ms, "
                                "the reference 2.000 ms (forward and backward): running Triton"]
     assert timed["specs"] == [("triton", torch.device("cpu")), ("reference", torch.device("cpu"))]
     timed["times"]["triton"] = 3e-3  # a slower correct kernel is not picked
@@ -130,7 +130,7 @@ def test_auto_runs_the_faster_of_the_kernels_that_agree(timed):
     assert len(timed["specs"]) == 4 and timed["said"]() == []
     assert auto.uses_triton("tssa", w, masked=True) is False  # another operator, another class: timed, slower
     assert auto.uses_triton("causal_tssa_step", w[:, :, 0]) is False
-    assert timed["said"]()[1].startswith("tssa_impl='auto': causal_tssa_step at B=3 H=2 T=1 p=8 float32 on cpu")
+    assert timed["said"]()[1].startswith("tssa_impl=auto: causal_tssa_step at B=3 H=2 T=1 p=8 float32 on cpu")
     assert len(auto._PICKS) == 4 and len(timed["specs"]) == 8
 
 
@@ -159,9 +159,9 @@ def test_inside_torch_compile_the_reference_is_timed_compiled_and_the_choice_is_
     assert spec == dict(device="cpu", form="causal_tssa", shape=(2, 4, 64, 8), dtype="float32", masked=False,
                         compiled=True, backend=auto.COMPILE_BACKEND, repeats=auto.REPEATS)  # the class's size
     said = timed["said"]()
-    assert said[0].startswith("tssa_impl='auto': causal_tssa at B=2 H=4 T=40 p=8 float32 on cpu: ")  # eager: its own
+    assert said[0].startswith("tssa_impl=auto: causal_tssa at B=2 H=4 T=40 p=8 float32 on cpu: ")  # eager: its own
     assert said[0].endswith("the reference 2.000 ms (forward and backward): running the reference")
-    assert said[1].startswith("tssa_impl='auto': causal_tssa at B=2 H=4 T=64 p=8 float32 on cpu: ")
+    assert said[1].startswith("tssa_impl=auto: causal_tssa at B=2 H=4 T=64 p=8 float32 on cpu: ")
     assert said[1].endswith("Triton 3.000 ms, the compiled reference 2.000 ms (forward and backward): running the "
                             "compiled reference")
     assert sorted(k[2] for k in auto._PICKS) == [False, True]  # eager and compiled: each its own answer
