@@ -171,6 +171,16 @@ def _store_cols(ptr, off, cols, x, p):
 
 
 @triton.jit
+def _store_row_of(ptr, off, cols, tile, row, p):
+    """Store row `row` of an fp32 tile (BT, len(cols)) at ptr[off + cols]: the threads that hold
+    that row write it, with no reduction across the tile. A chunk's totals are the last row of
+    an inclusive token-axis scan (or the first of a reversed one), which costs half a
+    token-axis tl.sum into a vector on the H200 (results/nvidia-h200-probe.json)."""
+    r = tl.arange(0, tile.shape[0])
+    tl.store(ptr + off + cols[None, :] + 0 * r[:, None], tile, mask=(r == row)[:, None] & (cols < p)[None, :])
+
+
+@triton.jit
 def _k_scan(tot_ptr, carry_ptr, nC, W, MODE: tl.constexpr, CB: tl.constexpr, SB: tl.constexpr):
     """S: the carries of every chunk from the chunk totals tot (rows, nC, W) -> carry (same
     shape): the sum over the chunks before c (PREFIX), after c (SUFFIX), or all (TOTAL). A
@@ -202,10 +212,9 @@ def _k_scan(tot_ptr, carry_ptr, nC, W, MODE: tl.constexpr, CB: tl.constexpr, SB:
             else:  # chunks nC-1-j0 down, each the sum of the totals of the chunks after it
                 at = nC - 1 - j0 - k
                 src = at + 1
-            x = tl.load(tot_ptr + base + src[:, None] * W,
-                        mask=((src >= 0) & (src < nC) & (at >= 0) & (at < nC))[:, None] & (cols < W)[None, :], other=0.0)
-            tl.store(carry_ptr + base + at[:, None] * W, acc[None, :] + tl.cumsum(x, axis=0),
-                     mask=((at >= 0) & (at < nC))[:, None] & (cols < W)[None, :])
+            writes = ((at >= 0) & (at < nC))[:, None] & (cols < W)[None, :]
+            x = tl.load(tot_ptr + base + src[:, None] * W, mask=writes & ((src >= 0) & (src < nC))[:, None], other=0.0)
+            tl.store(carry_ptr + base + at[:, None] * W, acc[None, :] + tl.cumsum(x, axis=0), mask=writes)
             acc += tl.sum(x, axis=0)
 
 
@@ -217,7 +226,7 @@ def _k_sq_totals(w_ptr, s_b, s_h, s_t, mask_ptr, m_b, m_t, tS_ptr, H, T, p, nC,
     t = c * BT + tl.arange(0, BT)
     cols = tl.arange(0, P)
     x = _tile(w_ptr, s_b, s_h, s_t, b, h, t, cols, _keep(mask_ptr, m_b, m_t, b, t, T, HAS_MASK), p, EVEN_P)
-    _store_cols(tS_ptr, _slot(bh, c, nC, p), cols, tl.sum(x * x, axis=0), p)
+    _store_row_of(tS_ptr, _slot(bh, c, nC, p), cols, tl.cumsum(x * x, axis=0), BT - 1, p)
 
 
 @triton.jit
@@ -263,7 +272,7 @@ def _k_pi_totals(w_ptr, s_b, s_h, s_t, mask_ptr, m_b, m_t, temp_ptr, u_ptr, pi_p
     cols = tl.arange(0, P)
     x = _tile(w_ptr, s_b, s_h, s_t, b, h, t, cols, keep, p, EVEN_P)
     off = _slot(bh, c, nC, p + 1)
-    _store_cols(tMN_ptr, off, cols, tl.sum(Pt[:, None] * x * x, axis=0), p)
+    _store_row_of(tMN_ptr, off, cols, tl.cumsum(Pt[:, None] * x * x, axis=0), BT - 1, p)
     tl.store(tMN_ptr + off + p, tl.sum(Pt, axis=0))
 
 
@@ -318,12 +327,13 @@ def _k_grad_totals(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_
     D = n / (n + M)
     gM = gt * Pt[:, None] * x * D * D / n  # dL/dM at each token
     gN = -tl.sum(gM * M / n, axis=1)  # dL/dN
+    later_M = tl.cumsum(gM, axis=0, reverse=True)  # the sums over the chunk's tokens >= t
     gpi = -tl.sum(gt * x * D, axis=1)
     if CAUSAL:  # the non-causal carries are the totals: nothing from inside the chunk
-        gpi += tl.sum(tl.cumsum(gM, axis=0, reverse=True) * q, axis=1) + tl.cumsum(gN, axis=0, reverse=True)
+        gpi += tl.sum(later_M * q, axis=1) + tl.cumsum(gN, axis=0, reverse=True)
     _store_row(y_ptr, bh, t, T, gpi)
     off = _slot(bh, c, nC, p + 1)
-    _store_cols(tG_ptr, off, cols, tl.sum(gM, axis=0), p)
+    _store_row_of(tG_ptr, off, cols, later_M, 0, p)
     tl.store(tG_ptr + off + p, tl.sum(gN, axis=0))
 
 
@@ -369,7 +379,7 @@ def _k_logit_grad(w_ptr, s_b, s_h, s_t, mask_ptr, m_b, m_t, pi_ptr, u_ptr, temp_
     q = x * x
     off = _slot(bh, c, nC, p)
     gS = _grad_s(q, Rt[:, None], _running(_load_cols(cS_ptr, off, cols, p)[None, :], q, CAUSAL), sq_floor)[1]
-    _store_cols(tGS_ptr, off, cols, tl.sum(gS, axis=0), p)
+    _store_row_of(tGS_ptr, off, cols, tl.cumsum(gS, axis=0), BT - 1, p)
 
 
 @triton.jit
@@ -520,20 +530,21 @@ def _scan(tot, carry, mode, causal):
 # What each launch moves in HBM (the tensors it reads and writes, each once: their sizes in
 # launch_plan), what its programs read again from L2 (the other heads' columns of a (BT, H)
 # tile of per-token scalars, other batch rows' R), and its work inside a tile that the
-# bandwidth does not cover: token-axis scans and sums of a (BT, P) tile (SCAN_NS, SUM_NS).
+# bandwidth does not cover: the token-axis scans of a (BT, P) tile (SCAN_NS), causal and not
+# (a chunk's totals are a scan's last row: _store_row_of).
 TRAFFIC = {
-    "_k_sq_totals": dict(read=("w", "mask"), write=("tS",), again=("mask_heads",), scans=0, sums=1),
-    "_k_u": dict(read=("w", "mask", "bias", "cS"), write=("u",), again=("mask_heads", "bias_rows"), scans=1, sums=0),
-    "_k_pi_totals": dict(read=("w", "mask", "u"), write=("pi", "tMN"), again=("mask_heads", "u_heads"), scans=0,
-                         sums=1),
-    "_k_out": dict(read=("w", "mask", "pi", "cMN"), write=("out",), again=("mask_heads",), scans=1, sums=0),
-    "_k_grad_totals": dict(read=("w", "g", "mask", "pi", "cMN"), write=("y", "tG"), again=("mask_heads",), scans=2,
-                           sums=1),
-    "_k_pi_grad": dict(read=("w", "mask", "pi", "cG", "y"), write=("y",), again=("mask_heads",), scans=0, sums=0),
+    "_k_sq_totals": dict(read=("w", "mask"), write=("tS",), again=("mask_heads",), scans=(1, 1)),
+    "_k_u": dict(read=("w", "mask", "bias", "cS"), write=("u",), again=("mask_heads", "bias_rows"), scans=(1, 0)),
+    "_k_pi_totals": dict(read=("w", "mask", "u"), write=("pi", "tMN"), again=("mask_heads", "u_heads"),
+                         scans=(1, 1)),
+    "_k_out": dict(read=("w", "mask", "pi", "cMN"), write=("out",), again=("mask_heads",), scans=(1, 0)),
+    "_k_grad_totals": dict(read=("w", "g", "mask", "pi", "cMN"), write=("y", "tG"), again=("mask_heads",),
+                           scans=(2, 1)),
+    "_k_pi_grad": dict(read=("w", "mask", "pi", "cG", "y"), write=("y",), again=("mask_heads",), scans=(0, 0)),
     "_k_logit_grad": dict(read=("w", "mask", "y", "pi", "u", "cS"), write=("R", "gtemp", "tGS"),
-                          again=("mask_heads", "y_heads"), scans=1, sums=1),
+                          again=("mask_heads", "y_heads"), scans=(2, 1)),
     "_k_grad_w": dict(read=("w", "g", "mask", "pi", "R", "cS", "cMN", "cG", "cGS", "gtemp"),
-                      write=("dw", "dtemp", "dbias"), again=("mask_heads", "R_batch"), scans=4, sums=0),
+                      write=("dw", "dtemp", "dbias"), again=("mask_heads", "R_batch"), scans=(4, 0)),
 }
 # The time model's constants, calibrated on the H200 (results/nvidia-h200-probe.json: Triton
 # 3.6, tiles of 32 x 64 fp32, 4 warps): a launch that streams a tile in and out runs at the
@@ -584,7 +595,7 @@ def launch_plan(B, H, T, p, dtype=torch.bfloat16, causal=True, has_mask=False, b
             grid = rows * nC * (geo["nK"] if name == "_k_grad_w" else 1)
             plan.append(dict(kernel=name, direction=direction, grid=grid, read=sum(sizes[k] for k in t["read"]),
                              write=sum(sizes[k] for k in t["write"]), l2_read=sum(sizes[k] for k in t["again"]),
-                             tiles=rows * nC, scans=t["scans"] if causal else 0, sums=t["sums"], steps=0))
+                             tiles=rows * nC, scans=t["scans"][0 if causal else 1], sums=0, steps=0))
     return plan
 
 
