@@ -111,12 +111,12 @@ def use(module, impl, chunked_loss=False):
     if impl == "cpu":
         check_maths(impl)
     for name, m in module.named_modules():
-        if isinstance(m, model.TSSA) and not owned(m.ops):
+        if isinstance(m, model.TSSA) and not owned(m.operators):
             if impl in BACKENDS:
                 raise ConfigError(f"tssa_impl={impl} runs the shipped TSSA only; {name or 'the model'} "
                                   f"({type(m).__qualname__}) has its own operators: use tssa_impl=torch")
         elif isinstance(m, model.TSSA):
-            m.ops = ops
+            m.operators = ops
         if isinstance(m, model.GPT):
             m.loss = chunked_cross_entropy if chunked_loss else model.cross_entropy_loss
     return module

@@ -97,8 +97,8 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
     return chosen(w.device).tssa(w, temp, return_pi, mask, pi_mode)
 
 
-def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
-    return chosen(w.device).causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+    return chosen(w.device).causal_tssa(w, temp, pos_bias, return_pi, pi_mode, state)
 
 
 def causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
