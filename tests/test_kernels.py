@@ -5,14 +5,14 @@ bias); odd shapes; masks; zero and near-zero input; the guards model.py passes; 
 decoding step; the fallback to the reference (one warning) when kernels cannot be built or
 launched, each failure simulated; the hand-derived backward by gradcheck in float64 (its
 PyTorch statement, TorchKernels below, is the oracle); the Triton kernels under
-TRITON_INTERPRET=1 (in a subprocess: Triton fixes interpreter mode at import), compiled for
-sm_80 / sm_90 without a GPU, under torch.compile, and on a CUDA GPU when there is one.
+TRITON_INTERPRET=1 (in a subprocess: Triton fixes interpreter mode at import), under
+torch.compile, and on a CUDA GPU when there is one (tests/test_triton_builds.py builds them as
+the GPU machines' JIT does).
 
     python -m pytest -q tests/test_kernels.py
 """
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -740,7 +740,6 @@ def programs_in_reverse_order():
 
 
 INTERPRETED = os.path.join(background.SCRATCH, "results.pt")  # TRITON_SCRIPT's results
-COMPILED = os.path.join(background.SCRATCH, "usage.json")  # COMPILE_SCRIPT's register and instruction counts
 USES_INTERPRETER = {"test_triton_kernels_match_reference", "test_triton_runs_are_bitwise_reproducible",
                     "test_triton_step_matches_reference", "test_triton_call_is_six_launches_each_way_and_nothing_else"}
 
@@ -761,12 +760,10 @@ def start_interpreter_job():
 
 
 def start_in_background(names):
-    """tests/conftest.py: the two long subprocesses of the selected Triton tests start now and
-    run beside the other tests (tests/background.py)."""
+    """tests/conftest.py: the long subprocess of the selected Triton tests starts now and runs
+    beside the other tests (tests/background.py)."""
     if names & USES_INTERPRETER and triton_missing() is None:
         start_interpreter_job()
-    if "test_triton_kernels_compile_for_gpus" in names and gpu_compile_missing() is None:
-        start_compile_job()
 
 
 @pytest.fixture(scope="module")
@@ -961,129 +958,6 @@ def test_torch_compile_runs_the_fused_path(tmp_path):
     proc = subprocess.run([sys.executable, "-c", COMPILE_MODEL_SCRIPT], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
-
-
-# -----------------------------------------------------------------------------
-# The Triton kernels compiled for real GPUs (no GPU needed): Triton's own compiler and ptxas,
-# ahead of time, for each kernel as TritonKernels launches it (TritonKernels.plan: its
-# constexprs and warps). The interpreter above checks the maths but not what only the GPU
-# compiler sees (types, layouts, unsupported ops, the software pipeline); this checks that
-# every kernel builds for A100 (sm_80) and H100 (sm_90) at head widths 24, 64 and 128 and 12
-# or 17 heads, within 128 registers a thread (so two 256-thread programs fit an SM's register
-# file) and without spilling registers to local memory (cuobjdump's STACK column), which would
-# cost the memory traffic the kernels exist to save. The all-heads kernels of the first
-# version used 244 and 248 registers (one program per SM). It also reads the PTX of every
-# kernel (and the SASS of those of the two H100 bf16 settings) for atomic or reduction
-# instructions and memory fences: the kernels' determinism rests on there being none (no
-# program waits on or adds into another's data).
-
-COMPILE_SCRIPT = textwrap.dedent("""
-    import json, os, re, subprocess, sys, tempfile
-    import torch, triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    import kernels.triton_tssa as F
-    assert not F.INTERPRET
-    BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    TYPES = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
-    PTX_SYNC = re.compile(r"\\b(atom|red|membar|fence)\\.")  # atomics, reductions, fences
-    PTX_LOAD = re.compile(r"(?:ld|st)\\.global[.\\w]*")
-    SASS_SYNC = re.compile(r"\\b(ATOM|ATOMS|ATOMG|RED|REDG|MEMBAR|ERRBAR)\\b")
-
-    def arg_type(name, dtype, consts):
-        # w, g, out and dw in the input dtype, the padding mask bool, every other buffer fp32;
-        # the guards (sq_floor, stat_eps) fp32 scalars, every other scalar i32
-        if name in consts:
-            return "constexpr"
-        if name.endswith("_ptr"):
-            return {"w_ptr": TYPES[dtype], "g_ptr": TYPES[dtype], "out_ptr": TYPES[dtype], "gw_ptr": TYPES[dtype],
-                    "mask_ptr": "*i1"}.get(name, "*fp32")
-        return "fp32" if name in ("sq_floor", "stat_eps") else "i32"
-
-    def cuobjdump(flag, cubin):
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(cubin)
-        try:
-            return subprocess.run([os.path.join(BIN, "cuobjdump"), flag, f.name], capture_output=True, text=True,
-                                  check=True).stdout
-        finally:
-            os.unlink(f.name)
-
-    def divisible(kernel, consts, p):
-        # what Triton's launcher tells the compiler at run time: pointers (PyTorch's allocations)
-        # and integers that are multiples of 16; here the strides of w, g, out and dw in
-        # model.py's layouts, multiples of 16 when p is
-        strides = {"s_b", "s_h", "s_t", "g_b", "g_h", "g_t", "o_b", "o_h", "o_t"}
-        return {(k,): [["tt.divisibility", 16]] for k, n in enumerate(kernel.arg_names)
-                if n not in consts and (n.endswith("_ptr") or (n in strides and p % 16 == 0))}
-
-    def compile_kernel(kernel, dtype, consts, num_warps, arch, p, read_sass):
-        sig = {n: arg_type(n, dtype, consts) for n in kernel.arg_names}
-        ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=divisible(kernel, consts, p)),
-                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
-        usage = cuobjdump("--dump-resource-usage", ck.asm["cubin"])
-        sass = cuobjdump("-sass", ck.asm["cubin"]) if read_sass else ""
-        regs, stack = (int(re.search(rf"{k}:(\\d+)", usage).group(1)) for k in ("REG", "STACK"))
-        return dict(regs=regs, stack=stack, sass_lines=sass.count("\\n"), ptx_moves=sorted(set(PTX_LOAD.findall(ck.asm["ptx"]))),
-                    ptx_sync=sorted(set(PTX_SYNC.findall(ck.asm["ptx"]))), sass_sync=sorted(set(SASS_SYNC.findall(sass))))
-
-    rows = []
-    for arch, dtype, p, H, causal in [(90, "bf16", 64, 12, True), (90, "bf16", 64, 12, False),
-                                      (90, "fp32", 64, 12, True), (90, "fp16", 24, 12, False),
-                                      (90, "bf16", 128, 12, True), (80, "bf16", 64, 12, True),
-                                      (90, "fp16", 24, 17, False)]:
-        for name, consts in F.TritonKernels.plan(p, H, causal, has_mask=not causal).items():
-            consts = dict(consts)
-            got = compile_kernel(getattr(F, name), dtype, consts, consts.pop("num_warps"), arch, p,
-                                 read_sass=len(rows) < 2 * len(F.KERNELS))  # the SASS of the first two (H100) settings
-            rows.append(dict(arch=arch, dtype=dtype, p=p, H=H, causal=causal, kernel=name, **got))
-    json.dump(rows, open(sys.argv[1], "w"))
-""")
-
-
-def gpu_compile_missing():
-    """Why the ahead-of-time compile for NVIDIA GPUs cannot run here (None if it can)."""
-    try:
-        import triton
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-    except ImportError:
-        return "triton is not installed (requirements-dev.txt installs it on Linux x86-64)"
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
-        return "this triton build has no NVIDIA back end (ptxas, cuobjdump)"
-    return None
-
-
-def start_compile_job():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=os.path.join(background.SCRATCH, "triton-cache"))
-    env.pop("TRITON_INTERPRET", None)
-    background.start("gpu compile", [sys.executable, "-c", COMPILE_SCRIPT, COMPILED], env=env, cwd=ROOT)
-
-
-def test_triton_kernels_compile_for_gpus():
-    if gpu_compile_missing():
-        pytest.skip(gpu_compile_missing())
-    from kernels import triton_tssa
-    start_compile_job()  # a no-op where the session started it already
-    proc = background.wait("gpu compile", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(COMPILED) as f:
-        rows = json.load(f)
-    kernels_ = set(triton_tssa.KERNELS)
-    assert len(rows) == 7 * len(kernels_) and {r["kernel"] for r in rows} == kernels_
-    assert all(r["regs"] > 0 for r in rows) and all(r["sass_lines"] > 100 for r in rows[:2 * len(kernels_)])
-    spilling = [r for r in rows if r["stack"] > 0]
-    assert not spilling, f"kernels spill registers: {spilling}"
-    too_many = [r for r in rows if r["regs"] > 128]
-    assert not too_many, f"kernels use more than 128 registers a thread: {too_many}"
-    syncing = [r for r in rows if r["ptx_sync"] or r["sass_sync"]]
-    assert not syncing, f"kernels use atomics or fences: {syncing}"
-    # at p = 64 (a token's features a whole tile row), bf16 w, g, out and dw move as vectors
-    # (or through cp.async, the software pipeline), never one 16-bit element at a time
-    scalar = [r for r in rows if r["dtype"] == "bf16" and r["p"] % 16 == 0 and r["kernel"] != "_k_step"
-              and any(m.endswith((".b16", ".u16")) for m in r["ptx_moves"])]
-    assert not scalar, f"kernels move bf16 tiles one element at a time: {scalar}"
-    assert any(".v4." in m or ".v2." in m for r in rows for m in r["ptx_moves"])  # the PTX was read
 
 
 @needs_cuda
