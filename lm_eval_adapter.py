@@ -26,7 +26,9 @@ What the three kinds of request do (NanoToSTLM):
                          the vocabulary has no "\\n")
   generate_until         greedy decoding (sampling if the task asks: do_sample, temperature,
                          top_k) from ToST's recurrent state (GPT.generate: constant work per
-                         token), cut at the first stop string, at most max_gen_toks tokens; the
+                         token; a fork whose decoding differs from its parallel form is told so
+                         once, and decoded by the parallel form, textdata.check_decoding), cut
+                         at the first stop string, at most max_gen_toks tokens; the
                          context keeps its last block_size - max_gen_toks tokens (at least half
                          the block), so the text stays within the learned positions. The
                          settings follow sample.py's rules (textdata.check_generation: top_k 0
@@ -40,6 +42,7 @@ log-probabilities are computed in float32. One process.
 
 import os
 import warnings
+from functools import partial
 
 import torch
 from tqdm import tqdm
@@ -121,6 +124,7 @@ class NanoToSTLM(LM):
         self.info, self.iter_num = ckpt["tokenizer"], ckpt.get("iter_num")
         self.encode, self.decode = td.load_tokenizer(self.info)
         self.n_vocab = self.info["vocab_size"]  # the ids above only pad vocab_size: never greedy, never generated
+        self.parallel_only = None  # whether generation runs the parallel form (decided at the first generation)
         if self.info["tokenizer"] == "char":
             chars = self.info["chars"]
             self.prefix_id, self.eot_text = (chars.index("\n") if "\n" in chars else 0), None
@@ -240,12 +244,15 @@ class NanoToSTLM(LM):
         first stop string. model.generate runs GEN_CHUNK tokens at a time (the prompt and what is
         written so far encoded again in parallel), and decoding ends when every row has a stop
         string (or after max_gen_toks)."""
+        if self.parallel_only is None:  # a fork whose decoding differs from its parallel form: said once
+            self.parallel_only = bool(td.check_decoding(self.model, "generating by the parallel form instead"))
+        generate = partial(td.generate_in_parallel, self.model) if self.parallel_only else self.model.generate
         idx = torch.tensor(prompts, dtype=torch.long, device=self._device)  # (B, T0)
         T0, texts = idx.shape[1], [""] * len(prompts)
         with torch.no_grad(), self.autocast:
             while idx.shape[1] - T0 < max_gen_toks:
                 n = min(GEN_CHUNK, max_gen_toks - (idx.shape[1] - T0))
-                idx = self.model.generate(idx, n, temperature=temperature, top_k=top_k, n_vocab=self.n_vocab)
+                idx = generate(idx, n, temperature=temperature, top_k=top_k, n_vocab=self.n_vocab)
                 texts = [self.decode(row[T0:]) for row in idx.tolist()]
                 if all(any(s in text for s in until) for text in texts):
                     break

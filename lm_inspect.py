@@ -27,7 +27,7 @@ of the stream, after the short convolution if any), w = U^T z per head, Pi (B, H
 c_proj(TSSA(w)). The running statistic of head k at token j is the prefix second moment
 s_k(j) = sum_{t<=j} Pi_kt w_t^2 / sum_{t<=j} Pi_kt (p features; the page draws their mean).
 R_var "before" is compression_objective(w, Pi) over a whole window (the prefix objective at its
-last token), "after" the same on c_in(z + ls_1(out)) with the same Pi: vit_inspect.py's measure.
+last token), "after" the same on w_proj(z + attn_scale(out)) with the same Pi: vit_inspect.py's measure.
 What each head takes is counted over the n_windows val windows: the share of tokens whose
 largest Pi is that head's, its most frequent tokens, its mean Pi on letters, digits, spaces and
 punctuation (a BPE token counts by its first character that is not a space).
@@ -445,11 +445,7 @@ def screenshot_png(page_path, *, size=(1100, 1000), layer=None, dark=False, dom=
 def shown_tokens(C, encode, T, folder, meta):
     """The token ids of the text to show (at most T) and where they came from."""
     if C.text:
-        source = C.text
-        if C.text.startswith("FILE:"):
-            with open(C.text[len("FILE:"):], encoding="utf-8-sig") as f:
-                source = f.read()
-        ids = encode(source)
+        ids = encode(td.prompt_text(C.text))  # the text given, or the file that FILE:path names
         cli.require(ids, "the text is empty: give at least one character/token with --text")
         note = f"the first {T} tokens of the text given" if len(ids) > T else "the text given"
         return ids[:T], note

@@ -15,11 +15,12 @@ Symbols (MATH.md §1.1): B batch, T tokens, C = H * p model width, H heads (the 
 U_k), p head width. w = U_k^T z, the features of each token in each head's basis: (B, H, T, p).
 Pi (B, H, T): how much each token belongs to each head (sums to 1 over heads). s (B, H, p): the
 Pi-weighted second moment of each feature of each head, the "token statistic". temp (H,): the
-temperature of Pi; pos_bias (H, block_size): the causal form's learned position bias.
+temperature of Pi (MATH.md's gamma); pos_bias (H, block_size): the causal form's position bias.
 
 The functions of section 1 and the loss are the reference. kernels/ holds fused versions of
-them, swapped into a built model by `kernels.use(model, "cpu" | "triton")`, and the decoding
-step replayed as a CUDA graph (`kernels.capture_steps`); this file knows nothing of it.
+them, which `kernels.use(model, "cpu" | "triton")` puts in a built model (TSSA.operators,
+GPT.loss), and the decoding step replayed as a CUDA graph (`kernels.capture_steps`); this file
+imports nothing of it.
 
     python -c "import model; print(model.GPT.from_preset('tost-base'))"
 """
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 # of squares itself, unsquared (MATH.md §3.4).
 PI_NORM_EPS = 1e-12
 STAT_EPS = 1e-8  # added to the Pi-weighted token count of a head (a head no token belongs to)
+PI_MODES = ("softmax", "uniform")  # Pi from its logits: the paper's softmax over heads, or the ablation 1/H
 
 # -----------------------------------------------------------------------------
 # 1. The objective and the operator, as plain functions
@@ -79,9 +81,8 @@ def compression_objective(w, pi, mask=None):
     return 0.5 * ((n_k / n[:, None]) * f(s).sum(dim=-1)).sum(dim=-1)  # (B,)
 
 
-def check_w(w, temp, mask=None):
-    """w must be (B, H, T, p), temp hold one value per head and a padding mask be (B, T) or None;
-    returns temp as (1, H, 1)."""
+def check_shapes(w, temp, mask=None):
+    """Refuse w that is not (B, H, T, p), a temperature without one value per head, a padding mask not (B, T)."""
     if w.dim() != 4:
         raise ValueError(f"w must have shape (B, H, T, p), got {tuple(w.shape)}")
     H = w.shape[1]
@@ -89,7 +90,6 @@ def check_w(w, temp, mask=None):
         raise ValueError(f"temp must have one value per head ({H}), got shape {tuple(temp.shape)}")
     if mask is not None and mask.shape != (w.shape[0], w.shape[2]):
         raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
-    return temp.reshape(1, H, 1).to(stat_dtype(w.dtype))  # broadcasts over batch and tokens
 
 
 def check_pos_bias(pos_bias, H, T, dtype):
@@ -112,18 +112,18 @@ def pi_from_logits(logits, pi_mode):
 
 
 def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-    """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); temp: (H,) or (H, 1);
+    """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); temp: (H,) or (H, 1), Pi's temperature gamma;
     mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
     statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
-    temp = check_w(w, temp, mask)
-    w32 = w.to(stat_dtype(w.dtype))  # statistics in fp32 whatever the input dtype
+    check_shapes(w, temp, mask)
+    w_stat = w.to(stat_dtype(w.dtype))  # w in the statistics' dtype: fp32 whatever the input dtype
     if mask is not None:
-        w32 = w32 * mask[:, None, :, None]  # padded tokens contribute nothing
-    w_sq = w32.square()  # (B, H, T, p)
+        w_stat = w_stat * mask[:, None, :, None]  # padded tokens contribute nothing
+    w_sq = w_stat.square()  # (B, H, T, p)
     # Pi: each feature L2-normalised over the tokens (as F.normalize: the norm floored at
     # PI_NORM_EPS), squared norm per head, softmax over heads
     w_sq_normed = w_sq / w_sq.sum(dim=2, keepdim=True).clamp_min(PI_NORM_EPS ** 2)  # (B, H, T, p)
-    logits = temp * w_sq_normed.sum(dim=-1)  # (B, H, T)
+    logits = temp.reshape(1, -1, 1).to(w_sq.dtype) * w_sq_normed.sum(dim=-1)  # (B, H, T)
     pi = pi_from_logits(logits, pi_mode)  # (B, H, T), sums to 1 over H
     if mask is not None:
         pi = pi * mask[:, None, :]
@@ -131,7 +131,7 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
     n_k = pi.sum(dim=2)  # (B, H)
     s = (pi.unsqueeze(-1) * w_sq).sum(dim=2) / (n_k.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
     # one gradient step on R_var: scale by -Pi f'(s) (f = log(1 + x): -Pi / (1 + s))
-    out = -pi.unsqueeze(-1) * w32 * f_prime(s.unsqueeze(2))  # (B, H, T, p)
+    out = -pi.unsqueeze(-1) * w_stat * f_prime(s.unsqueeze(2))  # (B, H, T, p)
     out = out.to(w.dtype)
     return (out, pi.detach()) if return_pi else out
 
@@ -148,22 +148,30 @@ def prefix_sum(x, block=32):
     return (blocks + before.unsqueeze(3)).flatten(2, 3)[:, :, :T]
 
 
-def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
+def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
     """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
     sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
-    added per feature before the sum. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
-    temp = check_w(w, temp)
+    added per feature before the sum. state: a TSSAState, when decoding: the prompt's running
+    sums at its last token are written to it, and causal_tssa_step goes on from them (the
+    prefill). Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
+    check_shapes(w, temp)
     B, H, T, p = w.shape
     bias = check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
-    w32 = w.to(stat_dtype(w.dtype))
-    w_sq = w32.square()  # (B, H, T, p)
+    w_stat = w.to(stat_dtype(w.dtype))
+    w_sq = w_stat.square()  # (B, H, T, p)
     # Pi[j] from the prefix: features normalised by their running sum of squares (floored)
-    w_sq_normed = w_sq / prefix_sum(w_sq).clamp_min(PI_NORM_EPS)  # (B, H, T, p)
-    logits = temp * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
+    sum_sq = prefix_sum(w_sq)  # (B, H, T, p)
+    w_sq_normed = w_sq / sum_sq.clamp_min(PI_NORM_EPS)  # (B, H, T, p)
+    logits = temp.reshape(1, -1, 1).to(w_sq.dtype) * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
     pi = pi_from_logits(logits, pi_mode)  # (B, H, T)
     # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
-    s = prefix_sum(pi.unsqueeze(-1) * w_sq) / (prefix_sum(pi.unsqueeze(-1)) + STAT_EPS)  # (B, H, T, p)
-    out = (-pi.unsqueeze(-1) * w32 * f_prime(s)).to(w.dtype)  # (B, H, T, p)
+    sum_pi_sq, sum_pi = prefix_sum(pi.unsqueeze(-1) * w_sq), prefix_sum(pi.unsqueeze(-1))  # (B, H, T, p), (.., 1)
+    s = sum_pi_sq / (sum_pi + STAT_EPS)  # (B, H, T, p)
+    out = (-pi.unsqueeze(-1) * w_stat * f_prime(s)).to(w.dtype)  # (B, H, T, p)
+    if state is not None:  # a prompt before decoding: the sums as its last token sees them
+        state.sum_sq.copy_(sum_sq[:, :, -1])
+        state.sum_pi_sq.copy_(sum_pi_sq[:, :, -1])
+        state.sum_pi.copy_(sum_pi[:, :, -1, 0])
     return (out, pi.detach()) if return_pi else out
 
 
@@ -185,13 +193,6 @@ class TSSAState:
         pos = torch.zeros((), dtype=torch.long, device=device) if pos is None else pos
         return cls(z(B, H, p), z(B, H, p), z(B, H), pos)
 
-    def fill_(self, w, pi):
-        """The sums after the whole of w (B, H, T, p) with its Pi (B, H, T): a prefill."""
-        w_sq = w.to(self.sum_sq.dtype).square()
-        self.sum_sq.copy_(w_sq.sum(2))
-        self.sum_pi_sq.copy_((pi.unsqueeze(-1) * w_sq).sum(2))
-        self.sum_pi.copy_(pi.sum(2))
-
     def nbytes(self):
         parts = (self.sum_sq, self.sum_pi_sq, self.sum_pi, self.conv)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
@@ -202,20 +203,22 @@ def causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
     (H,) its position bias. The sums of `state` take in this token, in place. Returns out_t
     (B, H, p), equal to causal_tssa's output at this position."""
     dt, H = state.sum_sq.dtype, w_t.shape[1]  # fp32 state (fp64 for fp64 inputs)
-    w32 = w_t.to(dt)
-    w_sq = w32.square()  # (B, H, p)
+    w_stat = w_t.to(dt)
+    w_sq = w_stat.square()  # (B, H, p)
     state.sum_sq.add_(w_sq)
     normed = w_sq / state.sum_sq.clamp_min(PI_NORM_EPS) + bias_t.to(dt).reshape(1, H, 1)  # (B, H, p)
     pi = pi_from_logits(temp.to(dt).reshape(1, H) * normed.sum(-1), pi_mode)  # (B, H)
     state.sum_pi_sq.add_(pi.unsqueeze(-1) * w_sq)
     state.sum_pi.add_(pi)
     s = state.sum_pi_sq / (state.sum_pi.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
-    return (-pi.unsqueeze(-1) * w32 * f_prime(s)).to(w_t.dtype)
+    return (-pi.unsqueeze(-1) * w_stat * f_prime(s)).to(w_t.dtype)
 
 
-# one implementation of the three operators; kernels.use(model, impl) installs another
+# The three operators a TSSA runs. model.py's are looked up by name each time they run (as f_prime
+# is), so `model.causal_tssa = my_version` from a script changes every form that uses it.
 TSSAOps = namedtuple("TSSAOps", "tssa causal_tssa causal_tssa_step")
-REFERENCE_OPS = TSSAOps(tssa, causal_tssa, causal_tssa_step)
+REFERENCE_OPS = TSSAOps(lambda *a, **k: tssa(*a, **k), lambda *a, **k: causal_tssa(*a, **k),
+                        lambda *a, **k: causal_tssa_step(*a, **k))
 
 # -----------------------------------------------------------------------------
 # 2. The modules: x (B, T, C) -> (B, T, C)
@@ -235,8 +238,8 @@ class TSSA(nn.Module):
     """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
     heads stacked), the operator, a free output projection (MATH.md §2.3). causal=True adds
     the learned per-head position bias of the causal form (its length is config.block_size).
-    self.ops: the three operator functions it runs, section 1's (REFERENCE_OPS), a subclass's own
-    (MATH.md §9), or fused ones that kernels.use put in place of section 1's.
+    self.operators: the three operator functions it runs: section 1's (REFERENCE_OPS), a
+    subclass's own (MATH.md §9), or fused versions of section 1's (kernels/).
     Opt-in variant (causal only, GPTConfig.short_conv = k > 0): a ShortConv of kernel k on the
     input, before the projection, which gives each token a channel to the k - 1 before it."""
 
@@ -245,13 +248,13 @@ class TSSA(nn.Module):
         C, H = config.n_embd, config.n_head
         if C % H:
             raise ValueError(f"n_embd ({C}) must be divisible by n_head ({H})")
-        if config.pi not in ("softmax", "uniform"):
-            raise ValueError(f"pi must be 'softmax' or 'uniform', got {config.pi!r}")
+        if config.pi not in PI_MODES:
+            raise ValueError(f"pi must be one of {', '.join(PI_MODES)}, got {config.pi!r}")
         self.n_head, self.causal, self.pi_mode = H, causal, config.pi
-        self.ops = REFERENCE_OPS
-        self.c_in = nn.Linear(C, C, bias=config.bias)  # w = U^T z for all heads at once
+        self.operators = REFERENCE_OPS
+        self.w_proj = nn.Linear(C, C, bias=config.bias)  # w = U^T z for all heads at once
         self.c_proj = nn.Linear(C, C, bias=config.bias)  # replaces (tau / n) [U_1 .. U_K]
-        self.temp = nn.Parameter(torch.ones(H))  # per-head temperature of Pi
+        self.temp = nn.Parameter(torch.ones(H))  # per-head temperature of Pi (MATH.md's gamma)
         if causal:
             self.pos_bias = nn.Parameter(torch.zeros(H, config.block_size))
         k = getattr(config, "short_conv", 0) if causal else 0  # GPTConfig only
@@ -263,26 +266,24 @@ class TSSA(nn.Module):
         decode with: a prompt (T > 1) fills it, one token (T = 1) advances it from it.
         record: a dict, if given, receives the maps z, w = U^T z, pi and out = y."""
         z = x if self.conv is None else self.conv(x, state)  # (B, T, C)
-        w = split_heads(self.c_in(z), self.n_head)  # (B, H, T, p)
-        pi = None
+        w = split_heads(self.w_proj(z), self.n_head)  # (B, H, T, p)
         if not self.causal:
-            out, pi = self.ops.tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=self.pi_mode)
-        elif state is None or w.shape[2] > 1:  # training, or the prompt of a decoding
-            out, pi = self.ops.causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=self.pi_mode)
-            if state is not None:
-                state.fill_(w, pi)
+            out, pi = self.operators.tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=self.pi_mode)
+        elif state is None or w.shape[2] > 1:  # training, or the prompt of a decoding (it fills the state)
+            out, pi = self.operators.causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=self.pi_mode,
+                                                 state=state)
         else:  # one new token from the recurrent state; past block_size, the last learned bias
-            at = state.pos.clamp(max=self.pos_bias.shape[1] - 1).view(1)  # a device index: no host sync
-            bias_t = self.pos_bias.index_select(1, at).squeeze(1)  # (H,)
-            out = self.ops.causal_tssa_step(w[:, :, 0], self.temp, bias_t, state, self.pi_mode).unsqueeze(2)
+            position = state.pos.clamp(max=self.pos_bias.shape[1] - 1).view(1)  # a device index: no host sync
+            bias_t, pi = self.pos_bias.index_select(1, position).squeeze(1), None  # (H,); a step records no Pi
+            out = self.operators.causal_tssa_step(w[:, :, 0], self.temp, bias_t, state, self.pi_mode).unsqueeze(2)
         y = self.dropout(self.c_proj(merge_heads(out)))  # (B, T, C)
         if record is not None:
             record.update(z=z, w=w, pi=pi, out=y)
         return y
 
     def init_state(self, B, pos):
-        C, p = self.c_in.in_features, self.c_in.in_features // self.n_head
-        weight = self.c_in.weight
+        C, p = self.w_proj.in_features, self.w_proj.in_features // self.n_head
+        weight = self.w_proj.weight
         state = TSSAState.zeros(B, self.n_head, p, weight.device, weight.dtype, pos)
         if self.conv is not None:
             state.conv = weight.new_zeros(B, self.conv.kernel_size - 1, C)
@@ -319,10 +320,10 @@ class LayerScale(nn.Module):
 
     def __init__(self, n_embd, init):
         super().__init__()
-        self.gamma = None if init is None else nn.Parameter(torch.full((n_embd,), float(init)))
+        self.weight = None if init is None else nn.Parameter(torch.full((n_embd,), float(init)))
 
     def forward(self, x):
-        return x if self.gamma is None else self.gamma * x
+        return x if self.weight is None else self.weight * x
 
 
 class DropPath(nn.Module):
@@ -348,16 +349,16 @@ class Block(nn.Module):
         C, ls = config.n_embd, config.layer_scale_init
         self.ln_1 = nn.LayerNorm(C, eps=config.ln_eps, bias=config.bias)
         self.attn = make_attention(config, causal, attn)
-        self.ls_1 = LayerScale(C, ls)
+        self.attn_scale = LayerScale(C, ls)
         self.ln_2 = nn.LayerNorm(C, eps=config.ln_eps, bias=config.bias)
         self.mlp = MLP(n_embd=C, hidden=int(config.mlp_ratio * C), bias=config.bias, dropout=config.dropout)
-        self.ls_2 = LayerScale(C, ls)
+        self.mlp_scale = LayerScale(C, ls)
         self.drop_path = DropPath(config.drop_path)
 
     def forward(self, x, mask=None, state=None, record=None):
         """x (B, T, C) -> (B, T, C); state and record go to the attention (see TSSA.forward)."""
-        x = x + self.drop_path(self.ls_1(self.attn(self.ln_1(x), mask=mask, state=state, record=record)))
-        return x + self.drop_path(self.ls_2(self.mlp(self.ln_2(x))))
+        x = x + self.drop_path(self.attn_scale(self.attn(self.ln_1(x), mask=mask, state=state, record=record)))
+        return x + self.drop_path(self.mlp_scale(self.mlp(self.ln_2(x))))
 
 
 # -----------------------------------------------------------------------------
@@ -506,8 +507,8 @@ class GPT(nn.Module):
         """One token tok (B, 1) -> the next token's logits (B, V); the states advance in place.
         Fixed shapes, the position on the device, no host sync: a CUDA graph can replay it.
         Past block_size, TSSA reuses the last learned position (embedding and bias)."""
-        at = state.pos.clamp(max=self.config.block_size - 1).view(1)
-        x = self.drop(self.wte(tok) + self.wpe(at))  # (B, 1, C)
+        position = state.pos.clamp(max=self.config.block_size - 1).view(1)
+        x = self.drop(self.wte(tok) + self.wpe(position))  # (B, 1, C)
         for block, layer in zip(self.blocks, state.layers):
             x = block(x, state=layer)
         state.pos.add_(1)
@@ -626,18 +627,18 @@ class ClassAttentionBlock(nn.Module):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, eps=eps)
         self.attn = ClassAttention(n_embd=n_embd, n_head=n_head, dropout=dropout)
-        self.ls_1 = LayerScale(n_embd, layer_scale_init)
+        self.attn_scale = LayerScale(n_embd, layer_scale_init)
         self.ln_2 = nn.LayerNorm(n_embd, eps=eps)
         self.mlp = MLP(n_embd=n_embd, hidden=int(mlp_ratio * n_embd), bias=True, dropout=dropout)
-        self.ls_2 = LayerScale(n_embd, layer_scale_init)
+        self.mlp_scale = LayerScale(n_embd, layer_scale_init)
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x, record=None):  # x (B, 1 + N, C) -> same; record["attn"] (B, H, 1 + N)
         n = self.ln_1(x)
         a = self.attn(n, record)  # (B, 1, C)
-        x = x + self.drop_path(self.ls_1(torch.cat([a, n[:, 1:]], dim=1)))
+        x = x + self.drop_path(self.attn_scale(torch.cat([a, n[:, 1:]], dim=1)))
         x = self.ln_2(x)
-        return x + self.drop_path(torch.cat([self.ls_2(self.mlp(x[:, :1])), x[:, 1:]], dim=1))
+        return x + self.drop_path(torch.cat([self.mlp_scale(self.mlp(x[:, :1])), x[:, 1:]], dim=1))
 
 
 @dataclass(kw_only=True)
@@ -942,8 +943,8 @@ def reset_state_(state):
     """Zero a DecodeState in place: its buffers stay where they are, so a step recorded as a
     CUDA graph still applies to it after a new prompt."""
     for layer in state.layers:
-        for f in fields(layer):
-            value = getattr(layer, f.name)
+        for field in fields(layer):
+            value = getattr(layer, field.name)
             if isinstance(value, torch.Tensor):
                 value.zero_()
     state.pos.zero_()

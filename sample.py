@@ -18,6 +18,7 @@ Settings are globals overridden by --key=value (as in train.py).
 import os
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -57,6 +58,8 @@ def main(argv):
     threads = C.num_threads or ckpt["config"].get("num_threads", 0)
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)
+    # a fork whose decoding (prompt, then steps) differs from its parallel form: said, and sampled by the latter
+    parallel_only = td.check_decoding(model, "sampling by the parallel form instead (a full forward per token)")
     if C.cuda_graph == "auto":
         kernels.capture_steps(model)  # on CUDA, each step is one replay of a recorded graph
     if C.compile:
@@ -65,11 +68,7 @@ def main(argv):
     encode, decode = td.load_tokenizer(info)
 
     # the prompt, repeated once per sample: (num_samples, T)
-    prompt = C.start
-    if prompt.startswith("FILE:"):
-        with open(prompt[len("FILE:"):], encoding="utf-8-sig") as f:  # a leading byte-order mark is no text
-            prompt = f.read()
-    ids = encode(prompt)
+    ids = encode(td.prompt_text(C.start))  # the text given, or the file that FILE:path names
     cli.require(len(ids) > 0, "the prompt is empty: give at least one character/token with --start")
     idx = torch.tensor([ids] * C.num_samples, dtype=torch.long, device=device)
 
@@ -80,9 +79,10 @@ def main(argv):
           f"{c.block_size}, {info['tokenizer']} tokenizer; {C.num_samples} samples of {C.max_new_tokens} "
           f"tokens on {device}")
     t0 = time.time()
+    generate = partial(td.generate_in_parallel, model) if parallel_only else model.generate
     with torch.no_grad(), ctx:
-        out = model.generate(idx, C.max_new_tokens, temperature=C.temperature, top_k=C.top_k or None,
-                             n_vocab=info["vocab_size"])
+        out = generate(idx, C.max_new_tokens, temperature=C.temperature, top_k=C.top_k or None,
+                       n_vocab=info["vocab_size"])
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.time() - t0

@@ -22,6 +22,11 @@ from model import (GPT, GPT_PRESETS, TSSA, VIT_PRESETS, GPTConfig, TSSAState, To
 
 torch.set_num_threads(2)
 F64 = torch.float64
+# what to edit when the decoding forms part from the parallel one (MATH.md §4.4, §9)
+STEP_DIFFERS = ("the decoding step differs from the parallel form: edit model.causal_tssa_step and "
+                "model.causal_tssa together (the same Pi, sums and f')")
+PREFILL_DIFFERS = ("the state a prompt leaves differs from the sums the step keeps: model.causal_tssa, given "
+                   "state=, must write its running sums at the last token as model.causal_tssa_step keeps them")
 
 
 def split_heads(x, H):  # (T, C) -> (1, H, T, C // H)
@@ -53,7 +58,7 @@ def tied_setup():
     layer = TSSA(GPTConfig(n_embd=d, n_head=H, bias=False)).double()
     with torch.no_grad():
         layer.temp.copy_(torch.tensor([0.5, 1.0, 2.0]))
-        layer.c_proj.weight.copy_(tau / n * layer.c_in.weight.T)  # W_out = (tau / n) U, U = W_in^T
+        layer.c_proj.weight.copy_(tau / n * layer.w_proj.weight.T)  # W_out = (tau / n) U, U = W_in^T
     Z = torch.randn(n, d, dtype=F64)
     return layer, Z, H, tau
 
@@ -64,7 +69,7 @@ def tied_setup():
 
 def test_tssa_equals_minus_tau_grad_of_rvar_by_finite_differences(tied_setup):
     layer, Z, H, tau = tied_setup
-    U_T = layer.c_in.weight.detach()  # (d, d): row block k is U_k^T
+    U_T = layer.w_proj.weight.detach()  # (d, d): row block k is U_k^T
     with torch.no_grad():
         y = layer(Z[None])[0]  # (n, d) TSSA output
         _, pi = tssa(split_heads(Z @ U_T.T, H), layer.temp, return_pi=True)  # Pi(Z), then held fixed
@@ -87,7 +92,7 @@ def test_identity_needs_pi_held_fixed(tied_setup):
     """Differentiating through Pi's estimate breaks the identity, as the theory says: the
     finite-difference check above is sensitive enough to notice."""
     layer, Z, H, tau = tied_setup
-    U_T = layer.c_in.weight.detach()
+    U_T = layer.w_proj.weight.detach()
     with torch.no_grad():
         y = layer(Z[None])[0]
 
@@ -181,16 +186,18 @@ def test_recurrent_step_equals_parallel_causal_tssa():
     B, H, T, p = 2, 3, 9, 4
     w = torch.randn(B, H, T, p, dtype=F64)
     temp, pos_bias = torch.rand(H, dtype=F64) + 0.5, torch.randn(H, T, 1, dtype=F64)
-    parallel, pi = causal_tssa(w, temp, pos_bias, return_pi=True)
+    parallel = causal_tssa(w, temp, pos_bias)
     state = TSSAState.zeros(B, H, p, dtype=F64)
     for t in range(T):
         out_t = causal_tssa_step(w[:, :, t], temp, pos_bias[:, t, 0], state)
-        torch.testing.assert_close(out_t, parallel[:, :, t], rtol=1e-12, atol=1e-14)  # same float64 sums
-    # the state after T steps is the state a prefill computes (in place, from the whole sequence)
+        torch.testing.assert_close(out_t, parallel[:, :, t], rtol=1e-12, atol=1e-14,  # same float64 sums
+                                   msg=lambda m: f"{m}\n{STEP_DIFFERS}")
+    # the state after T steps is the state a prefill leaves (causal_tssa given a state, the whole sequence)
     prefill = TSSAState.zeros(B, H, p, dtype=F64)
-    prefill.fill_(w, pi)
+    causal_tssa(w, temp, pos_bias, state=prefill)
     for name in ("sum_sq", "sum_pi_sq", "sum_pi"):
-        torch.testing.assert_close(getattr(state, name), getattr(prefill, name), rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(getattr(state, name), getattr(prefill, name), rtol=1e-12, atol=1e-14,
+                                   msg=lambda m: f"{m}\n{PREFILL_DIFFERS}")
 
 
 @pytest.mark.parametrize("attn", ["tssa", "softmax"])
@@ -204,7 +211,7 @@ def test_greedy_generate_equals_full_reforward(attn):
     for _ in range(20):
         logits, _ = m(slow)
         slow = torch.cat([slow, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(fast, slow)
+    assert torch.equal(fast, slow), f"greedy decoding differs from re-running GPT.forward: {STEP_DIFFERS}; or {PREFILL_DIFFERS}"
 
 
 @pytest.mark.parametrize("attn", ["tssa", "softmax"])
@@ -391,7 +398,7 @@ def test_weight_decay_never_touches_temperatures_biases_norms_or_layer_scales():
     opt = tk.configure_adamw(m, 0.1, 1e-3, (0.9, 0.95))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     for name, prm in m.named_parameters():
-        should_decay = name.endswith("weight") and ("c_" in name or "wte" in name or "wpe" in name)
+        should_decay = name.endswith("weight") and ("c_" in name or "w_proj" in name or "wte" in name or "wpe" in name)
         assert (id(prm) in decayed) == should_decay, name
     vit = ToSTViT(ViTConfig(img_size=32, patch_size=4, n_layer=1, n_head=2, n_embd=16, num_classes=3))
     opt = tk.configure_adamw(vit, 0.05, 1e-3, (0.9, 0.999))
@@ -437,7 +444,7 @@ def test_tssa_and_causal_tssa_equal_the_released_formulas():
     assert (tssa(w, temp) - released_tssa(w, temp)).abs().max() < 1e-12
     state = TSSAState.zeros(2, 3, 8, dtype=F64)
     steps = [causal_tssa_step(w[:, :, t], temp, bias[:, t], state) for t in range(40)]
-    assert (torch.stack(steps, 2) - released_causal_tssa(w, temp, bias)).abs().max() < 1e-12
+    assert (torch.stack(steps, 2) - released_causal_tssa(w, temp, bias)).abs().max() < 1e-12, STEP_DIFFERS
 
 
 # --------------------------------------------------------------------------------------

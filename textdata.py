@@ -13,7 +13,10 @@ A prepared dataset is a folder <data_dir>/<name>/ holding
 
 Reading:   open_dataset (checked), read_batch (which stops when the files change under a run),
            windows (evaluation), load_tokenizer, gpt2_encoding, tokenizer_info / check_tokenizer,
-           load_language_model (a train.py checkpoint), SAMPLING_SETTINGS / check_generation (decoding)
+           load_language_model (a train.py checkpoint, its fields checked), prompt_text,
+           SAMPLING_SETTINGS / check_generation
+Decoding:  decoding_differs / check_decoding (prefill + steps against the parallel form, per
+           attention), generate_in_parallel (sampling by the parallel form alone)
 Writing:   ArgumentParser, command_line, check_destination, input_copy (a pipe read once),
            check_text_file, check_utf8 (UTF-8 and no NUL byte throughout), file_source,
            already_prepared, write_splits (all or nothing)
@@ -28,6 +31,7 @@ import re
 import shlex
 import shutil
 import stat
+import sys
 import tempfile
 from types import SimpleNamespace
 
@@ -36,8 +40,9 @@ import torch
 
 import cli
 import kernels
+import model
 import trainkit as tk
-from model import GPT, GPTConfig
+from model import GPT, TSSA, GPTConfig
 
 # the corpora prepare_openwebtext.py fetches by name: where each lives on the Hugging Face Hub.
 # join "eot": rows are documents; a string: rows are pieces of one text, joined with it
@@ -50,6 +55,7 @@ HUB = {
 }
 SPLIT_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # what a prepared folder holds
 TOKENIZER_KEYS = ("dataset", "tokenizer", "vocab_size", "chars", "eot_token")  # what a checkpoint keeps
+TOKENIZERS = ("char", "gpt2")  # the tokenizers a checkpoint may name (load_tokenizer)
 SAMPLING_SETTINGS = ("max_new_tokens", "temperature", "top_k")  # none may be negative (check_generation)
 
 # -----------------------------------------------------------------------------
@@ -151,7 +157,8 @@ def windows(n_tokens, T, stride):
 
 def load_tokenizer(info):
     """(encode, decode) for the tokenizer a checkpoint (or meta.json) names: "char" (info
-    carries the characters, token i is character i) or "gpt2" (tiktoken)."""
+    carries the characters, token i is character i) or "gpt2" (tiktoken); another is a UserError."""
+    check_tokenizer_named(info)
     if info["tokenizer"] == "char":
         chars = info["chars"]
         stoi = {ch: i for i, ch in enumerate(chars)}
@@ -190,6 +197,25 @@ def check_generation(**settings):
     return C
 
 
+def check_tokenizer_named(info, path="the checkpoint"):
+    """Refuse, in one line, a tokenizer this version does not know (a checkpoint of a fork or a later
+    version): never taken for another."""
+    name = info.get("tokenizer") if isinstance(info, dict) else None
+    if name not in TOKENIZERS or (name == "char" and not isinstance(info.get("chars"), str)):
+        raise cli.UserError(f"{path} names tokenizer {name!r}, which this version does not know (it reads "
+                            f"{', '.join(TOKENIZERS)}, char with its characters): use the version of nanoToST "
+                            "that wrote it, or add the tokenizer to textdata.load_tokenizer")
+
+
+def prompt_text(given):
+    """The text of a prompt setting: the setting itself, or the file that "FILE:path" names (a
+    leading byte-order mark is no text)."""
+    if not given.startswith("FILE:"):
+        return given
+    with open(given[len("FILE:"):], encoding="utf-8-sig") as f:
+        return f.read()
+
+
 def tokenizer_info(meta):
     """What a checkpoint keeps of meta.json to read and write text: its tokenizer."""
     return {k: meta[k] for k in TOKENIZER_KEYS if k in meta}
@@ -206,14 +232,111 @@ def check_tokenizer(ckpt, meta, ckpt_path, dataset, advice):
 def load_language_model(path, device, tssa_impl="torch"):
     """The GPT of a train.py checkpoint (the file, or the folder holding ckpt.pt) on `device`, in
     eval mode, its TSSA run by `tssa_impl`. Returns (model, ckpt); ckpt keeps everything but the
-    weights and the optimizer state (tokenizer, iter_num, config, ...)."""
+    weights and the optimizer state (tokenizer, iter_num, config, ...). A checkpoint naming what
+    this version does not know (an attention, a Pi, a tokenizer, a model argument) is one line."""
     ckpt = tk.load_checkpoint(path, "language")
-    model = GPT(tk.model_config(GPTConfig, ckpt, path))
-    tk.load_weights(model, ckpt.pop("model"), path)
+    check_tokenizer_named(ckpt["tokenizer"], path)
+    gpt = GPT(tk.model_config(GPTConfig, ckpt, path))
+    tk.load_weights(gpt, ckpt.pop("model"), path)
     ckpt.pop("optimizer", None)
     if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)
-        kernels.use(model, tssa_impl)
-    return model.to(device).eval(), ckpt
+        kernels.use(gpt, tssa_impl)
+    return gpt.to(device).eval(), ckpt
+
+
+# -----------------------------------------------------------------------------
+# decoding: the recurrent form (a prompt in parallel, then a step per token from the state it
+# leaves) against the parallel form; a fork whose two forms differ is told so at the start
+
+DECODE_TOKENS = 6  # the check's sequence: a 1-token prompt then 5 steps; a 4-token prompt then 2 steps
+DECODE_TOLERANCE = 1e-3  # of the largest parallel output (fp32 sums in other orders differ ~1e-6)
+
+
+def decoding_forms(attn):
+    """How a forker names the forms of an attention module: (the step, the parallel form, the
+    prefill). A TSSA's are its operators' functions (model.py's by their names); another
+    attention's, its forward given a state."""
+    if isinstance(attn, TSSA):
+        ops = attn.operators
+        step, parallel = (("model.causal_tssa_step", "model.causal_tssa") if ops is model.REFERENCE_OPS else
+                          [getattr(fn, "__qualname__", repr(fn)) for fn in (ops.causal_tssa_step, ops.causal_tssa)])
+        return step, parallel, f"{parallel} given state="
+    name = type(attn).__name__
+    return f"{name}.forward of one token from a state", f"{name}.forward", f"{name}.forward of a prompt given a state"
+
+
+def form_differs(attn, x):
+    """None where attn decodes x (1, T, C) as its parallel forward computes it, from a 1-token
+    prompt and from a (T - 2)-token prompt (then a step per token), else which form differs and
+    what to edit. attn runs in eval mode (no dropout), and is left as it was."""
+    step, parallel, prefill = decoding_forms(attn)
+    was_training = attn.training
+    attn.eval()
+    try:
+        full = attn(x).float()  # (1, T, C)
+        scale = full.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
+        T = x.shape[1]
+        for k, form in [(1, "step")] + ([(T - 2, "prefill")] if T >= 4 else []):  # (a prompt of 2+ tokens)
+            pos = torch.zeros((), dtype=torch.long, device=x.device)  # GPT.step's counter, advanced here
+            try:
+                state = attn.init_state(1, pos)
+                got = [attn(x[:, :k], state=state)]
+                for t in range(k, T):
+                    pos.fill_(t)
+                    got.append(attn(x[:, t:t + 1], state=state))
+            except Exception as e:  # noqa: BLE001 (a form that cannot run is reported, as one that differs)
+                edit = step if form == "step" else prefill
+                return (f"its {form} raised {type(e).__name__} ({(str(e).strip().splitlines() or [''])[0][:120]}): edit {edit} "
+                        "(MATH.md §9)")
+            gap = ((torch.cat(got, 1).float() - full).abs().max() / scale).item()
+            if not gap <= DECODE_TOLERANCE:  # (nan differs too)
+                if form == "step":
+                    return (f"its decoding step differs from its parallel form by {gap:.2g} of the largest output "
+                            f"(a 1-token prompt, then steps): edit {step} and {parallel} together (MATH.md §9)")
+                return (f"the state its prefill leaves differs from the sums its step keeps (the steps after a "
+                        f"{k}-token prompt are off by {gap:.2g} of the largest output): {prefill} must write "
+                        f"the running sums at the prompt's last token, as {step} keeps them (MATH.md §9)")
+    finally:
+        attn.train(was_training)
+    return None
+
+
+@torch.no_grad()
+def decoding_differs(gpt, tokens=DECODE_TOKENS):
+    """None where every attention of gpt decodes as its parallel form computes (form_differs on
+    a random x (1, tokens, C), once per kind of attention: class and operators), else one line:
+    the block, the form that differs (the step, or the prefill) and what to edit."""
+    weight, T = gpt.lm_head.weight, min(tokens, gpt.config.block_size)
+    x = torch.randn(1, T, gpt.config.n_embd, generator=torch.Generator().manual_seed(0))  # the global RNG untouched
+    seen = set()
+    for i, block in enumerate(gpt.blocks):
+        kind = (type(block.attn), getattr(block.attn, "operators", None))
+        if kind not in seen:
+            seen.add(kind)
+            line = form_differs(block.attn, x.to(weight.device, weight.dtype))
+            if line:
+                return f"blocks.{i}.attn ({type(block.attn).__name__}): {line}"
+    return None
+
+
+def check_decoding(gpt, then, speak=True):
+    """decoding_differs(gpt), said as one warning line on stderr that ends with `then` (what the
+    script does about it), where speak (rank 0 of a DDP run); returns it (None: the forms agree)."""
+    line = decoding_differs(gpt) if speak else None
+    if line:
+        print(f"{cli.script_name(sys.argv[0])}: warning: decoding differs from the parallel form: {line}; {then}",
+              file=sys.stderr)
+    return line
+
+
+@torch.no_grad()
+def generate_in_parallel(gpt, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None):
+    """GPT.generate by the parallel form alone (for a model whose decoding differs from it): each
+    new token from a full forward over the last block_size tokens, O(T) per token."""
+    for _ in range(max_new_tokens):
+        logits, _ = gpt(idx[:, -gpt.config.block_size:])  # (B, T, V)
+        idx = torch.cat([idx, model.sample_token(logits[:, -1, :n_vocab], temperature, top_k)], dim=1)
+    return idx
 
 
 # -----------------------------------------------------------------------------

@@ -187,8 +187,6 @@ def main(argv):
                     f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
                     f"number of processes ({d.world_size})")
         accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
-        if d.is_master:
-            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
         torch.manual_seed(C.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
@@ -199,9 +197,12 @@ def main(argv):
         model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
         model_args["vocab_size"] = (meta["vocab_size"] + 63) // 64 * 64  # GPT-2's 50257 -> 50304: faster matmuls
         model = GPT(GPTConfig(**model_args)).to(device)
+        td.check_decoding(model, "training goes on (it runs the parallel form)", d.is_master)  # a fork's, said now
         if C.tssa_impl != "torch" or C.chunked_loss:  # fused operators or the chunked loss in place of model.py's
             kernels.use(model, C.tssa_impl, C.chunked_loss)
         raw_model = model  # the plain module: parameters, checkpoints, MFU
+        if d.is_master:  # (once the model and its operators are accepted: a refusal leaves no out_dir)
+            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
 
         # ---------------------------------------------------------------------
         # optimizer and precision: autocast runs the matmuls in bfloat16 / float16 (fast) while the

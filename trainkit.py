@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import socket
 import sys
@@ -225,9 +226,18 @@ def load_checkpoint(path, kind):
     return ckpt
 
 
+# parameters renamed since checkpoints were first written: (pattern of the old name, the new name)
+RENAMED = ((r"(^|\.)c_in\.", r"\1w_proj."), (r"(^|\.)ls_1\.gamma$", r"\1attn_scale.weight"),
+           (r"(^|\.)ls_2\.gamma$", r"\1mlp_scale.weight"))
+
+
 def load_weights(module, state, path):
-    """module.load_state_dict(state), or one line when the checkpoint's weights are not this
-    version's (other names or shapes: written by another version of nanoToST)."""
+    """module.load_state_dict(state), the weights of an earlier version under their new names
+    (RENAMED), or one line when the checkpoint's weights are not this version's (other names or
+    shapes: written by another version of nanoToST)."""
+    own = module.state_dict()
+    for old, new in RENAMED:
+        state = {(key if key in own else re.sub(old, new, key)): value for key, value in state.items()}
     try:
         module.load_state_dict(state)
     except RuntimeError as e:
@@ -238,14 +248,31 @@ def load_weights(module, state, path):
 
 
 def model_config(config_cls, ckpt, path):
-    """config_cls(**ckpt["model_args"]), or one line if the checkpoint's architecture fields are
-    not this version's (written by an older version)."""
+    """config_cls(**ckpt["model_args"]), or one line that names the field when the checkpoint's
+    architecture is not this version's: a field it does not have, an attention or a Pi it does
+    not know (a fork's, a later version's), a value its rules refuse. Never a guess."""
+    args = ckpt["model_args"]
+    if not isinstance(args, dict):
+        raise UserError(f"{path} holds model_args of type {type(args).__name__}, not the settings of a model: "
+                        "give a checkpoint that this version wrote")
     known = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(ckpt["model_args"]) - known)
+    unknown = sorted(set(args) - known)
     if unknown:
         raise UserError(f"{path} was written by another version of nanoToST (model_args {', '.join(unknown)} are "
                         f"not {config_cls.__name__} fields): train a new one with this version")
-    return config_cls(**ckpt["model_args"])
+    if "attn" in args and args["attn"] not in model.ATTENTIONS:
+        raise UserError(f"{path} names attn={args['attn']!r}, an attention this version does not know "
+                        f"({', '.join(model.ATTENTIONS)}): register its class in model.ATTENTIONS (MATH.md §9), "
+                        "or use the version of nanoToST that wrote it")
+    if "pi" in args and args["pi"] not in model.PI_MODES:
+        raise UserError(f"{path} names pi={args['pi']!r}, a Pi this version does not know "
+                        f"({', '.join(model.PI_MODES)}): add it to model.pi_from_logits and model.PI_MODES, or use the "
+                        "version of nanoToST that wrote it")
+    try:
+        return config_cls(**args)
+    except (TypeError, ValueError) as e:  # GPTConfig's rules between settings
+        raise UserError(f"{path} holds model_args this version refuses ({e}): use the version of nanoToST "
+                        "that wrote it") from e
 
 
 class JsonlLogger:

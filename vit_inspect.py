@@ -14,9 +14,9 @@ Writes into out_dir (default <checkpoint folder>/inspect), each file whole or no
   inspect.json     every number plotted, per-image values of the shown images, the indices used
 
 What R_var is measured on. For ToST block l, forward(images, record=maps) fills maps with z = ln_1(x)
-(the tokens TSSA receives), w = c_in(z) (U^T z + b, per head), Pi (from w) and out =
+(the tokens TSSA receives), w = w_proj(z) (U^T z + b, per head), Pi (from w) and out =
 c_proj(TSSA(w)). before_l = compression_objective(w, Pi); after_l = compression_objective(
-c_in(z + g * out), Pi) with g the layer scale: the tokens before and after this layer's step,
+w_proj(z + g * out), Pi) with g the layer scale: the tokens before and after this layer's step,
 seen through the same U and Pi. Images get the evaluation crop (no augmentation). A step lowers
 R_var for certain only with the tied output map of the theory (MATH.md §2.5); the learned c_proj is
 free, and the tool reports what it finds.

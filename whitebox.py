@@ -32,9 +32,9 @@ def layer_numbers(text, example="1,6,12"):
 def step_rvar(block, maps):
     """R_var (B,) of a block's TSSA tokens before and after its step, from the record of
     TSSA.forward (z, w = U^T z, pi, out): before = compression_objective(w, Pi), after = the same
-    on c_in(z + ls_1(out)), the tokens moved by the step seen through the same U and Pi."""
+    on w_proj(z + attn_scale(out)), the tokens moved by the step seen through the same U and Pi."""
     before = compression_objective(maps["w"], maps["pi"])
-    w_after = split_heads(block.attn.c_in(maps["z"] + block.ls_1(maps["out"])), block.attn.n_head)  # same U
+    w_after = split_heads(block.attn.w_proj(maps["z"] + block.attn_scale(maps["out"])), block.attn.n_head)  # same U
     return before, compression_objective(w_after, maps["pi"])  # same Pi
 
 

@@ -7,13 +7,13 @@ nothing of this package. A script swaps the operators of every TSSA module of a 
   "cpu"     cpu.py + tssa_cpu.c: C kernels compiled once with the system C compiler, OpenMP
             over batch rows and chunks of tokens, all heads of a token together.
   "triton"  triton_tssa.py: Triton kernels over chunks of tokens (CUDA; TRITON_INTERPRET=1
-            runs them on the CPU). Four streaming launches each way and no PyTorch op around
-            them: every launch runs a program per (batch row, group of chunks, head), which
-            walks the other groups' totals for its carries itself (a fixed order, no atomics:
-            the same bits in any program order); the heads meet only through per-token
-            scalars (u forward, Pi dL/dPi backward) read as (tokens, heads) tiles; the padding
-            mask and the sums over the batch (dtemp, the whole dpos_bias) are inside the
-            kernels; launch_plan() states every launch's grid and bytes.
+            runs them on the CPU). Six launches each way and no PyTorch op around them: four
+            chunk launches (a program per batch row, chunk and head reads its tiles once) and
+            two scans that turn chunk totals into every chunk's carry (a fixed order, no
+            atomics: the same bits in any program order); the heads meet only through
+            per-token scalars (u forward, Pi dL/dPi backward) read as (tokens, heads) tiles;
+            the padding mask and the sums over the batch (dtemp, the whole dpos_bias) are
+            inside the kernels; launch_plan() states every launch's grid, bytes and time.
   "auto"    auto.py: "triton" where the Triton kernels pass a first-call check against the
             reference (a CUDA GPU) and are the faster at the run's shape (timed against the
             reference, compiled when the run compiles), else the reference (the GPU configs' choice).
@@ -51,7 +51,7 @@ floor on the sum of squares, e = STAT_EPS):
 The softmax across heads couples the heads: a kernel that computes Pi (or dL/dlogit) must see
 every head of a token. The CPU kernels own every head of a token; the Triton kernels F3 and B3
 read every head's per-token scalar (u, or Pi dL/dPi) for the tokens of their head's chunk
-(F1 | F2 | F3 | F4 forward, B1 | B2 | B3 | B4 backward: triton_tssa.py).
+(F1 S F2 F3 S F4 forward, B1 S B2 B3 S B4 backward: triton_tssa.py).
 """
 
 import os
@@ -138,12 +138,12 @@ def use(module, impl, chunked_loss=False):
         check_f_prime(impl)
         check_maths(impl)
     for name, m in module.named_modules():
-        if isinstance(m, model.TSSA) and not owned(m.ops):
+        if isinstance(m, model.TSSA) and not owned(m.operators):
             if impl in BACKENDS:
                 raise ConfigError(f"tssa_impl={impl} runs the shipped TSSA only; {name or 'the model'} "
                                   f"({type(m).__qualname__}) has its own operators: use tssa_impl=torch")
         elif isinstance(m, model.TSSA):
-            m.ops = ops
+            m.operators = ops
         if isinstance(m, model.GPT):
             m.loss = chunked_cross_entropy if chunked_loss else model.cross_entropy_loss
     return module

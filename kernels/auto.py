@@ -210,10 +210,10 @@ def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
     return model.tssa(w, temp, return_pi, mask, pi_mode)
 
 
-def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
+def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
     if uses_triton("causal_tssa", w, pi_mode=pi_mode):
-        return fused_ops("triton").causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
-    return model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+        return fused_ops("triton").causal_tssa(w, temp, pos_bias, return_pi, pi_mode, state)
+    return model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode, state)
 
 
 def causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):

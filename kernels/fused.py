@@ -98,6 +98,16 @@ def _reference_grads(w, temp, bias, mask, g_out, causal):
     return grads if causal else (*grads, None)
 
 
+def keep_sums(state, w, pi):
+    """A prompt's running sums at its last token into a decoding state (or None), as model.causal_tssa
+    writes them for the shipped maths, which the kernels compute: w (B, H, T, p), Pi (B, H, T)."""
+    if state is not None:
+        w_sq = w.to(state.sum_sq.dtype).square()
+        state.sum_sq.copy_(w_sq.sum(2))
+        state.sum_pi_sq.copy_((pi.unsqueeze(-1) * w_sq).sum(2))
+        state.sum_pi.copy_(pi.sum(2))
+
+
 class FusedOps:
     """tssa, causal_tssa, causal_tssa_step of model.py, run by the "cpu" or "triton" kernels
     where they apply (see the module docstring for where they do not)."""
@@ -153,26 +163,27 @@ class FusedOps:
             return self._traced(w, temp, None, mask, False, return_pi, pi_mode)
         return self._tssa(w, temp, return_pi, mask, pi_mode)
 
-    def causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
+    def causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
         if self.impl == "triton" and torch.compiler.is_compiling():
-            return self._traced(w, temp, pos_bias, None, True, return_pi, pi_mode)
-        return self._causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+            return self._traced(w, temp, pos_bias, None, True, return_pi, pi_mode, state)
+        return self._causal_tssa(w, temp, pos_bias, return_pi, pi_mode, state)
 
-    def _traced(self, w, temp, pos_bias, mask, causal, return_pi, pi_mode):
+    def _traced(self, w, temp, pos_bias, mask, causal, return_pi, pi_mode, state=None):
         """The Triton custom operators (kernels/triton_ops.py), traced into the graph; the
         reference maths where they do not apply or did not pass the start-up probe."""
         if pi_mode != "softmax" or w.dtype not in FUSED_DTYPES or not _triton_ready(w.device.type):
-            return (model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode) if causal
+            return (model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode, state=state) if causal
                     else model.tssa(w, temp, return_pi, mask, pi_mode))
-        model.check_w(w, temp)
+        model.check_shapes(w, temp)
         B, H, T, p = w.shape
         bias = model.check_pos_bias(pos_bias, H, T, w.dtype) if causal else None  # (H, T_max)
         out, pi, *_ = torch.ops.nanotost.tssa_fwd(w, temp.reshape(H).float(), bias, mask, causal, *guards(causal))
+        keep_sums(state, w, pi)
         return (out, pi) if return_pi else out
 
     @torch.compiler.disable  # Dynamo must not trace into ctypes calls or Triton launches
     def _tssa(self, w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-        model.check_w(w, temp, mask)
+        model.check_shapes(w, temp, mask)
         res = None
         if self.kernels_for(w, pi_mode) is not None:
             res = self._apply(w, temp.reshape(-1), None, mask, False)
@@ -181,15 +192,16 @@ class FusedOps:
         return res if return_pi else res[0]
 
     @torch.compiler.disable
-    def _causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax"):
-        model.check_w(w, temp)
+    def _causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+        model.check_shapes(w, temp)
         B, H, T, p = w.shape
         res = None
         if self.kernels_for(w, pi_mode) is not None:
             bias = model.check_pos_bias(pos_bias, H, T, w.dtype)  # (H, T_max)
             res = self._apply(w, temp.reshape(H), bias if raw_inputs(self.kernels) else bias[:, :T], None, True)
         if res is None:
-            return model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+            return model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode, state=state)
+        keep_sums(state, w, res[1])
         return res if return_pi else res[0]
 
     @torch.compiler.disable

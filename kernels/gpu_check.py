@@ -141,17 +141,21 @@ def profile():
         rows = sorted(p.key_averages(), key=lambda e: -e.device_time_total)
         gpu_total = sum(e.device_time_total for e in rows) / 10 / 1e3
         print(f"B={B} T={T}: wall {eager_ms:.3f} ms/iter, GPU busy {gpu_total:.3f} ms/iter", flush=True)
-        plan = {launch["kernel"]: launch for launch in launch_plan(B, 12, T, 64, torch.bfloat16, causal=True)}
+        plan = {}  # kernel -> its launches' bytes and modelled time, summed (the scans launch 4 times)
+        for launch in launch_plan(B, 12, T, 64, torch.bfloat16, causal=True):
+            seen = plan.setdefault(launch["kernel"], dict(read=0, write=0, model_ms=0.0))
+            seen.update(read=seen["read"] + launch["read"], write=seen["write"] + launch["write"],
+                        model_ms=seen["model_ms"] + modelled_time_s(launch, "h200") * 1e3)
         table = []
         for e in rows[:14]:
             ms = e.device_time_total / 10 / 1e3
             launch = plan.get(e.key)  # a Triton kernel of the plan: its bytes over its time
-            tbs = (launch["read"] + launch["write"]) / (ms / (e.count // 10) * 1e-3) / 1e12 if launch else None
+            tbs = (launch["read"] + launch["write"]) / (ms * 1e-3) / 1e12 if launch else None
             table.append((e.key[:60], e.count // 10, ms, tbs))
             print(f"   {e.key[:60]:<60} x{e.count // 10:<3} {ms:.4f} ms" + (f"  {tbs:.2f} TB/s" if tbs else ""),
                   flush=True)
         out[f"B{B}_T{T}"] = dict(wall_ms=eager_ms, gpu_ms=gpu_total, kernels=table,
-                                 plan_ms=modelled_time_s(list(plan.values())) * 1e3)
+                                 plan_ms=sum(launch["model_ms"] for launch in plan.values()))
     out["compiled"] = compiled_kernels()
     return out
 
@@ -161,7 +165,7 @@ def compiled_kernels():
     spilled bytes, warps, stages, shared memory (read from Triton's own cache of compiled kernels)."""
     from kernels import triton_tssa as tt
     info = {}
-    for name in tt.FORWARD + tt.BACKWARD + ("_k_step",):
+    for name in tt.KERNELS:
         for cache in getattr(getattr(tt, name), "device_caches", {}).values():
             for compiled in cache[0].values():
                 try:

@@ -489,7 +489,7 @@ def test_invsqrt_schedule_and_layer_scale_zero_means_none():
     base, _ = cli.configure(train.DEFAULTS, [])
     scaled, _ = cli.configure(train.DEFAULTS, ["--layer_scale_init=1e-5"])
     assert train.model_config(base).layer_scale_init is None
-    assert train.count_params(scaled) > train.count_params(base)  # the gammas exist only when asked for
+    assert train.count_params(scaled) > train.count_params(base)  # the layer scales exist only when asked for
 
 
 def test_a_held_out_dir_refuses_and_an_interrupt_says_what_was_saved(listops, tmp_path, monkeypatch, capsys):

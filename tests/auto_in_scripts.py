@@ -36,7 +36,7 @@ import train  # noqa: E402
 from kernels import auto, fused, triton_tssa  # noqa: E402
 
 FAKE_TIMES = {"triton": 1e-3, "reference": 2e-3}  # the mocked timer: the Triton kernels are the faster
-LAUNCHED = []  # (what, H, p) of the flow's calls of the Triton kernels (the check's: H=3, p=8; the models': H=2, p=16)
+LAUNCHED = []  # (what, H, p) of the flow's calls of the Triton kernels (the check's: H=3, p=6; the models': H=2, p=16)
 TIMING = [False]  # whether the calls now are the timing's (not counted)
 CHILD_TIMES = []  # what the real child process measured, the first time
 
@@ -103,7 +103,8 @@ def a_model_eager_and_compiled():
 
 def main(out_path):
     assert triton_tssa.INTERPRET, "TRITON_INTERPRET=1 was not seen at import"
-    triton_tssa.BLOCK_T, triton_tssa.GROUP_CHUNKS = 16, 1  # the check's long prefix at 43 tokens, 2 groups
+    # the check's case at 43 tokens (3 chunks, a scan step each), p = 6 (two column blocks of 4)
+    triton_tssa.BLOCK_T, triton_tssa.SCAN_CHUNKS, triton_tssa.FEATURE_BLOCK = 16, 1, 4
     auto.CHECK_ON_CPU, fused.PROBE_ON_CPU = True, True  # as on a CUDA GPU
     auto.REPEATS, auto.COMPILE_BACKEND = 1, "aot_eager"  # the graph, without a C++ build
     auto.seconds, auto.measure_in_child = fake_seconds, fake_child

@@ -1,8 +1,9 @@
 """
 Long subprocesses that a test only waits for, started when the session has chosen its tests
 (tests/conftest.py), so that on two cores they run beside the rest of the suite instead of
-after it. A job runs at a lower priority (nice 10) with one thread, so the tests that time
-something in the foreground keep their core; its output goes to files, never to a full pipe.
+after it. A job runs at a lower priority (nice 10, or lower where it asks) with one thread, so
+the tests that time something in the foreground keep their core; its output goes to files,
+never to a full pipe.
 
     job = background.start("name", [sys.executable, "-c", SCRIPT, path], env=env)
     proc = background.wait("name", timeout=300)   # a CompletedProcess, as subprocess.run gives
@@ -21,17 +22,15 @@ _JOBS = {}  # name -> (Popen, stdout file, stderr file)
 SCRATCH = tempfile.mkdtemp(prefix="nanotost-jobs-")  # where jobs write their results; removed at exit
 
 
-def _lower_priority():
-    os.nice(10)
-
-
-def start(name, argv, env=None, cwd=None):
-    """Start job `name` unless it runs already."""
+def start(name, argv, env=None, cwd=None, nice=10):
+    """Start job `name` unless it runs already, at priority `nice` (a job that the tests wait
+    for later can run at a lower one: 15 leaves most of the core to the jobs at 10)."""
     if name in _JOBS:
         return
     env = dict(env or os.environ, OMP_NUM_THREADS="1")
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err, text=True, preexec_fn=_lower_priority)
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err, text=True,
+                            preexec_fn=lambda: os.nice(nice))
     _JOBS[name] = (proc, out, err)
 
 

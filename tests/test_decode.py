@@ -7,6 +7,8 @@ Decoding that a CUDA graph can replay, and the loss that lets a long context fit
     serves every token. Checked on the CPU with a TorchDispatchMode that sees every aten call.
   - prefill + steps give the logits of the full parallel forward (every attention kind);
     a new prompt reuses the same buffers; so does the step compiled (kernels.CompiledStep).
+    The scripts' start check (textdata.decoding_differs) agrees for every kind and names the
+    form that differs (the step, or the prefill) and the functions to edit.
   - kernels/cross_entropy.py's chunked loss equals F.cross_entropy (loss and both gradients)
     without holding the (N, V) logits at once, and a GPT computes the same loss either way.
 
@@ -22,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernels
 import model
+import textdata as td
 from kernels import cross_entropy
 from model import GPT, GPTConfig
 
@@ -34,6 +37,47 @@ def tiny(kind, **kw):
     torch.manual_seed(0)
     cfg = dict(block_size=24, vocab_size=31, n_layer=2, n_head=2, n_embd=16, layer_scale_init=1.0)
     return GPT(GPTConfig(**{**cfg, **KINDS[kind], **kw})).eval()
+
+
+def to_edit(m):
+    """The message of a failed comparison of the forms: what differs, and the functions to edit."""
+    forms = {td.decoding_forms(block.attn)[:2] for block in m.blocks}
+    edit = "; ".join(f"{step} and {parallel}" for step, parallel in sorted(forms))
+    return lambda text: f"{text}\nprefill + steps differ from GPT.forward: edit {edit} together (MATH.md §9)"
+
+
+@pytest.mark.parametrize("impl", ["torch", "cpu"])
+def test_the_start_check_finds_every_kind_decoding_as_it_trains_and_leaves_the_model_as_it_was(impl):
+    """textdata.decoding_differs, which train.py, sample.py and lm-eval's generation run first: None
+    for every attention the code ships (and the C kernels' forms), the model left in the mode it
+    was in, and the global RNG not drawn from (a run's batches and dropout stay what they were)."""
+    for kind in KINDS:
+        m = kernels.use(tiny(kind).train(), impl)
+        rng = torch.get_rng_state()
+        assert td.decoding_differs(m) is None, kind
+        assert m.training and all(module.training for module in m.modules()), kind
+        assert torch.equal(torch.get_rng_state(), rng), kind
+
+
+def test_the_start_check_names_the_form_that_differs(monkeypatch):
+    """The step edited alone (its sums halved before the token): the step is named, with both
+    functions to edit; the prefill made to write nothing: the prefill is named."""
+    step = model.causal_tssa_step
+
+    def halved_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+        state.sum_pi_sq.mul_(0.5)
+        return step(w_t, temp, bias_t, state, pi_mode)
+    monkeypatch.setattr(model, "causal_tssa_step", halved_step)
+    line = td.decoding_differs(tiny("hybrid"))
+    assert line.startswith("blocks.0.attn (TSSA): its decoding step differs from its parallel form by "), line
+    assert line.endswith("edit model.causal_tssa_step and model.causal_tssa together (MATH.md §9)"), line
+    monkeypatch.setattr(model, "causal_tssa_step", step)
+    parallel = model.causal_tssa
+    monkeypatch.setattr(model, "causal_tssa", lambda *args, state=None, **kw: parallel(*args, **kw))
+    line = td.decoding_differs(tiny("tssa"))
+    assert line.startswith("blocks.0.attn (TSSA): the state its prefill leaves differs from the sums its step keeps "
+                           "(the steps after a 4-token prompt are off by "), line
+    assert "model.causal_tssa given state= must write the running sums at the prompt's last token" in line
 
 
 class OpLog(TorchDispatchMode):
@@ -91,10 +135,10 @@ def test_prefill_then_steps_equal_the_parallel_forward_and_a_new_prompt_reuses_t
         got = [m.prefill(idx[:, :9], state)]
         got += [m.step(idx[:, t:t + 1], state) for t in range(9, 24)]
         # float32: the recurrent and the parallel forms sum in different orders (1e-5 on O(1) logits)
-        torch.testing.assert_close(torch.stack(got, 1), full[:, 8:], rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.stack(got, 1), full[:, 8:], rtol=0, atol=1e-5, msg=to_edit(m))
         ptrs = state_storage(state)
         again = m.prefill(idx[:, :4], state)  # a new prompt: the state starts over in the same buffers
-        torch.testing.assert_close(again, full[:, 3], rtol=0, atol=1e-5)
+        torch.testing.assert_close(again, full[:, 3], rtol=0, atol=1e-5, msg=to_edit(m))
         assert state_storage(state) == ptrs and state.pos.item() == 4
 
 
@@ -134,7 +178,7 @@ def test_compiled_step_equals_the_parallel_forward_in_one_graph(kind):
         got = [m.prefill(idx[:, :9], state)]
         got += [m.step(idx[:, t:t + 1], state).clone() for t in range(9, 24)]
     # float32: the recurrent and the parallel forms sum in different orders (1e-5 on O(1) logits)
-    torch.testing.assert_close(torch.stack(got, 1), full[:, 8:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.stack(got, 1), full[:, 8:], rtol=0, atol=1e-5, msg=to_edit(m))
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]  # one graph, every position
     torch._dynamo.reset()
 

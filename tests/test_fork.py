@@ -1,51 +1,102 @@
 """
 Forking the maths: a change to TSSA takes effect everywhere it runs, or is refused in one line.
 
-The three forks a researcher makes first, each checked where it runs:
-  - a new attention: a class (here a TSSA subclass with its own operators) and one entry in
-    model.ATTENTIONS; it trains from `train.py --attn=<name>` (losses not TSSA's), samples from
-    its checkpoint, decodes equal to its parallel forward; kernels.use keeps its operators
-    under "torch" and a fused implementation refuses it in one line;
+The forks a researcher makes, each made from MATH.md §9 alone and checked where it runs
+(train.py, GPT.prefill and GPT.step, sample.py):
+  - a new attention, built by §9's four steps: a TSSA whose running sums decay by 0.95 a token
+    (its own causal operator, which also fills the decoding state, and its own step), a
+    subclass that sets them, one entry in model.ATTENTIONS; it decodes as it trains after
+    prompts of 1, 16 and block_size tokens, trains and samples through the scripts, and a fused
+    implementation refuses it in one line; its checkpoint, where the attention is not
+    registered, is one line too;
+  - another Pi (a temperature inside pi_from_logits): every form follows it, tssa_impl=cpu refuses it;
   - another f (x / (1 + x), so f' = 1 / (1 + x)^2): the parallel forward, the decoding step and
     the objective all follow model.f / model.f_prime, the step stays a gradient step on R_var,
     and the fused implementations refuse it;
+  - the causal statistics changed in causal_tssa only (the step left as shipped): train.py and
+    sample.py say at the start, in one line, that the step differs and what to edit; train.py
+    trains, sample.py samples by the parallel form;
+  - an operator replaced from a script (model.causal_tssa = ...) changes GPT.forward;
+  - an attention written for training alone (it cannot decode): told at the start, sampled by
+    its parallel form;
   - the rules between settings live in model.GPTConfig alone, and train.py says them in one line.
+And the checkpoints of other versions and forks (an attention, a Pi, a tokenizer, a model
+argument this version does not know) are one line from sample.py, evaluate.py, lm_inspect.py.
 
     python -m pytest -q tests/test_fork.py
 """
 
 import os
+import sys
 
 import pytest
 import torch
 
+import evaluate
 import kernels
+import lm_inspect
 import model
 import prepare_char
 import sample
+import textdata as td
 import train
+import trainkit as tk
 from model import GPT, GPTConfig
 from test_train import call_main  # noqa: E402  (run_cli in this process: exit code, stdout, stderr)
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--max_iters=6",
         "--eval_interval=3", "--eval_iters=2", "--log_interval=1", "--num_threads=1", "--device=cpu",
         "--dtype=float32", "--compile=False", "--warmup_iters=2", "--learning_rate=1e-2"]
+PROMPT = "line 17: the qui"  # 16 characters of the book below
 
 
-def halved(op):
-    """An operator whose update is half the reference's (Pi, when returned, unchanged)."""
-    def run(*args, **kwargs):
-        res = op(*args, **kwargs)
-        return (0.5 * res[0], res[1]) if isinstance(res, tuple) else 0.5 * res
-    return run
+# -----------------------------------------------------------------------------
+# a new attention, as MATH.md §9 builds one: a TSSA whose running sums decay by DECAY a token
+DECAY = 0.95
 
 
-class HalfTSSA(model.TSSA):
-    """A forker's attention: TSSA with its own operators (the update halved)."""
+def decayed_prefix_sum(x):
+    """sum_{u <= t} DECAY^(t - u) x_u over the tokens (dim 2) of x (B, H, T, p)."""
+    t = torch.arange(x.shape[2], device=x.device)
+    weights = (DECAY ** (t[:, None] - t[None, :]).clamp_min(0).to(x.dtype)).tril()  # (T, T)
+    return torch.einsum("tu,bhup->bhtp", weights, x)
+
+
+def decayed_causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+    """model.causal_tssa, copied, with decayed prefix sums; given a state (the prefill), the sums
+    at the last token go into it, as decayed_causal_tssa_step keeps them (§9, step 1)."""
+    model.check_shapes(w, temp)
+    B, H, T, p = w.shape
+    bias = model.check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
+    w_stat = w.to(model.stat_dtype(w.dtype))
+    w_sq = w_stat.square()  # (B, H, T, p)
+    sum_sq = decayed_prefix_sum(w_sq)
+    w_sq_normed = w_sq / sum_sq.clamp_min(model.PI_NORM_EPS)
+    logits = temp.reshape(1, -1, 1).to(w_sq.dtype) * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
+    pi = model.pi_from_logits(logits, pi_mode)
+    sum_pi_sq, sum_pi = decayed_prefix_sum(pi.unsqueeze(-1) * w_sq), decayed_prefix_sum(pi.unsqueeze(-1))
+    s = sum_pi_sq / (sum_pi + model.STAT_EPS)
+    out = (-pi.unsqueeze(-1) * w_stat * model.f_prime(s)).to(w.dtype)
+    if state is not None:
+        state.sum_sq.copy_(sum_sq[:, :, -1])
+        state.sum_pi_sq.copy_(sum_pi_sq[:, :, -1])
+        state.sum_pi.copy_(sum_pi[:, :, -1, 0])
+    return (out, pi.detach()) if return_pi else out
+
+
+def decayed_causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+    """model.causal_tssa_step after each running sum is multiplied by DECAY."""
+    for running in (state.sum_sq, state.sum_pi_sq, state.sum_pi):
+        running.mul_(DECAY)
+    return model.causal_tssa_step(w_t, temp, bias_t, state, pi_mode)
+
+
+class DecayedTSSA(model.TSSA):
+    """§9, step 2: a TSSA subclass with its own operators (the non-causal form kept)."""
 
     def __init__(self, config, causal=False):
         super().__init__(config, causal)
-        self.ops = model.TSSAOps(*(halved(op) for op in model.REFERENCE_OPS))
+        self.operators = model.TSSAOps(model.tssa, decayed_causal_tssa, decayed_causal_tssa_step)
 
 
 def shipped_f(monkeypatch):
@@ -57,71 +108,237 @@ def shipped_f(monkeypatch):
 @pytest.fixture
 def registered(monkeypatch):
     shipped_f(monkeypatch)
-    monkeypatch.setitem(model.ATTENTIONS, "half", HalfTSSA)
+    monkeypatch.setitem(model.ATTENTIONS, "decayed", DecayedTSSA)  # §9, step 3
 
 
 def tiny(**kw):
     torch.manual_seed(0)
-    cfg = dict(block_size=24, vocab_size=31, n_layer=2, n_head=2, n_embd=16, layer_scale_init=1.0)
+    cfg = dict(block_size=32, vocab_size=31, n_layer=2, n_head=2, n_embd=16, layer_scale_init=1.0)
     return GPT(GPTConfig(**{**cfg, **kw})).eval()
 
 
-def decode_equals_parallel(m):
-    """Prefill 5 tokens, then 15 steps: the logits of the full parallel forward (float32:
-    the recurrent and parallel forms sum in other orders, 1e-5 on O(1) logits)."""
-    idx = torch.randint(0, 31, (2, 20))
+def to_edit(m):
+    """What a failing comparison of the forms says to edit: the first attention's forms (§9)."""
+    step, parallel, prefill = td.decoding_forms(m.blocks[0].attn)
+    return f"decoding differs from GPT.forward: edit {step} and {parallel} together; the prefill is {prefill}"
+
+
+def decode_equals_parallel(m, prompt):
+    """A prompt of `prompt` tokens, then one step per token to block_size: the logits of the full
+    parallel forward (float32: the two forms sum in other orders, 1e-5 on O(1) logits). A prompt
+    of block_size tokens: the state it leaves equals the state of a 1-token prompt and steps."""
+    T = m.config.block_size
+    idx = torch.randint(0, 31, (2, T), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full, _ = m(idx)
-        state = m.init_state(2)
-        got = [m.prefill(idx[:, :5], state)] + [m.step(idx[:, t:t + 1], state) for t in range(5, 20)]
-    torch.testing.assert_close(torch.stack(got, 1), full[:, 4:], rtol=0, atol=1e-5)
+        state, stepped = m.init_state(2), m.init_state(2)
+        got = [m.prefill(idx[:, :prompt], state)] + [m.step(idx[:, t:t + 1], state) for t in range(prompt, T)]
+        torch.testing.assert_close(torch.stack(got, 1), full[:, prompt - 1:], rtol=0, atol=1e-5,
+                                   msg=lambda text: f"{text}\n{to_edit(m)}")
+        m.prefill(idx[:, :1], stepped)
+        for t in range(1, T):
+            m.step(idx[:, t:t + 1], stepped)
+    for a, b in zip(state.layers, stepped.layers):
+        for name in ("sum_sq", "sum_pi_sq", "sum_pi") if isinstance(a, model.TSSAState) else ():
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-6,
+                                       msg=lambda text: f"{text}\n{to_edit(m)} ({name} after {prompt} tokens)")
     return full
 
 
-# -----------------------------------------------------------------------------
-# a new attention
-
-
-def test_a_registered_attention_builds_decodes_and_keeps_its_operators(registered):
-    m = tiny(attn="half", short_conv=3)  # a TSSA subclass: the short convolution accepts it
-    assert all(isinstance(b.attn, HalfTSSA) for b in m.blocks)
-    ref = tiny(attn="tssa", short_conv=3)
-    full = decode_equals_parallel(m)
-    with torch.no_grad():
-        assert (full - ref(torch.randint(0, 31, (2, 20)))[0]).abs().max() > 1e-3  # not TSSA's maths
-    own = m.blocks[0].attn.ops
+def test_math_section_9_decayed_attention_decodes_as_it_trains_after_prompts_of_1_16_and_block_size(registered):
+    m = tiny(attn="decayed")
+    assert all(isinstance(b.attn, DecayedTSSA) for b in m.blocks)
+    for prompt in (1, 16, m.config.block_size):
+        full = decode_equals_parallel(m, prompt)
+    with torch.no_grad():  # its own maths: not TSSA's logits (by far more than the 1e-5 decoding agrees to)
+        assert (full - tiny(attn="tssa")(torch.randint(0, 31, (2, 32), generator=torch.Generator().manual_seed(1)))[0]
+                ).abs().max() > 1e-3
+    assert td.decoding_differs(m) is None and td.decoding_differs(tiny(attn="decayed", short_conv=3)) is None
+    own = m.blocks[0].attn.operators
     kernels.use(m, "torch")  # the reference put back only where it is the package's
-    assert m.blocks[0].attn.ops is own
+    assert m.blocks[0].attn.operators is own
+
+
+def without_prefill(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+    """decayed_causal_tssa that leaves the decoding state as it was (issue 38's fork, before §9 said)."""
+    return decayed_causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+
+
+class ForgotPrefill(DecayedTSSA):
+    def __init__(self, config, causal=False):
+        super().__init__(config, causal)
+        self.operators = self.operators._replace(causal_tssa=without_prefill)
+
+
+def test_a_decayed_attention_without_its_prefill_is_named_by_the_check(registered, monkeypatch):
+    """Sums decayed in the parallel form and in the step, but the state a prompt leaves not
+    written: the check names the prefill and the function to edit."""
+    monkeypatch.setitem(model.ATTENTIONS, "forgot", ForgotPrefill)
+    line = td.decoding_differs(tiny(attn="forgot"))
+    assert line.startswith("blocks.0.attn (ForgotPrefill): the state its prefill leaves differs from the sums its "
+                           "step keeps") and "without_prefill given state= must write the running sums" in line, line
+    assert "as decayed_causal_tssa_step keeps them" in line, line
 
 
 @pytest.mark.parametrize("impl", ["cpu", "triton"])
 def test_a_fused_implementation_refuses_a_forkers_operators_in_one_line(registered, impl):
     with pytest.raises(ValueError) as e:
-        kernels.use(tiny(attn="half"), impl)
-    assert str(e.value) == (f"tssa_impl={impl} runs the shipped TSSA only; blocks.0.attn (HalfTSSA) has its "
+        kernels.use(tiny(attn="decayed"), impl)
+    assert str(e.value) == (f"tssa_impl={impl} runs the shipped TSSA only; blocks.0.attn (DecayedTSSA) has its "
                             "own operators: use tssa_impl=torch")
 
 
-def test_a_registered_attention_trains_and_samples_through_the_scripts(registered, tmp_path, capsys):
-    text = tmp_path / "book.txt"
+@pytest.fixture(scope="module")
+def book(tmp_path_factory):
+    """A prepared character dataset: --dataset and --data_dir for train.py."""
+    folder = tmp_path_factory.mktemp("book")
+    text = folder / "book.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
-    data = str(tmp_path / "data")
-    assert call_main(prepare_char, f"--input={text}", "--name=book", f"--data_dir={data}", capsys=capsys)[0] == 0
-    losses, book = {}, ["--dataset=book", f"--data_dir={data}", *TINY]
-    for attn in ("tssa", "half"):
+    code = prepare_char.main([f"--input={text}", "--name=book", f"--data_dir={folder / 'data'}"])
+    assert code in (None, 0)
+    return ["--dataset=book", f"--data_dir={folder / 'data'}", *TINY]
+
+
+def spying(function, name, calls):
+    """function, which also appends (name, tokens, whether a decoding state came) to calls."""
+    def spy(w, *args, **kwargs):
+        state = kwargs.get("state", args[2] if name.endswith("step") else None)
+        calls.append((name, w.shape[2] if w.dim() == 4 else 1, state is not None))
+        return function(w, *args, **kwargs)
+    return spy
+
+
+def greedy_by_parallel_form(out_dir, n):
+    """What n greedy tokens after PROMPT are by the parallel form (a full forward per token) of
+    the checkpoint in out_dir, as the maths running now computes them."""
+    gpt, ckpt = td.load_language_model(out_dir, "cpu")
+    encode, decode = td.load_tokenizer(ckpt["tokenizer"])
+    idx = torch.tensor([encode(PROMPT)])
+    return decode(td.generate_in_parallel(gpt, idx, n, temperature=0)[0].tolist())
+
+
+def test_a_registered_attention_trains_and_samples_its_own_maths_through_the_scripts(registered, book, tmp_path,
+                                                                                      capsys, monkeypatch):
+    losses = {}
+    for attn in ("tssa", "decayed"):
         out = str(tmp_path / attn)
         code, stdout, err = call_main(train, *book, f"--out_dir={out}", f"--attn={attn}", capsys=capsys)
-        assert code == 0, err
+        assert code == 0 and "warning" not in err, err  # its decoding agrees: nothing to say
         losses[attn] = [line for line in stdout.splitlines() if line.startswith("iter ")]
-        ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
-        assert ckpt["model_args"]["attn"] == attn
-    assert losses["half"] and losses["half"] != losses["tssa"]  # not TSSA's losses under another name
-    code, stdout, err = call_main(sample, f"--out_dir={tmp_path / 'half'}", "--max_new_tokens=8", "--num_samples=1",
-                                  capsys=capsys)
-    assert code == 0 and "half" in stdout, err
-    code, _, err = call_main(train, *book, f"--out_dir={tmp_path / 'c'}", "--attn=half", "--tssa_impl=cpu",
+        assert tk.load_checkpoint(out, "language")["model_args"]["attn"] == attn
+    assert losses["decayed"] and losses["decayed"] != losses["tssa"]  # not TSSA's losses under another name
+    # sample.py after a 16-token prompt: the fork's prefill, then its step per token (which decode as
+    # its parallel form computes: test_math_section_9_...)
+    calls = []
+    for name in ("decayed_causal_tssa", "decayed_causal_tssa_step"):
+        monkeypatch.setattr(sys.modules[__name__], name, spying(globals()[name], name, calls))
+    code, stdout, err = call_main(sample, f"--out_dir={tmp_path / 'decayed'}", f"--start={PROMPT}",
+                                  "--max_new_tokens=12", "--num_samples=1", "--temperature=0", capsys=capsys)
+    assert code == 0 and "warning" not in err, err
+    assert len(PROMPT) == 16 and ("decayed_causal_tssa", 16, True) in calls  # the prefill, given the state
+    assert calls.count(("decayed_causal_tssa_step", 1, True)) >= 2 * 11  # 2 layers x the 11 steps after it
+    assert greedy_by_parallel_form(str(tmp_path / "decayed"), 12) in stdout
+    code, _, err = call_main(train, *book, f"--out_dir={tmp_path / 'c'}", "--attn=decayed", "--tssa_impl=cpu",
                              capsys=capsys)
     assert code == 1 and "has its own operators: use tssa_impl=torch" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "c").exists()  # refused before any work
+    # the same checkpoint where the attention is not registered (it was, in a script that trained it)
+    monkeypatch.delitem(model.ATTENTIONS, "decayed")
+    code, _, err = call_main(sample, f"--out_dir={tmp_path / 'decayed'}", capsys=capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "names attn='decayed', an attention this version does not know" in err
+    assert "register its class in model.ATTENTIONS (MATH.md §9)" in err
+
+
+# -----------------------------------------------------------------------------
+# the causal statistics changed in causal_tssa only (the step left as shipped)
+
+
+def test_a_fork_of_causal_tssa_alone_is_told_at_the_start_and_sampled_by_its_parallel_form(book, tmp_path, capsys,
+                                                                                           monkeypatch):
+    shipped_f(monkeypatch)
+    monkeypatch.setattr(model, "causal_tssa", decayed_causal_tssa)  # as a forker's script does
+    out = str(tmp_path / "fork")
+    code, stdout, err = call_main(train, *book, f"--out_dir={out}", capsys=capsys)
+    assert code == 0 and "iter 5:" in stdout, err  # told, and trained
+    assert len(err.strip().splitlines()) == 1 and "training goes on (it runs the parallel form)" in err, err
+    assert ("warning: decoding differs from the parallel form: blocks.0.attn (TSSA): its decoding step differs from "
+            "its parallel form") in err and "edit model.causal_tssa_step and model.causal_tssa together" in err
+    def no_step(*args):
+        raise AssertionError("sample.py decoded with GPT.step: the shipped step, not the fork's maths")
+    monkeypatch.setattr(GPT, "step", no_step)
+    code, stdout, err = call_main(sample, f"--out_dir={out}", f"--start={PROMPT}", "--max_new_tokens=12",
+                                  "--num_samples=1", "--temperature=0", capsys=capsys)
+    assert code == 0 and len(err.strip().splitlines()) == 1, err
+    assert "its decoding step differs" in err and "sampling by the parallel form instead" in err
+    assert greedy_by_parallel_form(out, 12) in stdout  # the fork's own maths, by its parallel form
+
+
+SHIPPED_STEP = model.causal_tssa_step
+
+
+def decayed_shipped_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+    """decayed_causal_tssa_step on the shipped step, to put in model.causal_tssa_step's place."""
+    for running in (state.sum_sq, state.sum_pi_sq, state.sum_pi):
+        running.mul_(DECAY)
+    return SHIPPED_STEP(w_t, temp, bias_t, state, pi_mode)
+
+
+def test_an_operator_replaced_from_a_script_changes_every_form(monkeypatch):
+    """model.causal_tssa (or the step) replaced after import: GPT.forward and decoding follow it,
+    as they follow an edit of model.py (MATH.md §9)."""
+    shipped_f(monkeypatch)
+    m = tiny()
+    idx = torch.randint(0, 31, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = m(idx)[0]
+        monkeypatch.setattr(model, "causal_tssa", decayed_causal_tssa)
+        after = m(idx)[0]
+    monkeypatch.setattr(model, "causal_tssa_step", decayed_shipped_step)
+    assert (after - before).abs().max() > 1e-3  # (100x the 1e-5 within which decoding agrees)
+    decode_equals_parallel(m, 5)  # the replaced step is the decayed one: decoding agrees with the new forward
+
+
+class ParallelOnly(model.LinearAttention):
+    """A forker's attention written for training alone: it cannot decode."""
+
+    def init_state(self, B, pos):
+        raise NotImplementedError("no decoding state yet")
+
+
+def test_an_attention_that_cannot_decode_is_told_at_the_start_and_sampled_by_its_parallel_form(monkeypatch, tmp_path,
+                                                                                              capsys):
+    monkeypatch.setitem(model.ATTENTIONS, "parallel_only", ParallelOnly)
+    write_checkpoint(tmp_path, lambda ckpt: None, attn="parallel_only")
+    code, stdout, err = call_main(sample, f"--out_dir={tmp_path}", "--start=ab", "--max_new_tokens=6",
+                                  "--num_samples=1", capsys=capsys)
+    assert code == 0 and len(err.strip().splitlines()) == 1, err
+    text = stdout.split("-" * 60 + "\n")[1]
+    assert text.startswith("ab") and len(text) == 2 + 6 + 1, text  # the prompt, 6 new characters, print's newline
+    assert ("blocks.0.attn (ParallelOnly): its step raised NotImplementedError (no decoding state yet): edit "
+            "ParallelOnly.forward of one token from a state (MATH.md §9); sampling by the parallel form instead") in err
+
+
+# -----------------------------------------------------------------------------
+# another Pi
+
+
+def tempered_pi(logits, pi_mode):
+    """pi_from_logits with a temperature of 2 inside (the uniform ablation unchanged)."""
+    if pi_mode == "uniform":
+        return torch.full_like(logits, 1.0 / logits.shape[1])
+    return (logits / 2.0).softmax(dim=1)
+
+
+def test_another_pi_runs_in_every_form_and_the_c_kernels_refuse_it(monkeypatch, book, tmp_path, capsys):
+    shipped_f(monkeypatch)
+    before = decode_equals_parallel(tiny(), 16)
+    monkeypatch.setattr(model, "pi_from_logits", tempered_pi)
+    after = decode_equals_parallel(tiny(), 16)  # the step follows it as the parallel form does
+    assert (after - before).abs().max() > 1e-4
+    code, _, err = call_main(train, *book, f"--out_dir={tmp_path / 'c'}", "--tssa_impl=cpu", capsys=capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "use tssa_impl=torch" in err, err
+    assert not (tmp_path / "c").exists()  # refused before any work
 
 
 # -----------------------------------------------------------------------------
@@ -137,9 +354,9 @@ def saturating_f(monkeypatch):
 @pytest.mark.parametrize("kind", [dict(attn="tssa"), dict(attn="tssa", short_conv=3), dict(hybrid_every=2)])
 def test_another_f_changes_the_parallel_forward_and_the_decoding_step_alike(monkeypatch, kind):
     shipped_f(monkeypatch)
-    before = decode_equals_parallel(tiny(**kind))
+    before = decode_equals_parallel(tiny(**kind), 5)
     saturating_f(monkeypatch)
-    after = decode_equals_parallel(tiny(**kind))  # the step follows f' to 1e-5, as the parallel form
+    after = decode_equals_parallel(tiny(**kind), 5)  # the step follows f' to 1e-5, as the parallel form
     # and f' did change the forward: by more than 10x the 1e-5 within which decoding agrees
     # (at init the attention's share of the logits is small: c_proj starts at std 0.02 / sqrt(2L))
     assert (after - before).abs().max() > 1e-4
@@ -176,15 +393,69 @@ def test_the_fused_implementations_refuse_another_f(monkeypatch, impl):
 
 
 def test_the_c_kernels_refuse_model_pys_operators_edited(monkeypatch):
-    """A fork that edits causal_tssa itself (here: its update halved) while f stays: the C
-    kernels, which compute the shipped maths, are refused in one line; the reference runs it."""
+    """A fork that edits causal_tssa itself (here: its sums decayed) while f stays: the C kernels,
+    which compute the shipped maths, are refused in one line; the reference runs it."""
     shipped_f(monkeypatch)
     kernels.use(tiny(), "cpu")  # the shipped maths: nothing to refuse
-    monkeypatch.setattr(model, "causal_tssa", halved(model.causal_tssa))
+    monkeypatch.setattr(model, "causal_tssa", decayed_causal_tssa)
     with pytest.raises(ValueError, match=r"^tssa_impl=cpu computes the shipped TSSA, and model.py's operators "
-                                         r"differ from it: causal_tssa in the update -Pi w f'\(s\) \(by [\d.]+ of its "
-                                         r"largest value\); .* then use tssa_impl=torch$"):
+                                         r"differ from it: causal_tssa in Pi \(by [\d.]+ of its largest value\), .*; "
+                                         r"and model.py's causal_tssa and causal_tssa_step no longer compute the same "
+                                         r"maths .* then use tssa_impl=torch$"):
         kernels.use(tiny(), "cpu")
+
+
+# -----------------------------------------------------------------------------
+# checkpoints of other versions and forks: one line naming the field, never a traceback or a guess
+
+
+def write_checkpoint(folder, change, **model_args):
+    """A train.py-like checkpoint of a tiny char model, with `change` applied to it (a dict)."""
+    args = dict(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16, **model_args)
+    gpt = GPT(GPTConfig(**args))
+    ckpt = dict(kind="language", model=gpt.state_dict(), model_args=args, iter_num=3, config={"dataset": "book"},
+                tokenizer=dict(tokenizer="char", chars="abc \n", vocab_size=5, dataset="book"))
+    change(ckpt)
+    tk.save_checkpoint(ckpt, os.path.join(folder, "ckpt.pt"))
+    return gpt
+
+
+CHANGES = {
+    "attn": (lambda c: c["model_args"].update(attn="retnet"),
+             "names attn='retnet', an attention this version does not know (tssa, softmax, linear): register its "
+             "class in model.ATTENTIONS (MATH.md §9), or use the version of nanoToST that wrote it"),
+    "pi": (lambda c: c["model_args"].update(pi="sparsemax"),
+           "names pi='sparsemax', a Pi this version does not know (softmax, uniform): add it to model.pi_from_logits "
+           "and model.PI_MODES, or use the version of nanoToST that wrote it"),
+    "tokenizer": (lambda c: c["tokenizer"].update(tokenizer="llama"),
+                  "names tokenizer 'llama', which this version does not know (it reads char, gpt2"),
+    "model argument": (lambda c: c["model_args"].update(rope_base=10000.0),
+                       "(model_args rope_base are not GPTConfig fields)"),
+    "model argument's value": (lambda c: c["model_args"].update(short_conv=-1),
+                               "holds model_args this version refuses (short_conv and hybrid_every must be >= 0"),
+}
+
+
+@pytest.mark.parametrize("script", [sample, evaluate, lm_inspect], ids=lambda s: s.__name__)
+@pytest.mark.parametrize("field", CHANGES)
+def test_a_checkpoint_naming_what_this_version_does_not_know_is_one_line(script, field, tmp_path, capsys):
+    write_checkpoint(tmp_path, CHANGES[field][0])
+    code, _, err = call_main(script, f"--out_dir={tmp_path}", capsys=capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert CHANGES[field][1] in err, err
+
+
+def test_a_checkpoint_of_the_names_before_issue_38_loads_with_the_same_weights(tmp_path):
+    """Parameters renamed (TSSA.c_in -> w_proj, Block.ls_1/ls_2.gamma -> attn_scale/mlp_scale.weight):
+    a checkpoint that holds the old names loads, each tensor where it belongs."""
+    gpt = write_checkpoint(tmp_path, lambda c: c.update(model={
+        key.replace("w_proj.", "c_in.").replace("attn_scale.weight", "ls_1.gamma").replace("mlp_scale.weight",
+                                                                                           "ls_2.gamma"): value
+        for key, value in c["model"].items()}))
+    assert "blocks.0.ls_1.gamma" in torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
+    loaded, _ = td.load_language_model(str(tmp_path), "cpu")
+    for key, value in gpt.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
 
 
 # -----------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def save_random_model(out_dir, tokenizer, attn, vocab_size, seed=0):
     with torch.no_grad():
         model.wte.weight.mul_(50)
         for name, p in model.named_parameters():  # layer scale 1e-5 would leave the blocks almost silent
-            if name.endswith("gamma"):
+            if name.endswith("_scale.weight"):
                 p.fill_(1.0)
     os.makedirs(out_dir, exist_ok=True)
     tk.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=args, iter_num=7, config={},

@@ -5,14 +5,14 @@ bias); odd shapes; masks; zero and near-zero input; the guards model.py passes; 
 decoding step; the fallback to the reference (one warning) when kernels cannot be built or
 launched, each failure simulated; the hand-derived backward by gradcheck in float64 (its
 PyTorch statement, TorchKernels below, is the oracle); the Triton kernels under
-TRITON_INTERPRET=1 (in a subprocess: Triton fixes interpreter mode at import), compiled for
-sm_80 / sm_90 without a GPU, under torch.compile, and on a CUDA GPU when there is one.
+TRITON_INTERPRET=1 (in a subprocess: Triton fixes interpreter mode at import), under
+torch.compile, and on a CUDA GPU when there is one (tests/test_triton_builds.py builds them as
+the GPU machines' JIT does).
 
     python -m pytest -q tests/test_kernels.py
 """
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -317,8 +317,8 @@ def tiny_gpt(tssa_impl="torch", **kw):
 
 @needs_c
 def test_setting_picks_the_implementation_and_the_reference_where_kernels_do_not_apply():
-    assert tiny_gpt().blocks[0].attn.ops is model.REFERENCE_OPS  # the default: model.py's maths
-    ops = tiny_gpt(tssa_impl="cpu").blocks[0].attn.ops
+    assert tiny_gpt().blocks[0].attn.operators is model.REFERENCE_OPS  # the default: model.py's maths
+    ops = tiny_gpt(tssa_impl="cpu").blocks[0].attn.operators
     assert ops.causal_tssa.__self__ is fused._OPS["cpu"]
     with pytest.raises(ValueError, match="tssa_impl must be one of"):
         tiny_gpt(tssa_impl="fast")
@@ -540,14 +540,14 @@ TRITON_CASES = dict(  # small enough for the interpreter
     noncausal_mask=dict(B=2, H=3, T=90, p=12, dtype=torch.float32, causal=False, masked=True, seed=4),
     causal_big_p=dict(B=1, H=2, T=40, p=300, dtype=torch.float32, causal=True, seed=6),  # P = 512: 16-token tiles
     causal_layouts=dict(B=2, H=1, T=100, p=10, dtype=torch.float32, causal=True, seed=7, layout="contiguous"),
-    # 18 chunks of 16 tokens in 5 groups of 4 (the last of 2: the row ends inside a group),
-    # their carries walked 2 group totals a step. A small first token makes the first group's
-    # total of dL/dS huge: a carry computed as (inclusive - own total) would lose the later
-    # groups' (an earlier version's dw was off by 4e-3, not 3e-6)
+    # 18 chunks of 16 tokens, their carries scanned 2 chunk totals a step; dL/dw in blocks of 2
+    # of the 4 columns. A small first token makes the first chunk's total of dL/dS huge: a
+    # carry computed as (inclusive - own total) would lose the later chunks' (an earlier
+    # version's dw was off by 4e-3, not 3e-6)
     causal_many_chunks=dict(B=1, H=4, T=280, p=4, dtype=torch.float32, causal=True, seed=8, block_t=16,
-                            first_scale=0.01, carry_groups=2),
+                            first_scale=0.01, scan_chunks=2, feature_block=2),
     noncausal_many_chunks=dict(B=1, H=3, T=280, p=4, dtype=torch.float32, causal=False, masked=True, seed=9,
-                               block_t=16, carry_groups=2),
+                               block_t=16, scan_chunks=2),
     # running sums of squares under the floor: the clamp's forward and its zero gradient
     causal_near_zero=dict(B=1, H=3, T=100, p=16, dtype=torch.float32, causal=True, seed=14, tiny=True),
     noncausal_near_zero=dict(B=2, H=3, T=40, p=8, dtype=torch.float32, causal=False, seed=15, tiny=True),
@@ -564,27 +564,26 @@ TRITON_CASES = dict(  # small enough for the interpreter
     noncausal_h17_mask=dict(B=1, H=17, T=16, p=4, dtype=torch.float32, causal=False, masked=True, seed=21,
                             block_t=16),
     causal_h17_bf16=dict(B=1, H=17, T=20, p=16, dtype=torch.bfloat16, causal=True, seed=22, block_t=16,
-                         group_chunks=1),
+                         feature_block=8),
     # T = 1 with a mask: batch row 0 is all padding (every statistic of the row empty)
     noncausal_h5_t1_mask=dict(B=2, H=5, T=1, p=8, dtype=torch.float32, causal=False, masked=True, seed=23),
     noncausal_h12_bf16_mask=dict(B=2, H=12, T=7, p=4, dtype=torch.bfloat16, causal=False, masked=True, seed=24),
-    # two batch rows summed into dpos_bias; its 40 columns past T (three tiles of zeros) are
-    # written by the programs of groups 0, 1, 2 (groups of one chunk); walks of 2 groups a step
-    causal_long_bias=dict(B=2, H=2, T=33, p=4, dtype=torch.float32, causal=True, seed=25, block_t=16, bias_extra=40,
-                          group_chunks=1, carry_groups=2),
-    # several groups a row: 7 chunks in 4 groups of 2, the last of one chunk (bf16); 10 chunks
-    # with at most 3 groups a row: groups of 4 chunks, the last of 2; a padding mask that ends
-    # inside a group; walks of 2 groups a step (H = 17 in groups: causal_h17_bf16)
-    causal_groups_bf16=dict(B=1, H=3, T=100, p=8, dtype=torch.bfloat16, causal=True, seed=26, block_t=16,
-                            group_chunks=2, carry_groups=2, first_scale=0.01),
-    causal_max_groups=dict(B=1, H=3, T=150, p=4, dtype=torch.float32, causal=True, seed=27, block_t=16,
-                           max_groups=3, carry_groups=2),
-    noncausal_groups_mask=dict(B=2, H=3, T=70, p=4, dtype=torch.float32, causal=False, masked=True, seed=28,
-                               block_t=16, group_chunks=2, carry_groups=2),
+    # three batch rows summed into dpos_bias two at a time, dtemp's partials two chunks at a
+    # time; its 40 columns past T zeros; carries scanned 2 chunks a step
+    causal_long_bias=dict(B=3, H=2, T=33, p=4, dtype=torch.float32, causal=True, seed=25, block_t=16, bias_extra=40,
+                          scan_chunks=2, batch_block=2, partial_block=2),
+    # 7 chunks scanned 2 a step (bf16), dL/dw in column blocks of 4 of p = 8; p = 6 in blocks of
+    # 4 (the last block half empty), 4 chunks a step; a padding mask that ends inside a chunk
+    causal_blocks_bf16=dict(B=1, H=3, T=100, p=8, dtype=torch.bfloat16, causal=True, seed=26, block_t=16,
+                            scan_chunks=2, feature_block=4, first_scale=0.01),
+    causal_odd_blocks=dict(B=2, H=3, T=150, p=6, dtype=torch.float32, causal=True, seed=27, block_t=16,
+                           scan_chunks=4, feature_block=4),
+    noncausal_blocks_mask=dict(B=2, H=3, T=70, p=4, dtype=torch.float32, causal=False, masked=True, seed=28,
+                               block_t=16, scan_chunks=2, feature_block=2, batch_block=1),
 )
 # Run again, and again with the programs of every launch in reverse order (the interpreter
-# runs them first to last): the results must be the same bits. Both have several groups a row.
-REPEATED_CASES = ("causal_long_bias", "noncausal_groups_mask")
+# runs them first to last): the results must be the same bits. Both scan several steps a row.
+REPEATED_CASES = ("causal_long_bias", "noncausal_blocks_mask")
 CUDA_CASES = dict(  # model-sized, on a GPU only
     causal_bf16_base=dict(B=2, H=12, T=4100, p=64, dtype=torch.bfloat16, causal=True, seed=10),
     causal_fp32_base=dict(B=1, H=12, T=2050, p=64, dtype=torch.float32, causal=True, seed=11),
@@ -594,13 +593,14 @@ CUDA_CASES = dict(  # model-sized, on a GPU only
 
 
 def run_triton_case(B, H, T, p, dtype, causal, seed, masked=False, layout="model", block_t=64, first_scale=1.0,
-                    tiny=False, guards=None, bias_extra=5, group_chunks=4, max_groups=64, carry_groups=16,
-                    device="cpu"):
+                    tiny=False, guards=None, bias_extra=5, scan_chunks=256, feature_block=32, batch_block=16,
+                    partial_block=256, device="cpu"):
     """Inputs, output, Pi and gradients of one call through tssa_impl="triton" on device (on
     the CPU only under TRITON_INTERPRET=1); everything returned on the CPU. tiny: features
     under the floor (make_inputs); guards: (PI_NORM_EPS, STAT_EPS) set in model.py for the
-    call; bias_extra: position bias columns past T; block_t, group_chunks, max_groups,
-    carry_groups: the kernels' BLOCK_T, GROUP_CHUNKS, MAX_GROUPS and CARRY_GROUPS for the call."""
+    call; bias_extra: position bias columns past T; block_t, scan_chunks, feature_block,
+    batch_block, partial_block: the kernels' BLOCK_T, SCAN_CHUNKS, FEATURE_BLOCK, BATCH_BLOCK
+    and PARTIAL_BLOCK for the call (lowered, a small case crosses their steps)."""
     from kernels import triton_tssa
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, H * p, generator=g)
@@ -621,9 +621,9 @@ def run_triton_case(B, H, T, p, dtype, causal, seed, masked=False, layout="model
         mask[0, T // 2:] = False
     leaves = [t.to(device).requires_grad_() for t in (w, temp, bias)]
     ops = kernels.ops_for("triton")
-    knobs = ("BLOCK_T", "GROUP_CHUNKS", "MAX_GROUPS", "CARRY_GROUPS")
+    knobs = ("BLOCK_T", "SCAN_CHUNKS", "FEATURE_BLOCK", "BATCH_BLOCK", "PARTIAL_BLOCK")
     saved = [getattr(triton_tssa, k) for k in knobs], model.PI_NORM_EPS, model.STAT_EPS
-    for k, v in zip(knobs, (block_t, group_chunks, max_groups, carry_groups)):
+    for k, v in zip(knobs, (block_t, scan_chunks, feature_block, batch_block, partial_block)):
         setattr(triton_tssa, k, v)
     model.PI_NORM_EPS, model.STAT_EPS = guards or saved[1:]
     try:
@@ -740,9 +740,8 @@ def programs_in_reverse_order():
 
 
 INTERPRETED = os.path.join(background.SCRATCH, "results.pt")  # TRITON_SCRIPT's results
-COMPILED = os.path.join(background.SCRATCH, "usage.json")  # COMPILE_SCRIPT's register and instruction counts
 USES_INTERPRETER = {"test_triton_kernels_match_reference", "test_triton_runs_are_bitwise_reproducible",
-                    "test_triton_step_matches_reference", "test_triton_call_is_four_launches_each_way_and_nothing_else"}
+                    "test_triton_step_matches_reference", "test_triton_call_is_six_launches_each_way_and_nothing_else"}
 
 
 def triton_missing():
@@ -761,12 +760,10 @@ def start_interpreter_job():
 
 
 def start_in_background(names):
-    """tests/conftest.py: the two long subprocesses of the selected Triton tests start now and
-    run beside the other tests (tests/background.py)."""
+    """tests/conftest.py: the long subprocess of the selected Triton tests starts now and runs
+    beside the other tests (tests/background.py)."""
     if names & USES_INTERPRETER and triton_missing() is None:
         start_interpreter_job()
-    if "test_triton_kernels_compile_for_gpus" in names and gpu_compile_missing() is None:
-        start_compile_job()
 
 
 @pytest.fixture(scope="module")
@@ -824,7 +821,7 @@ def count_launches_and_ops(causal):
     them)} for one call of tssa_impl="triton" (B=2, H=3, T=40, p=8: three chunks of 16 tokens,
     a group each), after a first call; the launches triton_tssa.launch_plan states for that
     call ("plan"); and the ops the reference's forward runs under the same counting (the
-    counting sees compute ops)."""
+    counting sees compute ops). dL/dw in column blocks of 4 (two a chunk here)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from kernels import triton_tssa
 
@@ -865,8 +862,8 @@ def count_launches_and_ops(causal):
     ops = kernels.ops_for("triton")
     call = (lambda: ops.causal_tssa(w, temp, pos_bias, return_pi=True)) if causal else \
         (lambda: ops.tssa(w, temp, return_pi=True, mask=mask))
-    saved = triton_tssa.BLOCK_T, triton_tssa.GROUP_CHUNKS
-    triton_tssa.BLOCK_T, triton_tssa.GROUP_CHUNKS = 16, 1
+    saved = triton_tssa.BLOCK_T, triton_tssa.FEATURE_BLOCK
+    triton_tssa.BLOCK_T, triton_tssa.FEATURE_BLOCK = 16, 4
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("error", "tssa_impl")  # a fallback to the reference would warn
@@ -886,24 +883,28 @@ def count_launches_and_ops(causal):
             plan = triton_tssa.launch_plan(B, H, T, p, w.dtype, causal, has_mask=not causal)
             counts["plan"] = [(launch["kernel"], (launch["grid"],)) for launch in plan]
     finally:
-        triton_tssa.BLOCK_T, triton_tssa.GROUP_CHUNKS = saved
+        triton_tssa.BLOCK_T, triton_tssa.FEATURE_BLOCK = saved
         for n, k in kernels_.items():
             setattr(triton_tssa, n, k)
     return counts
 
 
-def test_triton_call_is_four_launches_each_way_and_nothing_else(triton_results):
+def test_triton_call_is_six_launches_each_way_and_nothing_else(triton_results):
     """One TSSA call through the Triton kernels, causal and non-causal (with a padding mask):
-    four launches forward, four backward, each over the grid launch_plan states (a program
-    per batch row, chunk group and head: 2 x 3 x 3 here), and not one PyTorch op that
-    computes around them (no carry scans, sums over the batch, mask copies, slice backward,
-    or zeros for Pi's gradient)."""
+    six launches forward, six backward (two of each the scans of the carries), each over the
+    grid launch_plan states (a chunk launch: a program per batch row, chunk and head, 2 x 3 x
+    3 here; dL/dw's: per column block too, x 2; a scan: per row and 8 columns), and not one
+    PyTorch op that computes around them (no carry scans, sums over the batch, mask copies,
+    slice backward, or zeros for Pi's gradient; dpos_bias's zeros past T are an allocation)."""
     counts = triton_results["counts"]
+    chunk, scan, pair_scan = (2 * 3 * 3,), (2 * 3 * 1,), (2 * 3 * 2,)  # totals of p = 8 or p + 1 columns
     for kind in ("causal", "noncausal"):
         (fwd, fwd_ops), (bwd, bwd_ops) = counts[kind]["forward"], counts[kind]["backward"]
-        assert [n for n, _ in fwd] == ["_k_sum_sq", "_k_u", "_k_pi", "_k_out"], (kind, fwd)
-        assert [n for n, _ in bwd] == ["_k_sum_gm", "_k_gpi", "_k_grad_logit", "_k_grad_w"], (kind, bwd)
-        assert fwd + bwd == counts[kind]["plan"] and all(grid == (2 * 3 * 3,) for _, grid in fwd + bwd), kind
+        assert fwd == [("_k_sq_totals", chunk), ("_k_scan", scan), ("_k_u", chunk), ("_k_pi_totals", chunk),
+                       ("_k_scan", pair_scan), ("_k_out", chunk)], (kind, fwd)
+        assert bwd == [("_k_grad_totals", chunk), ("_k_scan", pair_scan), ("_k_pi_grad", chunk),
+                       ("_k_logit_grad", chunk), ("_k_scan", scan), ("_k_grad_w", (2 * chunk[0],))], (kind, bwd)
+        assert fwd + bwd == counts[kind]["plan"], kind
         assert fwd_ops == [] and bwd_ops == [], (kind, fwd_ops, bwd_ops)
         assert len(counts[kind]["reference"]) > 5  # the counting does see PyTorch's compute ops
 
@@ -957,129 +958,6 @@ def test_torch_compile_runs_the_fused_path(tmp_path):
     proc = subprocess.run([sys.executable, "-c", COMPILE_MODEL_SCRIPT], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
-
-
-# -----------------------------------------------------------------------------
-# The Triton kernels compiled for real GPUs (no GPU needed): Triton's own compiler and ptxas,
-# ahead of time, for each kernel as TritonKernels launches it (TritonKernels.plan: its
-# constexprs and warps). The interpreter above checks the maths but not what only the GPU
-# compiler sees (types, layouts, unsupported ops, the software pipeline); this checks that
-# every kernel builds for A100 (sm_80) and H100 (sm_90) at head widths 24, 64 and 128 and 12
-# or 17 heads, within 128 registers a thread (so two 256-thread programs fit an SM's register
-# file) and without spilling registers to local memory (cuobjdump's STACK column), which would
-# cost the memory traffic the kernels exist to save. The all-heads kernels of the first
-# version used 244 and 248 registers (one program per SM). It also reads the PTX of every
-# kernel (and the SASS of those of the two H100 bf16 settings) for atomic or reduction
-# instructions and memory fences: the kernels' determinism rests on there being none (no
-# program waits on or adds into another's data).
-
-COMPILE_SCRIPT = textwrap.dedent("""
-    import json, os, re, subprocess, sys, tempfile
-    import torch, triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    import kernels.triton_tssa as F
-    assert not F.INTERPRET
-    BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    TYPES = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
-    PTX_SYNC = re.compile(r"\\b(atom|red|membar|fence)\\.")  # atomics, reductions, fences
-    PTX_LOAD = re.compile(r"(?:ld|st)\\.global[.\\w]*")
-    SASS_SYNC = re.compile(r"\\b(ATOM|ATOMS|ATOMG|RED|REDG|MEMBAR|ERRBAR)\\b")
-
-    def arg_type(name, dtype, consts):
-        # w, g, out and dw in the input dtype, the padding mask bool, every other buffer fp32;
-        # the guards (sq_floor, stat_eps) fp32 scalars, every other scalar i32
-        if name in consts:
-            return "constexpr"
-        if name.endswith("_ptr"):
-            return {"w_ptr": TYPES[dtype], "g_ptr": TYPES[dtype], "out_ptr": TYPES[dtype], "gw_ptr": TYPES[dtype],
-                    "mask_ptr": "*i1"}.get(name, "*fp32")
-        return "fp32" if name in ("sq_floor", "stat_eps") else "i32"
-
-    def cuobjdump(flag, cubin):
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(cubin)
-        try:
-            return subprocess.run([os.path.join(BIN, "cuobjdump"), flag, f.name], capture_output=True, text=True,
-                                  check=True).stdout
-        finally:
-            os.unlink(f.name)
-
-    def divisible(kernel, consts, p):
-        # what Triton's launcher tells the compiler at run time: pointers (PyTorch's allocations)
-        # and integers that are multiples of 16; here the strides of w, g, out and dw in
-        # model.py's layouts, multiples of 16 when p is
-        strides = {"s_b", "s_h", "s_t", "g_b", "g_h", "g_t", "o_b", "o_h", "o_t"}
-        return {(k,): [["tt.divisibility", 16]] for k, n in enumerate(kernel.arg_names)
-                if n not in consts and (n.endswith("_ptr") or (n in strides and p % 16 == 0))}
-
-    def compile_kernel(kernel, dtype, consts, num_warps, arch, p, read_sass):
-        sig = {n: arg_type(n, dtype, consts) for n in kernel.arg_names}
-        ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=divisible(kernel, consts, p)),
-                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
-        usage = cuobjdump("--dump-resource-usage", ck.asm["cubin"])
-        sass = cuobjdump("-sass", ck.asm["cubin"]) if read_sass else ""
-        regs, stack = (int(re.search(rf"{k}:(\\d+)", usage).group(1)) for k in ("REG", "STACK"))
-        return dict(regs=regs, stack=stack, sass_lines=sass.count("\\n"), ptx_moves=sorted(set(PTX_LOAD.findall(ck.asm["ptx"]))),
-                    ptx_sync=sorted(set(PTX_SYNC.findall(ck.asm["ptx"]))), sass_sync=sorted(set(SASS_SYNC.findall(sass))))
-
-    rows = []
-    for arch, dtype, p, H, causal in [(90, "bf16", 64, 12, True), (90, "bf16", 64, 12, False),
-                                      (90, "fp32", 64, 12, True), (90, "fp16", 24, 12, False),
-                                      (90, "bf16", 128, 12, True), (80, "bf16", 64, 12, True),
-                                      (90, "fp16", 24, 17, False)]:
-        for name, consts in F.TritonKernels.plan(p, H, causal, has_mask=not causal).items():
-            consts = dict(consts)
-            got = compile_kernel(getattr(F, name), dtype, consts, consts.pop("num_warps"), arch, p,
-                                 read_sass=len(rows) < 18)  # the SASS of the first two (H100) settings
-            rows.append(dict(arch=arch, dtype=dtype, p=p, H=H, causal=causal, kernel=name, **got))
-    json.dump(rows, open(sys.argv[1], "w"))
-""")
-
-
-def gpu_compile_missing():
-    """Why the ahead-of-time compile for NVIDIA GPUs cannot run here (None if it can)."""
-    try:
-        import triton
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-    except ImportError:
-        return "triton is not installed (requirements-dev.txt installs it on Linux x86-64)"
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
-        return "this triton build has no NVIDIA back end (ptxas, cuobjdump)"
-    return None
-
-
-def start_compile_job():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=os.path.join(background.SCRATCH, "triton-cache"))
-    env.pop("TRITON_INTERPRET", None)
-    background.start("gpu compile", [sys.executable, "-c", COMPILE_SCRIPT, COMPILED], env=env, cwd=ROOT)
-
-
-def test_triton_kernels_compile_for_gpus():
-    if gpu_compile_missing():
-        pytest.skip(gpu_compile_missing())
-    from kernels import triton_tssa
-    start_compile_job()  # a no-op where the session started it already
-    proc = background.wait("gpu compile", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(COMPILED) as f:
-        rows = json.load(f)
-    kernels_ = set(triton_tssa.FORWARD + triton_tssa.BACKWARD) | {"_k_step"}
-    assert len(rows) == 7 * 9 and {r["kernel"] for r in rows} == kernels_
-    assert all(r["regs"] > 0 for r in rows) and all(r["sass_lines"] > 100 for r in rows[:18])  # the dumps were read
-    spilling = [r for r in rows if r["stack"] > 0]
-    assert not spilling, f"kernels spill registers: {spilling}"
-    too_many = [r for r in rows if r["regs"] > 128]
-    assert not too_many, f"kernels use more than 128 registers a thread: {too_many}"
-    syncing = [r for r in rows if r["ptx_sync"] or r["sass_sync"]]
-    assert not syncing, f"kernels use atomics or fences: {syncing}"
-    # at p = 64 (a token's features a whole tile row), bf16 w, g, out and dw move as vectors
-    # (or through cp.async, the software pipeline), never one 16-bit element at a time
-    scalar = [r for r in rows if r["dtype"] == "bf16" and r["p"] % 16 == 0 and r["kernel"] != "_k_step"
-              and any(m.endswith((".b16", ".u16")) for m in r["ptx_moves"])]
-    assert not scalar, f"kernels move bf16 tiles one element at a time: {scalar}"
-    assert any(".v4." in m or ".v2." in m for r in rows for m in r["ptx_moves"])  # the PTX was read
 
 
 @needs_cuda

@@ -137,7 +137,7 @@ def test_rvar_before_and_after_each_step_over_the_windows(run):
         before, after = [], []
         for block, m in zip(model.blocks[:2], maps[:2]):
             before.append(compression_objective(m["w"], m["pi"]).double())  # (5,)
-            w_after = split_heads(block.attn.c_in(m["z"] + block.ls_1.gamma * m["out"]), 2)
+            w_after = split_heads(block.attn.w_proj(m["z"] + block.attn_scale.weight * m["out"]), 2)
             after.append(compression_objective(w_after, m["pi"]).double())
         before, after = torch.stack(before, 1), torch.stack(after, 1)  # (5, 2)
         # rtol 1e-5: the same fp32 operations in other batches (matmul blocking: ~1e-7, a few ops deep)

@@ -55,10 +55,11 @@ def flows():
         return json.load(f)
 
 
-FLOWS = {  # flow -> the operators its first calls ask for, (operator, compiled)
+FLOWS = {  # flow -> the operators its calls ask for, (operator, compiled), each in one or more shape classes
     "train": [["causal_tssa", False]],  # estimate_loss, under no_grad, first
     "train compiled bf16": [["causal_tssa", True]],  # inside torch.compile's trace, under autocast
-    "sample": [["causal_tssa", False], ["causal_tssa_step", False]],  # prefill then steps: no_grad, eval mode
+    "sample": [["causal_tssa", False], ["causal_tssa_step", False]],  # the start's decoding check, the prompt's
+    # prefill, steps: no_grad, eval mode
     "evaluate": [["causal_tssa", False]],  # a @torch.no_grad main
     "lm_inspect": [["causal_tssa", False]],
     "inference_mode autocast": [["causal_tssa", False]],
@@ -70,9 +71,10 @@ def test_auto_picks_the_triton_kernels_in_the_scripts_flows(flows, name):
     r = flows[name]
     assert r["error"] is None and r["warned"] == [] and r["failure"] is None, r
     assert r["refusals"] == {"cpu": None}  # the whole check passed where the flow made its first call
-    assert [p[:2] for p in r["picks"]] == FLOWS[name] and all(p[2] for p in r["picks"]), r["picks"]
-    assert len(r["said"]) == len(FLOWS[name]) and all(s.endswith("running Triton") for s in r["said"]), r["said"]
-    # and the flow's own calls ran the Triton kernels (H=2, p=16; the check's are H=3, p=8)
+    assert sorted({tuple(p[:2]) for p in r["picks"]}) == sorted(map(tuple, FLOWS[name])), r["picks"]
+    assert all(p[2] for p in r["picks"]), r["picks"]  # each shape class: Triton
+    assert len(r["said"]) == len(r["picks"]) and all(s.endswith("running Triton") for s in r["said"]), r["said"]
+    # and the flow's own calls ran the Triton kernels (H=2, p=16; the check's are H=3, p=6)
     assert ["forward", 2, 16] in r["launched"], r["launched"]
     if name == "sample":
         assert ["step", 2, 16] in r["launched"]

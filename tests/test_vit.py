@@ -88,7 +88,7 @@ def test_class_attention_block_follows_the_xcit_equations():
         a = (q[..., s] @ k[..., s].transpose(1, 2) / math.sqrt(C // H)).softmax(-1)  # (B, 1, 1 + N)
         heads.append(a @ v[..., s])
     attn_out = torch.cat(heads, -1) @ P["attn.c_proj.weight"].T + P["attn.c_proj.bias"]
-    g1, g2 = P["ls_1.gamma"], P["ls_2.gamma"]
+    g1, g2 = P["attn_scale.weight"], P["mlp_scale.weight"]
     cls, patches = x[:, :1] + g1 * attn_out, x[:, 1:] + g1 * n[:, 1:]  # the NORMED patches join in
     y = ln(torch.cat([cls, patches], 1), 2)  # LN2 on the residual stream, every token
     mlp = F.gelu(y[:, :1] @ P["mlp.c_fc.weight"].T + P["mlp.c_fc.bias"]) @ P["mlp.c_proj.weight"].T + P["mlp.c_proj.bias"]
@@ -417,8 +417,8 @@ def test_inspect_rvar_equals_compression_objective_on_the_same_tensors(trained, 
             for block, m in zip(model.blocks, maps["layers"]):
                 B, N, C = m["z"].shape
                 before.append(compression_objective(m["w"], m["pi"]).double().mean())
-                z_after = m["z"] + block.ls_1.gamma * m["out"]  # the step, through the layer scale
-                w_after = block.attn.c_in(z_after).view(B, N, 4, C // 4).transpose(1, 2)
+                z_after = m["z"] + block.attn_scale.weight * m["out"]  # the step, through the layer scale
+                w_after = block.attn.w_proj(z_after).view(B, N, 4, C // 4).transpose(1, 2)
                 after.append(compression_objective(w_after, m["pi"]).double().mean())
         assert len(rec["indices"]) == 24 and len(set(rec["indices"])) == 24
         # rtol 1e-5: the same fp32 operations, batched 10 at a time there and 24 at once here,
@@ -437,9 +437,9 @@ def test_within_layer_check_sees_a_tied_gradient_step_lower_r_var():
     for sign, lowered in ((1.0, True), (-1.0, False)):
         with torch.no_grad():
             for block in model.blocks:
-                block.attn.c_proj.weight.copy_(sign * tau / N * block.attn.c_in.weight.T)
+                block.attn.c_proj.weight.copy_(sign * tau / N * block.attn.w_proj.weight.T)
                 block.attn.c_proj.bias.zero_()
-                block.ls_1.gamma.fill_(1.0)
+                block.attn_scale.weight.fill_(1.0)
         before, after = vit_inspect.rvar_before_after(model, x)[:2]  # (6, 2) each
         assert bool(((after < before) if lowered else (after > before)).all()), (sign, before, after)
 
