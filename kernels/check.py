@@ -164,13 +164,14 @@ def forms_agree():
     T, half, p = 64, 32, 8
     w = features(T, p, gen).double()
     temp, bias = torch.tensor(TEMP["causal_tssa"]).double(), position_bias(T).double()
+    def steps(state, start):  # (B, H, T - start, p)
+        return torch.stack([model.causal_tssa_step(w[:, :, t], temp, bias[:, t], state) for t in range(start, T)], 2)
     with torch.inference_mode(False), torch.no_grad():
         full = model.causal_tssa(w, temp, bias)
-        stepped = model.TSSAState.zeros(B, H, p, dtype=torch.float64)
-        from_empty = torch.stack([model.causal_tssa_step(w[:, :, t], temp, bias[:, t], stepped) for t in range(T)], 2)
+        from_empty = steps(model.TSSAState.zeros(B, H, p, dtype=torch.float64), 0)
         prefilled = model.TSSAState.zeros(B, H, p, dtype=torch.float64)
         model.causal_tssa(w[:, :, :half], temp, bias, state=prefilled)
-        after = torch.stack([model.causal_tssa_step(w[:, :, t], temp, bias[:, t], prefilled) for t in range(half, T)], 2)
+        after = steps(prefilled, half)
     return max(per_head(from_empty, full, (0, 2, 3)), per_head(after, full[:, :, half:], (0, 2, 3))) <= 1e-9
 
 
