@@ -35,7 +35,8 @@ def triton_missing():
 def start_job():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     background.start("auto in the scripts", [sys.executable, os.path.join(ROOT, "tests", "auto_in_scripts.py"),
-                                             IN_SCRIPTS], env=env, cwd=ROOT)
+                                             IN_SCRIPTS], env=env, cwd=ROOT,
+                     nice=13)  # behind the interpreter run (waited for earlier), ahead of the GPU builds (later)
 
 
 def start_in_background(names):
