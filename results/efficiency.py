@@ -1,7 +1,8 @@
 """
 The paper's efficiency figure, from the GPU report: the time and the peak memory of a training
 step of ToST-Base and of GPT-2 Base against the length of the sequences (equal tokens per step),
-the faster row of each model at each length (results/nvidia-h200.json, the train_* sections).
+the faster row of each model at each length (results/nvidia-h200.json: the report's train_*
+sections, or the headline's train).
 
     python results/render.py             # SPEED.md's table and results/efficiency.png, when they differ
     python results/render.py --check     # exit 1 if either differs from the JSON
@@ -12,26 +13,24 @@ in its PNG metadata, so --check compares them with the JSON's without drawing (n
 """
 
 from results.markdown import table
-from results.speed_tables import AWAITED, FIELDS, REPORT, num, ok, section  # noqa: F401  (AWAITED, FIELDS: the same report)
+from results.speed_tables import AWAITED, FIELDS, REPORT, num, ok, train_rows  # noqa: F401  (AWAITED, FIELDS: the same report)
 
 FIGURE = "results/efficiency.png"
-TRAIN_SECTIONS = {"train_tost": "tost", "train_tost_triton": "tost", "train_gpt2_flash": "gpt2",
-                  "train_gpt2_cudnn": "gpt2"}
 
 
 def efficiency_points(data):
     """[{T, arch, ms, peak_gb, impl, eager}] : the fastest row of each model at each length (a
     ToST row measured eager because its compile failed counts, marked)."""
     best = {}
-    for name, arch in TRAIN_SECTIONS.items():
-        for r in section(data, name).get("rows", []):
-            if not (ok(r) or r.get("status") == "eager") or r.get("ms") is None:
-                continue
-            if (r["T"], arch) not in best or r["ms"] < best[(r["T"], arch)]["ms"]:
-                best[(r["T"], arch)] = dict(T=r["T"], arch=arch, ms=round(r["ms"], 2),
-                                            peak_gb=round(r["peak_mb"] / 1024, 2) if r.get("peak_mb") else None,
-                                            impl=r.get("impl") or r.get("backend_ran") or r.get("backend"),
-                                            eager=r.get("status") == "eager")
+    for r in train_rows(data):  # (the report's train_* sections, or the headline's train)
+        arch = r.get("arch")
+        if not (ok(r) or r.get("status") == "eager") or r.get("ms") is None:
+            continue
+        if (r["T"], arch) not in best or r["ms"] < best[(r["T"], arch)]["ms"]:
+            best[(r["T"], arch)] = dict(T=r["T"], arch=arch, ms=round(r["ms"], 2),
+                                        peak_gb=round(r["peak_mb"] / 1024, 2) if r.get("peak_mb") else None,
+                                        impl=r.get("impl") or r.get("backend_ran") or r.get("backend"),
+                                        eager=r.get("status") == "eager")
     return [best[k] for k in sorted(best)]
 
 

@@ -59,14 +59,18 @@ class Notes:
 
 
 def section_line(data, names):
-    """One line per named section that is not ok: what happened to it."""
+    """One line per named section of the report that is not ok: what happened to it (a section
+    the report does not have, e.g. one of --report's in a headline, is not named)."""
     lines = []
     for name in names:
+        if name not in (data.get("sections") or {}):
+            continue
         s = section(data, name)
         if s.get("status") != "ok":
             what = {"timed_out": f"timed out at its limit of {s.get('limit_s', 0):.0f} s (the rows it measured "
                                  f"are shown)", "not_run": "has not run", "failed": "failed",
-                    "skipped": "was skipped"}.get(s.get("status"), s.get("status"))
+                    "skipped": "was skipped", "running": "was cut short by the end of the command (the rows it "
+                                                         "measured are shown)"}.get(s.get("status"), s.get("status"))
             lines.append(f"Section `{name}` {what}" + (f": {s['reason']}" if s.get("reason") else "") + ".")
     return "\n".join(lines) + ("\n\n" if lines else "")
 
@@ -93,6 +97,7 @@ def table_gpu_meta(data):
             ("software", f"torch {m.get('torch')}, CUDA {m.get('cuda')}, Triton {m.get('triton')}, "
                          f"cuDNN {m.get('cudnn')}, Python {m.get('python')}"),
             ("code", f"commit {commit}, source sha256 {m.get('source_sha256')}"
+                     + (f" ({m['commit_check']})" if m.get("commit_check") else "")
                      + (f" ({m['commit_note']})" if m.get("commit_note") else "")),
             ("date (UTC)", m.get("date")),
             ("dtype", f"{m.get('dtype')}" + (" (quick: tiny shapes)" if m.get("quick") else ""))]
@@ -147,24 +152,37 @@ def table_gpu_op(data):
                         body) + notes.text()
 
 
+# the sections that hold training rows: the headline's train, the report's train_*
+TRAIN_SECTIONS = ("train", "train_tost", "train_tost_triton", "train_gpt2_flash", "train_gpt2_cudnn")
+# a training row's column: ToST-Base by tssa_impl, GPT-2 Base by SDPA backend
+TRAIN_COLUMNS = (("tost", "torch", "ToST-Base `torch`"), ("tost", "auto", "ToST-Base `auto`"),
+                 ("tost", "triton", "ToST-Base `triton`"), ("gpt2", "flash", "GPT-2 FlashAttention-2"),
+                 ("gpt2", "cudnn", "GPT-2 cuDNN"), ("gpt2", "default", "GPT-2 (SDPA's own choice)"))
+
+
+def train_rows(data):
+    """Every training row of the report, from whichever of TRAIN_SECTIONS it has."""
+    return [r for n in TRAIN_SECTIONS for r in section(data, n).get("rows", [])]
+
+
+def train_column(r):
+    """(arch, tssa_impl or SDPA backend) of a training row: its column."""
+    return r.get("arch"), (r.get("impl") or "torch") if r.get("arch") == "tost" else r.get("backend")
+
+
 def table_gpu_train(data):
     """The training step of ToST-Base vs GPT-2 Base, equal tokens per step."""
-    cols = [("train_tost", None, "ToST-Base `torch`"), ("train_tost_triton", None, "ToST-Base `triton`"),
-            ("train_gpt2_flash", "flash", "GPT-2 FlashAttention-2"), ("train_gpt2_cudnn", "cudnn", "GPT-2 cuDNN"),
-            ("train_gpt2_flash", "default", "GPT-2 (SDPA's own choice)")]
     found = {}
-    for sec, backend, label in cols:
-        for r in section(data, sec).get("rows", []):
-            if backend is None or r.get("backend") == backend:
-                found.setdefault(label, {})[(r["T"], r["B"])] = r
-    labels = [label for _, _, label in cols if label in found]
+    for r in train_rows(data):
+        found.setdefault(train_column(r), {})[(r["T"], r["B"])] = r
+    cols = [(key, label) for *key, label in TRAIN_COLUMNS if tuple(key) in found]
     shapes = sorted({k for rows in found.values() for k in rows})
     notes = Notes()
     body = []
     for T, B in shapes:
         cells, tost, gpt2 = [], None, None  # (ms, label, row) of the fastest of each model
-        for label in labels:
-            r = found[label].get((T, B))
+        for key, label in cols:
+            r = found[tuple(key)].get((T, B))
             if not (ok(r) or (r and r.get("status") == "eager")):  # eager: its compile failed, said in a note
                 cells.append(notes.mark(r) if r else "-")
                 continue
@@ -180,18 +198,20 @@ def table_gpu_train(data):
         peaks = [side[2].get("peak_mb") for side in (tost, gpt2) if side]
         peak = f"{num(peaks[0] / 1024)} / {num(peaks[1] / 1024)}" if len(peaks) == 2 and None not in peaks else "-"
         body.append([f"{T:,} x {B}"] + cells + [vs, goal, peak])
-    head = section_line(data, ["train_tost", "train_gpt2_flash", "train_gpt2_cudnn"])
+    head = section_line(data, ["train", "train_tost", "train_gpt2_flash", "train_gpt2_cudnn"])
     if not body:
         return head.strip() or "No rows."
-    s = next(section(data, n) for n in ("train_tost", "train_gpt2_flash", "train_gpt2_cudnn", "train_tost_triton")
-             if section(data, n).get("train_tokens"))
+    s = next(section(data, n) for n in TRAIN_SECTIONS if section(data, n).get("train_tokens"))
     peak_is = next((r["peak_is"] for rows in found.values() for r in rows.values() if r.get("peak_is")), "-")
+    said = sorted({r["auto_said"] for r in train_rows(data) if r.get("auto_said")})
     head += (f"Forward, backward and AdamW of one step of {s['train_tokens']:,} tokens (T x B), "
              f"{'compiled (torch.compile, a fresh compile per row)' if s.get('compiled') else 'eager'}, "
              f"{s.get('dtype') + ' autocast' if s.get('dtype') != 'float32' else 'float32'}; ms per step (the "
              f"attention kernel that ran). Peak GB, ToST / GPT-2, of the two rows compared (the faster of each): "
              f"{peak_is}.\n\n")
-    return head + table(["T x B"] + labels + ["ToST / faster GPT-2", "target", "peak GB"], body) + notes.text()
+    foot = "".join(f"\n\n`auto` said: {line}" for line in said)
+    return head + table(["T x B"] + [label for _, label in cols] + ["ToST / faster GPT-2", "target", "peak GB"],
+                        body) + notes.text() + foot
 
 
 DECODE_KINDS = [("tost", "torch", "eager", "ToST `torch` eager"), ("tost", "torch", "captured", "ToST `torch` CUDA graph"),
@@ -288,10 +308,50 @@ def table_gpu_main_job(data):
         return section_line(data, ["main_job"]).strip() or "No rows."
     head = section_line(data, ["main_job"]) + f"`{s.get('command')}` on {s.get('data')}.\n\n"
     foot = ("\n\nProfile: GPU busy ms of one compiled micro-step (12 x 1,024 tokens, forward and backward) and "
-            "the share of each kind of kernel, told by name (bench.KERNEL_KINDS).") if any(
+            "the share of each kind of kernel, told by name (benchkit/main_job.py's KERNEL_KINDS).") if any(
         r.get("profile") for r in rows) else ""
     return head + table(["job", "iterations", "tokens / iteration", "tokens/s", "MFU", "target", "profile"],
                         body) + notes.text() + foot
+
+
+def table_gpu_kernels(data):
+    """Each Triton launch of one forward and backward (the headline's section kernel_times): its
+    GPU time and bandwidth beside kernels.triton_tssa.launch_plan()'s bytes and modelled time."""
+    if "kernel_times" not in (data.get("sections") or {}):
+        return ("No `kernel_times` section in this report: `python bench.py --headline` measures it (SPEED.md, "
+                "The headline).")
+    s = section(data, "kernel_times")
+    out = section_line(data, ["kernel_times"])
+    notes = Notes()
+    for r in s.get("rows", []):
+        where = f"B={r.get('B')}, T={r.get('T'):,}"
+        if not ok(r):
+            out += f"{where}: {notes.mark(r)}\n\n"
+            continue
+        clock = "GPU" if r.get("timer") == "profiler" else "interpreted wall"
+        gpu = f"{num(r['gpu_ms'])} ms of {clock} time, {num(r.get('tbps'))} TB/s over all" if r.get("gpu_ms") else \
+            "no total (a launch without a time)"
+        out += (f"**{where}**: {len(r['launches'])} launches, {num(r['bytes'] / 1e6)} MB read and written, {gpu}; "
+                f"the model: {num(r['modelled_ms'])} ms.\n\n")
+        body = []
+        for launch in r["launches"]:
+            body.append([str(launch["launch"]), f"`{launch['kernel']}`", launch.get("direction", "-"),
+                         num(launch.get("grid")), num((launch["read"] + launch["write"]) / 1e6),
+                         num(launch.get("l2_read", 0) / 1e6) if "l2_read" in launch else "-",
+                         num(launch.get("gpu_us")) if launch.get("gpu_us") is not None else
+                         f"- ({launch.get('unmatched', 'not seen')})", num(launch.get("tbps")),
+                         num(launch["modelled_us"]), f"{num(launch['x_model'])}x" if launch.get("x_model") else "-"])
+        out += table(["#", "kernel", "direction", "programs", "MB read + written", "MB read again (L2)",
+                      f"{clock} us", "TB/s", "modelled us", "measured / modelled"], body)
+        others = r.get("other_kernels") or []
+        out += ("\n\nAround the launches, per call: " + "; ".join(f"`{n[:60]}` x{num(c)} {num(ms)} ms"
+                                                                for n, c, ms in others[:6]) + ".") if others else ""
+        out += "\n\n"
+    timer = s.get("timer", "")
+    return (out + f"fwd+bwd, causal, {s.get('H')} heads of {s.get('p')}, {s.get('dtype')}; each launch's time is "
+            f"the median of {next((r['calls'] for r in s.get('rows', []) if r.get('calls')), '-')} calls ({timer}). "
+            "TB/s: the launch's bytes read and written (launch_plan) over its time; modelled: "
+            "modelled_time_s(launch)." + notes.text()).strip()
 
 
 def table_gpu_check(data):
@@ -447,8 +507,7 @@ def summary_op(data):
 def summary_train(data):
     """The training step at each length both models ran: ToST-Base against the faster GPT-2 Base
     (a ToST row that ran eager because its compile failed counts, marked)."""
-    train = [r for n in ("train_tost", "train_tost_triton", "train_gpt2_flash", "train_gpt2_cudnn")
-             for r in section(data, n).get("rows", [])]
+    train = train_rows(data)
     said, eager = [], False
     for T in sorted({r["T"] for r in train}):
         tost = best_row(train, lambda r: r["T"] == T and r.get("arch") == "tost") or next(
@@ -462,7 +521,8 @@ def summary_train(data):
                         + ("*" if tost.get("status") == "eager" else "") + f" (`{tost.get('impl') or 'torch'}`{peak})")
     if not said:
         return None
-    return (f"- a training step of {section(data, 'train_tost').get('train_tokens', 0):,} tokens, the faster ToST-Base "
+    tokens = next((section(data, n)["train_tokens"] for n in TRAIN_SECTIONS if section(data, n).get("train_tokens")), 0)
+    return (f"- a training step of {tokens:,} tokens, the faster ToST-Base "
             f"against the faster GPT-2 Base (its tssa_impl, the peak memory of the same two rows): " + ", ".join(said)
             + (" (*eager: torch.compile failed there, SPEED.md says why)" if eager else "") + ";")
 
@@ -501,7 +561,7 @@ def table_gpu_summary(data):
     if not m.get("gpu"):
         return "_No GPU report is committed yet._"
     lines = []
-    for line, names in ((summary_op(data), ("op",)), (summary_train(data), ("train_tost", "train_gpt2_flash")),
+    for line, names in ((summary_op(data), ("op",)), (summary_train(data), ("train", "train_tost", "train_gpt2_flash")),
                         (summary_decode(data), ("decode",)), (summary_main_job(data), ("main_job",))):
         if line:  # a section kept from an earlier run (another commit) says which
             older = sorted({str(section(data, n).get("commit"))[:7] for n in names if section(data, n).get("commit")
@@ -515,6 +575,7 @@ def table_gpu_summary(data):
 TABLES = {name: (REPORT, fn) for name, fn in (
     ("gpu_meta", table_gpu_meta), ("gpu_op", table_gpu_op), ("gpu_train", table_gpu_train),
     ("gpu_decode", table_gpu_decode), ("gpu_main_job", table_gpu_main_job), ("gpu_check", table_gpu_check),
+    ("gpu_kernels", table_gpu_kernels),
     ("gpu_summary", table_gpu_summary))}
 TABLES.update({"cpu_op": (CPU_BENCH, table_cpu_op), "cpu_decode": (CPU_BENCH, table_cpu_decode),
                "cpu_summary": (CPU_BENCH, table_cpu_summary)})

@@ -29,6 +29,7 @@ import bench  # noqa: E402
 import cli  # noqa: E402
 import render  # noqa: E402
 import speed_tables  # noqa: E402
+from benchkit import main_job, meta as bench_meta, part as bench_part, report, suites, timing  # noqa: E402
 
 TINIEST = ["--report=1", "--device=cpu", "--quick=1", "--T=32", "--model_T=16", "--decode_T=8", "--main_iters=2"]
 
@@ -61,12 +62,12 @@ def hung_report(tmp_path_factory):
 
 def test_every_section_is_recorded_and_a_hung_one_times_out_while_the_next_runs(hung_report):
     data = hung_report["data"]
-    assert data["schema"] == bench.REPORT_SCHEMA
-    assert list(data["sections"]) == list(bench.SECTIONS)
+    assert data["schema"] == report.REPORT_SCHEMA
+    assert list(data["sections"]) == list(report.SECTIONS)
     meta = data["meta"]
     for key in ("name", "date", "torch", "triton", "cudnn", "cuda", "driver", "commit", "source_sha256", "slug"):
         assert key in meta, key
-    assert meta["name"] == "cpu" and meta["quick"] is True and meta["source_sha256"] == bench.source_digest()
+    assert meta["name"] == "cpu" and meta["quick"] is True and meta["source_sha256"] == bench_meta.source_digest()
     s = data["sections"]
     # decode hung: stopped at its limit, recorded; train_tost, after it, still ran
     assert s["decode"]["status"] == "timed_out" and s["decode"]["limit_s"] == 2
@@ -157,20 +158,20 @@ def test_settings_are_checked_before_anything_runs(monkeypatch, tmp_path):
 def test_another_devices_report_is_not_overwritten(tmp_path):
     path = tmp_path / "r.json"
     h100 = dict(slug="nvidia-h100-80gb-hbm3", quick=False, name="NVIDIA H100 80GB HBM3")
-    path.write_text(json.dumps(dict(schema=bench.REPORT_SCHEMA, meta=h100, runs=[], sections={})))
+    path.write_text(json.dumps(dict(schema=report.REPORT_SCHEMA, meta=h100, runs=[], sections={})))
     with pytest.raises(cli.UserError, match="NVIDIA H100.*choose another --out"):
-        bench.load_report(str(path), dict(slug="cpu", quick=True, name="cpu"))
-    assert bench.load_report(str(path), h100)["meta"] == h100  # the same device continues it
-    assert bench.report_out(SimpleNamespace(out="results/", quick=False), dict(h100, gpu="x")) == \
+        report.load_report(str(path), dict(slug="cpu", quick=True, name="cpu"))
+    assert report.load_report(str(path), h100)["meta"] == h100  # the same device continues it
+    assert report.report_out(SimpleNamespace(out="results/", quick=False), dict(h100, gpu="x")) == \
         os.path.join("results", "nvidia-h100-80gb-hbm3.json")  # the committed report: only when named
     for quick, gpu, where in ((False, "x", "nvidia-h100-80gb-hbm3.json"),  # never results/ (committed) unless named
                               (True, "x", "nvidia-h100-80gb-hbm3-quick.json"), (False, None, "cpu-report.json")):
-        assert bench.report_out(SimpleNamespace(out="auto", quick=quick), dict(h100, gpu=gpu)) == \
+        assert report.report_out(SimpleNamespace(out="auto", quick=quick), dict(h100, gpu=gpu)) == \
             os.path.join("out-bench", where)
 
 
 def test_ratios_read_the_way_they_are_worded():
-    for words in (bench.ratio_words, speed_tables.ratio_words):
+    for words in (suites.ratio_words, speed_tables.ratio_words):
         assert words(1.0, 3.3, "SDPA") == "3.3x faster than SDPA"
         assert words(3.3, 1.0, "SDPA") == "3.3x slower than SDPA"
         assert words(1.0, 1.02, "SDPA") == "as fast as SDPA"
@@ -184,55 +185,126 @@ def test_device_activity_sums_kernels_from_profiler_events():
         return FunctionEvent(id=i, name=name, thread=0, start_us=10 * i, end_us=10 * i + us, device_type=dev)
     events = [ev(0, "aten::mm", 5, DeviceType.CPU), ev(1, "gemm", 4), ev(2, "gemm", 4), ev(3, "flash_fwd", 2),
               ev(4, "Memset (Device)", 1)]
-    got = bench.device_activity(events, calls=2)
+    got = timing.device_activity(events, calls=2)
     assert got["gpu_ms"] == pytest.approx(11 / 1e3 / 2) and got["kernels"] == 1.5 and got["memops"] == 0.5
     assert got["top_kernels"][0] == ["gemm", 1.0, pytest.approx(4 / 1e3)]
-    assert bench.attention_ran(got["top_kernels"]) == "flash"
-    assert bench.attention_ran([["cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 1, 1]]) == "cudnn"
-    assert bench.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert timing.attention_ran(got["top_kernels"]) == "flash"
+    assert timing.attention_ran([["cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 1, 1]]) == "cudnn"
+    assert bench_meta.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
 def test_kernel_shares_tell_the_kinds_of_kernels_by_name():
     us = [("triton_red_fused_cumsum_mul_0", 30.0), ("_k_pi", 10.0), ("sm90_xmma_gemm_bf16bf16", 40.0),
           ("triton_per_fused__log_softmax_nll_loss_1", 12.0), ("flash_fwd_kernel", 5.0), ("triton_poi_fused_add_2", 3.0)]
-    got = bench.kernel_shares(us, calls=2)
+    got = main_job.kernel_shares(us, calls=2)
     assert got["gpu_ms"] == pytest.approx(100 / 1e3 / 2)
     assert got["shares"] == dict(tssa=0.4, attention=0.05, loss=0.12, matmuls=0.4, rest=0.03)
     assert got["top_kernels"][0] == ["sm90_xmma_gemm_bf16bf16", pytest.approx(40 / 1e3 / 2)]
 
 
 def test_a_section_run_again_keeps_the_rows_of_the_same_code_unless_remeasured():
-    meta = dict(source_sha256="abc")
+    meta = dict(source_sha256="abc", slug="cpu")
     old = dict(status="timed_out", source_sha256="abc", rows=[dict(impl="torch", B=1, T=8, status="ok", ms=1.0)])
     keep = SimpleNamespace(remeasure=False)
-    assert bench.rows_to_keep(keep, old, meta) is old  # named or cut: its measured rows are kept
-    assert bench.rows_to_keep(keep, dict(old, source_sha256="other"), meta) is None  # other code: all again
-    assert bench.rows_to_keep(SimpleNamespace(remeasure=True), old, meta) is None
-    assert bench.rows_to_keep(keep, None, meta) is None
+    assert report.rows_to_keep(keep, old, meta) is old  # named or cut: its measured rows are kept
+    assert report.rows_to_keep(keep, dict(old, source_sha256="other"), meta) is None  # other code: all again
+    assert report.rows_to_keep(keep, dict(old, device="nvidia-h200"), meta) is None  # another device: all again
+    assert report.rows_to_keep(SimpleNamespace(remeasure=True), old, meta) is None
+    assert report.rows_to_keep(keep, None, meta) is None
 
 
 def test_the_commit_named_by_the_environment_wins_over_a_copys_git(monkeypatch):
-    C = SimpleNamespace(device="cpu", dtype="float32", quick=True)
+    C = SimpleNamespace(device="cpu", dtype="float32", quick=True, headline=False)
     earlier = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     assert len(earlier) == 40  # a commit of this repository other than the checkout's
     monkeypatch.setenv("NANOTOST_COMMIT", earlier)
-    meta = bench.collect_meta(C)
-    assert (meta["commit"], meta["commit_from"], meta["dirty"]) == (earlier, "NANOTOST_COMMIT", None)
+    meta = bench_meta.collect_meta(C)
+    assert (meta["commit"], meta["commit_from"]) == (earlier, "NANOTOST_COMMIT")
+    same = bench_meta.source_digest(earlier) == meta["source_sha256"]  # checked against the code, git holding it
+    assert meta["commit_check"].startswith("its code is the code here" if same else "DIFFERS"), meta["commit_check"]
     monkeypatch.delenv("NANOTOST_COMMIT")
-    meta = bench.collect_meta(C)
-    assert meta["commit_from"] in ("git", None) and meta["commit"] != earlier
+    meta = bench_meta.collect_meta(C)
+    assert meta["commit_from"] in ("git", "source_sha256") and meta["commit"] != earlier
 
 
 def test_a_section_cut_by_budget_keeps_its_measured_rows(tmp_path):
     C = SimpleNamespace(device="cpu", quick=True)
     old = [dict(arch="tost", impl="torch", T=16, B=8, status="ok", ms=1.0), dict(arch="tost", impl="torch", T=32, B=4,
                                                                                  status="not_run", reason="time")]
-    S = bench.Part("train_tost", str(tmp_path / "part.json"), C, 60, old)
+    S = bench_part.Part("train_tost", str(tmp_path / "part.json"), C, 60, old)
     S.previous_started = "earlier"
     kept = S.attempt(dict(arch="tost", impl="torch", T=16, B=8), lambda: pytest.fail("measured again"))
     assert kept["ms"] == 1.0 and kept["kept_from"] == "earlier"
     assert S.attempt(dict(arch="tost", impl="torch", T=32, B=4), lambda: dict(ms=2.0))["ms"] == 2.0
-    late = bench.Part("op", str(tmp_path / "late.json"), C, -1)  # no time left: a row that says so
+    late = bench_part.Part("op", str(tmp_path / "late.json"), C, -1)  # no time left: a row that says so
     assert late.attempt(dict(impl="torch", B=1, T=8), lambda: pytest.fail("ran"))["status"] == "not_run"
     with open(tmp_path / "part.json") as f:
         assert [r["ms"] for r in json.load(f)["rows"]] == [1.0, 2.0]  # written as it goes
+
+
+def test_a_section_measured_by_other_code_or_elsewhere_is_measured_again_and_kept_as_history(tmp_path):
+    """Issue 37 item 4: --report (sections=all) takes a section as done only when this code
+    (source_sha256) measured it on this device; anything else is measured again, and what it
+    held is moved to the JSON's history, never shown as current."""
+    digest = bench_meta.source_digest()
+    now = dict(status="ok", source_sha256=digest, device="cpu", rows=[dict(impl="torch", B=1, T=8, status="ok",
+                                                                           ms=1.0)])
+    sections = {name: dict(now, section=name) for name in report.SECTIONS if name != "meta"}
+    sections["gpu_check_accuracy"] = dict(now, section="gpu_check_accuracy", source_sha256="0123456789abcdef")
+    sections["gpu_check_determinism"] = dict(now, section="gpu_check_determinism", device="nvidia-h200")
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(dict(schema=report.REPORT_SCHEMA, meta=dict(slug="cpu", quick=True, name="cpu"),
+                                    runs=[], sections=sections)))
+    code, out = run_report(TINIEST + [f"--out={path}"])
+    assert code == 0, out
+    after = json.loads(path.read_text())
+    for name in ("gpu_check_accuracy", "gpu_check_determinism"):  # measured again: skipped on a CPU, by this code
+        part = after["sections"][name]
+        assert (part["status"], part["source_sha256"], part["device"]) == ("skipped", digest, "cpu"), part
+        assert f"[{name}] kept from" not in out
+    assert [(h["section"], h["rows"]) for h in after["history"]] == [
+        ("gpu_check_accuracy", now["rows"]), ("gpu_check_determinism", now["rows"])]
+    for name in ("op", "decode", "train_tost", "main_job"):  # this code, this device: done, kept
+        assert after["sections"][name]["rows"] == now["rows"] and f"[{name}] kept from" in out, name
+    assert after["runs"][-1]["sections"] == ["gpu_check_accuracy", "gpu_check_determinism"]
+
+
+def git(where, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=where, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_the_digest_names_the_code_at_a_commit_and_a_stale_git_names_no_commit(tmp_path, monkeypatch):
+    """source_digest(commit) reads the code from git: the same hex as the tree's where the code
+    is the same. A .git whose HEAD holds other code (a stale copy) names no commit; NANOTOST_COMMIT
+    that git does not hold is recorded, said to be unverified, and stops nothing."""
+    for name in ("model.py", "benchkit/a.py", "kernels/k.py", "kernels/k.c", "kernels/notes.md"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(f"# {name}\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "one")
+    head = git(tmp_path, "rev-parse", "HEAD")
+    tree = bench_meta.source_digest(root=str(tmp_path))
+    assert bench_meta.source_digest(head, root=str(tmp_path)) == tree
+    assert bench_meta.name_commit(str(tmp_path), tree)["commit"] == head
+    (tmp_path / "kernels" / "notes.md").write_text("not code the figures depend on\n")
+    assert bench_meta.source_digest(root=str(tmp_path)) == tree
+    (tmp_path / "benchkit" / "a.py").write_text("# the benchmark's own code counts\n")
+    assert bench_meta.source_digest(root=str(tmp_path)) != tree
+    (tmp_path / "benchkit" / "a.py").write_text("# benchkit/a.py\n")
+    (tmp_path / "kernels" / "k.py").write_text("# changed\n")  # the tree is not HEAD's code any more
+    changed = bench_meta.source_digest(root=str(tmp_path))
+    assert changed != tree
+    got = bench_meta.name_commit(str(tmp_path), changed)
+    assert (got["commit"], got["commit_from"], got["git_head"]) == (None, "source_sha256", head)
+    monkeypatch.setenv("NANOTOST_COMMIT", "0123456789" * 4)  # no commit git holds here
+    got = bench_meta.name_commit(str(tmp_path), changed)
+    assert (got["commit"], got["commit_from"]) == ("0123456789" * 4, "NANOTOST_COMMIT")
+    assert got["commit_check"].startswith("UNVERIFIED")
+    monkeypatch.setenv("NANOTOST_COMMIT", head)  # git holds it, and its code is not this
+    assert bench_meta.name_commit(str(tmp_path), changed)["commit_check"].startswith("DIFFERS")
+    monkeypatch.delenv("NANOTOST_COMMIT")
+    gitless = tmp_path / "copy"
+    gitless.mkdir()
+    assert bench_meta.name_commit(str(gitless), changed)["commit_from"] == "source_sha256"

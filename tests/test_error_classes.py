@@ -49,7 +49,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import bench  # noqa: E402
+from benchkit import report as bench_report  # noqa: E402
+from benchkit import suites as bench_suites  # noqa: E402
 import cli  # noqa: E402
 import model  # noqa: E402
 import textdata as td  # noqa: E402
@@ -433,8 +434,9 @@ def default_outputs(script):
     settings, _ = DECLARED[script]
     paths = [settings[k] for k in OUTPUT_KEYS if isinstance(settings.get(k), str) and settings[k] not in ("", "auto")]
     if script == "bench.py":
-        paths += ["bench_results.json"] + [bench.report_out(SimpleNamespace(out="auto", quick=quick), dict(
-            slug="nvidia-h100-80gb-hbm3", gpu=gpu)) for quick in (True, False) for gpu in ("x", None)]
+        paths += ["bench_results.json"] + [bench_report.report_out(SimpleNamespace(out="auto", quick=quick), dict(
+            slug="nvidia-h100-80gb-hbm3", gpu=gpu, plan=plan)) for quick in (True, False) for gpu in ("x", None)
+            for plan in ("report", "headline")]
     return paths
 
 
@@ -594,7 +596,7 @@ def test_bench_ratios_read_as_worded():
             (("torch", 3.0), ("cpu", 1.5), ("sdpa", 1.0))]
     rows += [dict(suite="model", impl=impl, mode="step", T=1024, ms=ms, peak_mb=mb, note="") for impl, ms, mb in
              (("cpu", 30.0, 50.0), ("sdpa", 10.0, 100.0))]
-    text = "\n".join(bench.summary(rows))
+    text = "\n".join(bench_suites.summary(rows))
     assert "2.0x faster than torch" in text and "1.5x slower than SDPA" in text and "3.0x slower than GPT-2" in text
     assert not re.search(r"\b0\.\d+x (faster|slower)", text), text
 

@@ -31,6 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import bench  # noqa: E402
+from benchkit import suites as bench_suites  # noqa: E402
 import cli  # noqa: E402
 import prepare_char  # noqa: E402
 import prepare_openwebtext as prep  # noqa: E402
@@ -121,7 +122,7 @@ def no_work(monkeypatch):
     def began(*args, **kwargs):
         raise AssertionError("work began before the settings were checked")
 
-    for module, name in ((bench, "copy_bandwidth"), (prep, "load_rows"), (td, "write_splits"),
+    for module, name in ((bench_suites, "copy_bandwidth"), (prep, "load_rows"), (td, "write_splits"),
                          (prepare_char, "pydocs_docs"), (prepare_char, "read_text")):
         monkeypatch.setattr(module, name, began)
 
@@ -323,7 +324,7 @@ def tiny_bench_args():
 @pytest.mark.parametrize("script, fault", WRITE_FAILURES)
 def test_a_failed_write_leaves_nothing_and_names_the_path(script, fault, work, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.path.abspath(TIKTOKEN_CACHE))
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda C: 10.0)  # (the 256 MiB copy is not the point)
+    monkeypatch.setattr(bench_suites, "copy_bandwidth", lambda C: 10.0)  # (the 256 MiB copy is not the point)
     inject, words = FAULTS[fault]
     if script == "bench.py":
         argv, path = tiny_bench_args() + ["--out=results.json"], "'results.json'"
@@ -606,15 +607,15 @@ def test_input_data_is_refused_where_it_is_wrong(script, name, content, words, w
 
 @pytest.mark.parametrize("failing", [("sdpa",), ("torch", "sdpa")], ids=["one of two", "all"])
 def test_bench_cases_that_fail_are_rows_and_all_failing_is_an_error(failing, work, monkeypatch, capsys):
-    real = bench.op_case
+    real = bench_suites.op_case
 
     def op_case(C, impl, mode, T_):
         if impl in failing:
             raise RuntimeError(f"simulated failure of {impl}")
         return real(C, impl, mode, T_)
 
-    monkeypatch.setattr(bench, "op_case", op_case)
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda C: 10.0)
+    monkeypatch.setattr(bench_suites, "op_case", op_case)
+    monkeypatch.setattr(bench_suites, "copy_bandwidth", lambda C: 10.0)
     argv = tiny_bench_args()
     argv[1] = "--impls=torch,sdpa"
     code, out, err = call("bench.py", *argv, "--out=results.json", monkeypatch=monkeypatch, capsys=capsys)

@@ -1,0 +1,456 @@
+"""
+benchkit/report.py: bench.py --report, one fixed protocol for a GPU in sections (SECTIONS), and
+the runner it shares with --headline (benchkit/headline.py).
+
+Each section runs in its own process (forked from a clean server process that never touches
+CUDA) with a time limit, in its own process group (the limit ends train.py, gpu_check and the
+compile workers with it). It writes its rows to a part file after every row (atomically); the
+parent, polling that file, puts every row into the report's JSON the moment it is measured
+(atomically again), so a section killed at its limit, or the whole command killed at its own,
+keeps every row it finished. The JSON is valid and complete-so-far at every moment.
+
+A section of the JSON counts as done only when it was measured by this code (its
+source_sha256) on this device: a section measured by other code or elsewhere is moved to the
+JSON's `history` when a run starts, and measured again (never shown as current). Run again
+with sections=all, --report measures only the sections not done (a section cut short keeps the
+rows it measured with this code, and measures the rest); results/render.py renders SPEED.md's
+GPU tables from the JSON, and the run prints them at its end.
+"""
+
+import contextlib
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from functools import partial
+
+import torch
+
+import cli
+import trainkit as tk
+from benchkit.decode import section_decode
+from benchkit.gpu_check import section_gpu_check
+from benchkit.main_job import section_main_job
+from benchkit.meta import given_commit, section_meta
+from benchkit.op import section_op
+from benchkit.part import Part, Section, now_iso, row_key, write_results
+from benchkit.settings import check_settings, quick_defaults, section_limits
+from benchkit.train_step import section_train
+
+REPORT_SCHEMA = "nanotost-bench-report/1"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the report's sections, run in this order (its priorities)
+SECTIONS = {
+    "meta": Section(60, "device, driver, CUDA, torch, Triton, cuDNN, git commit, date", section_meta),
+    "gpu_check_accuracy": Section(150, "python -m kernels.gpu_check accuracy: Triton vs float64, beside model.py's "
+                                       "error", partial(section_gpu_check, mode="accuracy")),
+    "gpu_check_determinism": Section(60, "python -m kernels.gpu_check determinism: two fwd+bwd runs bit for bit",
+                                     partial(section_gpu_check, mode="determinism")),
+    "op": Section(300, "the TSSA operator fwd+bwd vs SDPA (FlashAttention-2 and cuDNN forced), GPU time, launches",
+                  section_op),
+    "decode": Section(420, "per-token decoding 1K..64K: ToST (torch, triton) and GPT-2 (static KV cache), eager, "
+                           "CUDA graph, compiled + CUDA graph", section_decode),
+    "train_tost": Section(420, "ToST-Base training step (compiled, tssa_impl=torch) at 4K..64K",
+                          partial(section_train, variants=[("tost", "torch", None)])),
+    "train_gpt2_flash": Section(420, "GPT-2 Base training step (compiled, SDPA forced to FlashAttention-2) at 4K..64K",
+                                partial(section_train, variants=[("gpt2", None, "flash")], stand_in=True)),
+    "train_gpt2_cudnn": Section(420, "GPT-2 Base training step (compiled, SDPA forced to cuDNN attention) at 4K..64K",
+                                partial(section_train, variants=[("gpt2", None, "cudnn")])),
+    "main_job": Section(600, "200 iterations of config/tost_owt.py, then of config/gpt2_owt.py (synthetic GPT-2 "
+                             "tokens): tokens/s, MFU, a profile of each micro-step", section_main_job),
+    "train_tost_triton": Section(420, "ToST-Base training step (compiled, tssa_impl=triton) at 4K..64K",
+                                 partial(section_train, variants=[("tost", "triton", None)])),
+}
+DONE = ("ok", "skipped", "failed")  # a section in one of these states is not run again unless named
+POLL_S = 0.5  # how often the parent looks for new rows of the section in flight
+
+
+# -----------------------------------------------------------------------------
+# one section in its own process
+
+
+def hang_after(name):
+    """The test hook NANOTOST_BENCH_HANG=<section>[:<rows>]: the number of rows after which that
+    section hangs (0: before it starts), or None."""
+    section, _, rows = os.environ.get("NANOTOST_BENCH_HANG", "").partition(":")
+    return (int(rows) if rows else 0) if section == name else None
+
+
+def is_running(pid):
+    """Whether process pid runs (a zombie, ended but not yet waited for, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # (no /proc: whether the pid exists)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def stop_with(pid):
+    """A thread that ends this section's process group once the command's process (pid) has
+    ended: a command killed at its limit leaves no section, train.py or compile running. (Not
+    this process's parent: that is the server it was forked from, which outlives the command
+    while a section runs.)"""
+    def watch():
+        while is_running(pid):
+            time.sleep(0.5)
+        os.killpg(0, signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def run_section(name, fn, C, path, limit_s, hang=None, previous=None, command_pid=None):
+    """The body of one section's process: its own process group (the parent ends the whole group
+    at the limit, children such as train.py included, and the group ends itself when the parent
+    is gone), then the section, then the part's status."""
+    os.setsid()
+    stop_with(command_pid or os.getppid())
+    C.device, C.dtype = tk.choose_device_dtype(C.device, C.dtype)
+    if C.threads:
+        torch.set_num_threads(C.threads)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as train.py
+    reserve_s = 0.0 if C.quick else 3.0 if C.headline else 15.0  # (the headline's limits are short)
+    S = Part(name, path, C, limit_s, (previous or {}).get("rows", ()), reserve_s, hang)
+    S.previous_started = (previous or {}).get("started")
+    try:
+        S.hang_here()
+        fn(S)
+        rows = S.data["rows"]
+        whole = rows and all(r["status"] == "skipped" for r in rows)
+        cut = [r for r in rows if r["status"] == "not_run"]
+        if cut:
+            S.finish("timed_out", reason=f"its time limit came before {len(cut)} of {len(rows)} rows")
+        else:
+            S.finish("skipped" if whole else "ok", **({"reason": rows[0]["reason"]} if whole else {}))
+    except BaseException as e:
+        import traceback
+        S.finish("failed", reason=f"{type(e).__name__}: {str(e).strip()[:300]}",
+                 traceback=traceback.format_exc()[-3000:])
+        raise SystemExit(1) from None
+
+
+def _read_new(path, seen):
+    """The part file at path if it changed since `seen` (its (mtime, size)): (part or None, seen)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, seen
+    now = (st.st_mtime_ns, st.st_size)
+    if now == seen:
+        return None, seen
+    return cli.read_json(path, "a bug: the section's process wrote it"), now
+
+
+@contextlib.contextmanager
+def section_env(C):
+    """The environment a section's process starts with (that of the server the sections are
+    forked from, which the first section starts): the repository importable from any folder
+    (the server preloads benchkit), and with C.triton_interpret (the headline's rehearsal)
+    TRITON_INTERPRET=1, which Triton reads when it is first imported. This process's
+    environment is as it was after."""
+    before = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET")}
+    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + ([before["PYTHONPATH"]] if before["PYTHONPATH"] else []))
+    if getattr(C, "triton_interpret", False):
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_child(ctx, name, fn, C, tmp, limit_s, previous=None, on_rows=None):
+    """Run one section in its own process with a time limit (previous: a part whose measured rows
+    it keeps); on_rows(part) gets its part each time a row was written. Returns its part: its
+    rows, and its status (ok, skipped, failed, timed_out, interrupted), wall time and limit."""
+    path = os.path.join(tmp, f"{name}.json")
+    p = ctx.Process(target=run_section, args=(name, fn, C, path, limit_s, hang_after(name), previous, os.getpid()),
+                    daemon=False)
+    t0, interrupted, seen = time.time(), False, None
+    try:
+        with section_env(C):
+            p.start()  # (the first also starts the server the sections are forked from: not the section's time)
+        t0 = time.time()
+        while p.is_alive() and time.time() - t0 < limit_s:
+            p.join(max(0.0, min(POLL_S, limit_s - (time.time() - t0))))
+            part, seen = _read_new(path, seen)
+            if part is not None and on_rows is not None and p.is_alive():
+                on_rows(dict(part, limit_s=limit_s))
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) reaches this process only: the section has its own group
+        interrupted = True
+    timed_out = p.is_alive() and not interrupted
+    if p.pid is not None and p.is_alive():  # its whole process group: train.py, gpu_check, compile workers too
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):  # (no group: it had not called setsid yet)
+                if p.is_alive():
+                    p.kill()
+            p.join(5)
+    part = dict(section=name, status="failed", rows=[])
+    if os.path.isfile(path):  # written whole by the section (atomic_write): its rows so far
+        part = cli.read_json(path, "a bug: the section's process wrote it")
+    part.update(wall_s=round(time.time() - t0, 1), limit_s=limit_s)
+    if interrupted:
+        part.update(status="interrupted", reason="interrupted (Ctrl-C or SIGTERM); the rows measured before are "
+                                                 "kept, and the same command runs the rest")
+    elif timed_out:
+        part.update(status="timed_out", reason=f"stopped at its time limit of {limit_s:.0f} s; the rows "
+                                               f"measured before are kept")
+    elif part.get("status") in ("running", "failed") and p.exitcode != 0 and not part.get("reason"):
+        part.update(status="failed", reason=f"its process ended with exit code {p.exitcode}")
+    return part
+
+
+# -----------------------------------------------------------------------------
+# the report's JSON
+
+
+def report_out(C, meta):
+    """The merged JSON's path: --out, else under the ignored out-bench/: <gpu>.json for a full
+    CUDA report or headline, <gpu>-quick.json / <gpu>-headline-quick.json, cpu-report.json /
+    cpu-headline.json otherwise; an --out ending in / is the folder for that name. The committed
+    results/<gpu>.json is written only when named (--out=results/): no run replaces it by default."""
+    headline = meta.get("plan") == "headline"
+    if not meta["gpu"]:
+        name = "cpu-headline" if headline else "cpu-report"
+    else:
+        name = meta["slug"] + ("-headline-quick" if headline and C.quick else "-quick" if C.quick else "")
+    if C.out == "auto" or C.out.endswith(("/", os.sep)):
+        return os.path.join("out-bench" if C.out == "auto" else C.out, f"{name}.json")
+    return C.out
+
+
+def load_report(path, meta):
+    """The report already at path (to continue), or a new one; one of another device or kind
+    (quick or full), or a headline's where a report would continue, is refused."""
+    if not os.path.isfile(path):
+        return dict(schema=REPORT_SCHEMA, meta=meta, runs=[], sections={})
+    old = read_report(path)
+    old_meta = old["meta"]
+    if (old_meta.get("slug"), bool(old_meta.get("quick"))) != (meta["slug"], bool(meta["quick"])):
+        raise cli.UserError(f"{path} holds a {'quick ' if old_meta.get('quick') else ''}report of "
+                            f"{old_meta.get('name')!r}, not of this {'quick ' if meta['quick'] else ''}run on "
+                            f"{meta['name']!r}: choose another --out")
+    if old_meta.get("plan") == "headline" and meta.get("plan", "report") == "report":
+        raise cli.UserError(f"{path} holds the figures of bench.py --headline, which --report does not continue: "
+                            "choose another --out, or run --headline")
+    return old
+
+
+def read_report(path):
+    """The report at path, its fields checked (one line naming the file and the field)."""
+    fix = "restore it (git checkout, or a copy), or choose another --out"
+    old = cli.read_json(path, fix)
+    cli.require(old.get("schema") == REPORT_SCHEMA, f"{path} is not a report of bench.py (schema "
+                                                    f"{old.get('schema')!r}): choose another --out")
+    with cli.reading(path, fix):  # the fields run_report reads, each of its type
+        _ = dict(old["meta"]), list(old["runs"]), list(old.get("history", []))
+        _ = {name: (part.get("status"), [row["status"] for row in part["rows"]])
+             for name, part in dict(old["sections"]).items()}
+    return old
+
+
+def is_current(part, meta):
+    """Whether a section's part was measured by this code (source_sha256) on this device (a part
+    without a device is of the report's own, which load_report checked)."""
+    return bool(part) and part.get("source_sha256") == meta["source_sha256"] and \
+        part.get("device", meta["slug"]) == meta["slug"]
+
+
+def is_done(part, meta):
+    """A section that a new run (sections=all) does not repeat: measured by this code on this
+    device, and done, or timed out at its own limit (not cut short by budget_s)."""
+    if not is_current(part, meta):
+        return False
+    return part.get("status") in DONE or (part.get("status") == "timed_out" and not part.get("cut_by_budget"))
+
+
+def rows_to_keep(C, old, meta):
+    """The earlier part of a section about to run again whose measured rows it keeps: those
+    measured by the same code on the same device, unless --remeasure. Only the missing rows (not
+    run before a limit, or never tried) are measured; a cut section thus continues where it stopped."""
+    if C.remeasure or not is_current(old, meta):
+        return None
+    return old
+
+
+def retire(merged, name, why):
+    """Section `name` of the report is no longer current: its part goes to the JSON's history
+    (a part with no rows is not history), a not_run placeholder saying why takes its place."""
+    old = merged["sections"].get(name)
+    if old and old.get("rows"):
+        merged.setdefault("history", []).append(dict(old, section=name, retired=now_iso(), retired_because=why))
+    merged["sections"][name] = dict(section=name, status="not_run", rows=[], reason=why)
+
+
+# -----------------------------------------------------------------------------
+# the runner
+
+
+def with_kept(part, previous):
+    """The part, with the rows of `previous` (an earlier part whose measured rows it keeps) that
+    it has not reached yet: a section stopped before them does not lose them."""
+    if not previous:
+        return part
+    have = {row_key(r) for r in part.get("rows", [])}
+    kept = [dict(r, kept_from=r.get("kept_from") or previous.get("started")) for r in previous.get("rows", [])
+            if r.get("status") not in ("not_run", "running") and row_key(r) not in have]
+    return dict(part, rows=part.get("rows", []) + kept) if kept else part
+
+
+def stamped(part, meta, **info):
+    """A part as the report keeps it: with the commit, code and device that measured it."""
+    return dict(part, **info, commit=meta["commit"], source_sha256=meta["source_sha256"], device=meta["slug"])
+
+
+def execute(C, sections, chosen, schedule, fresh, keep_done):
+    """Run the `chosen` sections of `sections` ({name: Section}; meta always, first) into one JSON,
+    each row into it as it is measured. schedule(name, t_start) -> (limit_s, cut_by_budget), or
+    None where no time is left for it. fresh: the JSON's earlier sections all go to history (the
+    headline); else those measured by other code or elsewhere do. keep_done: a section already
+    done (is_done) is not run again (--report with sections=all). Returns the report, its path,
+    this call's record in its runs, and the meta section's part."""
+    C.device, _ = tk.choose_device_dtype(C.device, "float32")  # checks the device; no CUDA here (the sections')
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["benchkit.report", "benchkit.headline"])
+    t_start = time.time()
+    tmp = tempfile.mkdtemp(prefix="nanotost-report-")
+    try:
+        meta_part = run_child(ctx, "meta", sections["meta"].fn, C, tmp, schedule("meta", t_start)[0])
+        if meta_part["status"] == "interrupted":
+            raise KeyboardInterrupt
+        meta = meta_part.get("meta")
+        if meta_part["status"] != "ok" or not meta:
+            raise cli.UserError(f"the meta section {meta_part['status']}: {meta_part.get('reason', '')}")
+        if getattr(C, "triton_interpret", False) and not meta["triton_interpret"]:
+            # this process's server of sections started earlier without the interpreter: a fresh
+            # interpreter for each section instead (spawned, TRITON_INTERPRET=1 from the start)
+            ctx = multiprocessing.get_context("spawn")
+        out = report_out(C, meta)
+        cli.claim_output(out, "--out=<another file>")  # one report at a time into one file
+        merged = load_report(out, meta)
+        for name in [n for n in merged["sections"] if n != "meta"]:
+            part = merged["sections"][name]
+            if fresh:
+                retire(merged, name, "a fresh run (--headline): the earlier measurement is in the JSON's history")
+            elif name not in sections:
+                retire(merged, name, f"not a section of --{meta['plan']}: moved to the JSON's history")
+            elif part.get("status") != "not_run" and not is_current(part, meta):
+                retire(merged, name, f"measured by other code or on another device (source_sha256 "
+                                     f"{part.get('source_sha256')}, commit {str(part.get('commit'))[:10]}): moved "
+                                     "to the JSON's history; the same command measures it again")
+        if fresh:
+            merged["sections"] = {}
+        merged["meta"] = meta
+        merged["sections"]["meta"] = stamped(meta_part, meta)
+        run = dict(started=meta["date"], commit=meta["commit"], source_sha256=meta["source_sha256"],
+                   argv=C.argv, sections=[])
+        merged["runs"].append(run)
+        write_results(out, merged)  # a valid report from the start
+        print(f"{meta['plan']} on {meta['name']} ({C.device}, {meta['dtype']}), torch {meta['torch']}, code "
+              f"{meta['source_sha256']}, commit {(meta['commit'] or 'unknown')[:10]} ({meta['commit_check']}): {out}",
+              flush=True)
+        saved = f"{out} holds every row measured so far; the same command runs what is missing"
+        for name in [n for n in sections if n in chosen and n != "meta"]:
+            old = merged["sections"].get(name)
+            if keep_done and is_done(old, meta):
+                print(f"[{name}] kept from {out} ({old['status']}, run {old.get('started', '?')}); name it in "
+                      f"--sections to run it again", flush=True)
+                continue
+            slot = schedule(name, t_start)
+            if slot is None:
+                if not is_current(old, meta) or old.get("status") == "not_run":
+                    merged["sections"][name] = dict(section=name, status="not_run", rows=[], reason=(
+                        f"budget_s={C.budget_s:g} was spent before it could start; run the command again"))
+                print(f"[{name}] not run: budget_s spent", flush=True)
+                continue
+            limit, cut = slot
+            print(f"[{name}] {sections[name].what} (limit {limit:.0f} s)", flush=True)
+
+            previous = None if fresh else rows_to_keep(C, old, meta)
+
+            def publish(part, name=name, previous=previous):  # each row into the report as it is measured
+                merged["sections"][name] = stamped(with_kept(part, previous), meta)
+                write_results(out, merged, saved=saved)
+            part = with_kept(run_child(ctx, name, sections[name].fn, C, tmp, limit, previous, publish), previous)
+            merged["sections"][name] = stamped(part, meta, cut_by_budget=cut)
+            run["sections"].append(name)
+            counts = {}
+            for r in part.get("rows", []):
+                counts[r["status"]] = counts.get(r["status"], 0) + 1
+            print(f"[{name}] {part['status']} in {part['wall_s']:.0f} s: " + (", ".join(
+                f"{n} {s}" for s, n in counts.items()) or "no rows") + (f" ({part['reason']})" if part.get("reason")
+                                                                       else ""), flush=True)
+            write_results(out, merged, saved=saved)
+            if part["status"] == "interrupted":
+                raise KeyboardInterrupt
+        for name in sections:
+            merged["sections"].setdefault(name, dict(section=name, status="not_run", rows=[],
+                                                     reason="not in this run's --sections"))
+        merged["sections"] = {n: merged["sections"][n] for n in sections}  # (in the plan's order)
+        run["finished"] = now_iso()
+        write_results(out, merged)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return merged, out, run, meta_part
+
+
+def show_tables(out):
+    """results/render.py's GPU tables of the report at out, printed (a failure to render says so)."""
+    shown = subprocess.run([sys.executable, os.path.join(ROOT, "results", "render.py"), "--show=gpu_*",
+                            f"--json_path={out}"], capture_output=True, text=True)
+    print(shown.stdout + (f"(results/render.py failed: {shown.stderr.strip()[-500:]})" if shown.returncode else ""))
+
+
+def check_out(C):
+    """An --out that names a file: claimed, and a damaged report there said, before the sections run."""
+    if C.out != "auto" and not C.out.endswith(("/", os.sep)):
+        cli.claim_output(C.out, "--out=<another file>")
+        if os.path.isfile(C.out):
+            read_report(C.out)
+
+
+def run(C, given):
+    """--report: every setting checked, then the sections (this module's docstring)."""
+    quick_defaults(C, given)
+    check_settings(C, SECTIONS)
+    given_commit()  # NANOTOST_COMMIT's form, before any work (meta records it)
+    check_out(C)
+    chosen = list(SECTIONS) if C.sections == "all" else C.sections.split(",")
+    limits = section_limits(C, SECTIONS)
+
+    def schedule(name, t_start):  # its own limit, cut to what budget_s leaves (10 s kept for the writes)
+        left = C.budget_s - (time.time() - t_start) - 10 if C.budget_s else float("inf")
+        if name != "meta" and left < min(limits[name], 60.0):
+            return None
+        return min(limits[name], max(left, 1.0)), left < limits[name]
+    merged, out, run_, meta_part = execute(C, SECTIONS, chosen, schedule, fresh=False, keep_done=C.sections == "all")
+    if C.budget_s and not run_["sections"] and any(n in chosen and merged["sections"][n]["status"] == "not_run"
+                                                   for n in SECTIONS):
+        raise cli.UserError(f"budget_s={C.budget_s:g} was spent before any section could start (meta took "
+                            f"{meta_part['wall_s']:.0f} s): give a larger --budget_s, or 0 for no limit")
+    meta = merged["meta"]
+    missing = [n for n in SECTIONS if not is_done(merged["sections"][n], meta)]
+    stopped = [n for n in SECTIONS if merged["sections"][n]["status"] in ("timed_out", "failed") and n not in missing]
+    print(f"\nwrote {out}", flush=True)
+    show_tables(out)
+    print("sections: " + ", ".join(f"{n} {merged['sections'][n]['status']}" for n in SECTIONS))
+    if missing:
+        print(f"not complete: {', '.join(missing)}: the same command runs what is missing and keeps the rest")
+    if stopped:
+        print(f"timed out or failed: {', '.join(stopped)} (kept as they are; name them in --sections to run their "
+              f"missing rows)")
+    return merged

@@ -1,0 +1,100 @@
+"""
+benchkit/settings.py: bench.py's settings checked before any work (check_settings: a refusal
+measures and writes nothing), the lists they hold, and the shapes shared by its modes: the
+quick run's tiniest shapes (QUICK) and models (TINY), the presets, the training shape.
+"""
+
+import os
+
+import cli
+import kernels
+
+SUITES = ("op", "decode", "model", "model_decode", "vit")
+IMPLS = tuple(i for i in kernels.IMPLS if i != "auto") + ("sdpa", "compiled")  # (--impls=auto: the default set)
+MODES = ("fwd", "fwdbwd")
+MIN_BUDGET_S = 90  # budget_s: a section starts only with 60 s of it left, 10 s kept for the writes, ~20 s of meta
+TRAINING_SHAPE = (16, 1024)  # (B, T) of the operator at the main job's micro-batch (ToST-Base: 16 x 1K)
+QUICK = dict(T="64,128", model_T="64", decode_T="32,64", H=2, p=16, repeats=3, warmup=0, decode_steps=4,
+             train_tokens=128, main_iters=3)  # a smoke run of every code path, seconds on a CPU
+TINY = dict(n_layer=1, n_head=2, n_embd=32)  # the models of a quick report
+PRESETS = {"tost": "tost-base", "gpt2": "gpt2"}
+
+
+def lengths(key, text):
+    """A comma-separated list of positive integers ("4096", "1024,4096"), as a list."""
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        values = []
+    cli.require(values and min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
+    cli.require(len(set(values)) == len(values), f"{key} must name each length once, got {text!r}")
+    return values
+
+
+def names(key, text, allowed):
+    """A comma-separated list of names, each once and one of `allowed`, as a list."""
+    return cli.name_list(key, text, allowed)
+
+
+def plan_lengths(text, fallback):
+    return fallback if text == "auto" else [int(t) for t in text.split(",")]
+
+
+def quick_defaults(C, given):
+    """A quick report: the tiniest shapes and models (TINY), every code path in seconds."""
+    if C.quick:
+        for key, value in QUICK.items():
+            if key not in given:
+                setattr(C, key, value)
+
+
+def check_settings(C, sections=None):
+    """Every setting, checked before any work (a refusal measures and writes nothing); sections:
+    the report's or the headline's ({name: Section}), which --sections and --section_s name.
+    Returns the lists the comma-separated settings hold (None where "auto")."""
+    cli.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
+              non_negative=("warmup", "budget_s"), workers=("threads",), positive=("max_case_s",),
+              choices={"main_tssa_impl": kernels.IMPLS})
+    cli.require(not (C.report and C.headline), "report and headline are two modes: give --report or --headline")
+    cli.require(C.budget_s == 0 or C.budget_s >= MIN_BUDGET_S,
+                f"budget_s={C.budget_s:g} is too short to start any section (each needs 60 s of it, and 10 s are kept "
+                f"for writing): give at least {MIN_BUDGET_S}" + ("" if C.headline else ", or 0 for no limit"))
+    plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
+                impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
+                model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
+                decode_T=None if C.decode_T == "auto" else lengths("decode_T", C.decode_T))
+    cli.require(C.out, "out must name the results file, e.g. --out=bench_results.json")
+    if sections is not None:
+        if C.sections != "all":
+            names("sections", C.sections, tuple(sections))
+        section_limits(C, sections)
+    report = C.report or C.headline
+    into_folder = C.out == "auto" or (report and C.out.endswith(("/", os.sep)))  # a report: <gpu>.json in it
+    if os.path.isdir(C.out) and not into_folder:
+        raise cli.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
+    if C.out == "auto":  # where the default goes, checked before anything is measured
+        cli.writable_place("out-bench/" if report else "bench_results.json", "--out")
+    else:
+        cli.writable_place(C.out, "--out")
+    return plan
+
+
+def section_limits(C, sections):
+    """Each section's time limit in seconds: its own (sections: {name: Section}), or section_s
+    ("300" for all, "op:200,decode:100" for some)."""
+    limits = {n: float(s.limit_s) for n, s in sections.items()}
+    text = C.section_s.strip()
+    if not text:
+        return limits
+    for part in text.split(","):
+        key, sep, value = part.strip().rpartition(":")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        cli.require(0 < seconds < 10 ** 7 and (not sep or key in sections), f"section_s must be seconds ('300') or "
+                                                                    f"section:seconds pairs ('op:200,decode:100'), got "
+                                                                    f"{C.section_s!r}")
+        for n in ([key] if sep else limits):
+            limits[n] = seconds
+    return limits
