@@ -2,7 +2,8 @@
 benchkit/kernel_times.py: the headline's section kernel_times: every Triton launch of one
 forward and backward of the operator (at the op section's shapes), its GPU time beside
 kernels.triton_tssa.launch_plan()'s account of it: the bytes it reads and writes over its
-measured time (TB/s), and the time the plan's model gives it (modelled_time_s(launch)).
+measured time (TB/s), and the time the plan's model gives it (modelled_time_s(launch), for this
+GPU where the model has its figures: model_gpu).
 
 No list of kernels is kept here: the plan is the list. A launch is matched by name, the
 profiler's kernel name being the plan's `kernel`; when the plan names a kernel k times, the
@@ -18,6 +19,7 @@ taken by wrapping the plan's kernels: the same matching, not a speed.
 import statistics
 import time
 from collections import Counter
+from functools import partial
 
 import torch
 
@@ -56,7 +58,9 @@ def kernel_row(S, B, T_):
         return dict(status="fell_back", reason=note)
     calls = CALLS if S.cuda else 1
     events = profiled(run, calls) if S.cuda else wrapped(run, calls, tt, plan)
-    launches, others = per_launch(plan, events, calls, tt.modelled_time_s)
+    gpu = model_gpu(tt, torch.cuda.get_device_name(C.device) if S.cuda else "")
+    modelled = partial(tt.modelled_time_s, gpu=gpu) if gpu else tt.modelled_time_s
+    launches, others = per_launch(plan, events, calls, modelled)
     for launch in launches:
         print(f"    {launch['kernel']:<16} #{launch['launch']:<2} " + (
             f"{launch['gpu_us']:9.1f} us {launch['tbps']:6.2f} TB/s" if launch.get("gpu_us") is not None
@@ -66,8 +70,15 @@ def kernel_row(S, B, T_):
     gpu_s = sum(timed) * 1e-6 if None not in timed else None
     return dict(launches=launches, other_kernels=others, calls=calls, bytes=moved,
                 gpu_ms=gpu_s * 1e3 if gpu_s else None, tbps=moved / gpu_s / 1e12 if gpu_s else None,
-                modelled_ms=sum(launch["modelled_us"] for launch in launches) * 1e-3,
+                modelled_ms=sum(launch["modelled_us"] for launch in launches) * 1e-3, model_gpu=gpu,
                 timer="profiler" if S.cuda else "interpreted")
+
+
+def model_gpu(module, device_name):
+    """The GPU the plan's time model has figures for that this device is (modelled_time_s's gpu=,
+    a key of the module's COPY_RATE found in the device's name: "h200" in "NVIDIA H200"), or None:
+    the model's default."""
+    return next((gpu for gpu in getattr(module, "COPY_RATE", {}) if gpu in device_name.lower()), None)
 
 
 def profiled(run, calls):

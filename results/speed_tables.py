@@ -335,7 +335,10 @@ def table_gpu_kernels(data):
                 f"the model: {num(r['modelled_ms'])} ms.\n\n")
         body = []
         for launch in r["launches"]:
-            body.append([str(launch["launch"]), f"`{launch['kernel']}`", launch.get("direction", "-"),
+            what = [str(v) for k, v in launch.items() if isinstance(v, str) and k not in ("kernel", "direction",
+                                                                                        "unmatched")]
+            body.append([str(launch["launch"]), f"`{launch['kernel']}`" + (f" ({', '.join(what)})" if what else ""),
+                         launch.get("direction", "-"),
                          num(launch.get("grid")), num((launch["read"] + launch["write"]) / 1e6),
                          num(launch.get("l2_read", 0) / 1e6) if "l2_read" in launch else "-",
                          num(launch.get("gpu_us")) if launch.get("gpu_us") is not None else
@@ -348,10 +351,11 @@ def table_gpu_kernels(data):
                                                                 for n, c, ms in others[:6]) + ".") if others else ""
         out += "\n\n"
     timer = s.get("timer", "")
+    model = next((r.get("model_gpu") for r in s.get("rows", []) if r.get("model_gpu")), None)
     return (out + f"fwd+bwd, causal, {s.get('H')} heads of {s.get('p')}, {s.get('dtype')}; each launch's time is "
             f"the median of {next((r['calls'] for r in s.get('rows', []) if r.get('calls')), '-')} calls ({timer}). "
             "TB/s: the launch's bytes read and written (launch_plan) over its time; modelled: "
-            "modelled_time_s(launch)." + notes.text()).strip()
+            "modelled_time_s(launch" + (f", gpu={model!r}" if model else "") + ")." + notes.text()).strip()
 
 
 def table_gpu_check(data):

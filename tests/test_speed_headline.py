@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -250,3 +251,11 @@ def test_the_slots_fill_the_deadline_in_the_order_of_value():
     short = headline.slots(100, ["meta", "op", "train"], limits)  # the sections named, in the plan's order
     assert list(short) == ["op", "train"] and short["train"] == pytest.approx(100)
     assert short["op"] == pytest.approx(100 * limits["op"] / (limits["op"] + limits["train"]))
+
+
+def test_the_model_is_asked_for_this_gpu_where_it_has_its_figures():
+    module = SimpleNamespace(COPY_RATE={"h200": 4e12, "h100": 3e12})
+    assert kernel_times.model_gpu(module, "NVIDIA H200") == "h200"
+    assert kernel_times.model_gpu(module, "NVIDIA H100 80GB HBM3") == "h100"
+    assert kernel_times.model_gpu(module, "NVIDIA A100-SXM4-80GB") is None  # the model's default
+    assert kernel_times.model_gpu(SimpleNamespace(), "NVIDIA H200") is None  # a model without per-GPU figures
