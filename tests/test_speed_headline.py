@@ -102,7 +102,7 @@ def start_job():
     env.pop("NANOTOST_BENCH_HANG", None)
     env.pop("NANOTOST_COMMIT", None)
     background.start("headline rehearsal", [sys.executable, "-c", SCRIPT, REPO, WORK, json.dumps(TINY), FAKE_COMMIT],
-                     env=env, cwd=REPO)
+                     env=env, cwd=REPO, nice=13)  # behind the interpreter run (test_kernels.py waits for it earlier)
 
 
 def start_in_background(names):
