@@ -319,9 +319,20 @@ def decoding_differs(gpt, tokens=DECODE_TOKENS):
     return None
 
 
+def refuse_renamed_operators(gpt):
+    """A fork written before TSSA.ops was renamed TSSA.operators sets self.ops, which nothing
+    reads: model.py's operators would run in its place, silently. Refused, in one line."""
+    for name, module in gpt.named_modules():
+        if isinstance(module, model.TSSA) and "ops" in vars(module):
+            raise cli.ConfigError(f"{name} ({type(module).__name__}) sets self.ops, the name TSSA.operators had "
+                                  "before: rename it self.operators (MATH.md §9), or model.py's operators run instead")
+
+
 def check_decoding(gpt, then, speak=True):
     """decoding_differs(gpt), said as one warning line on stderr that ends with `then` (what the
-    script does about it), where speak (rank 0 of a DDP run); returns it (None: the forms agree)."""
+    script does about it), where speak (rank 0 of a DDP run); returns it (None: the forms agree).
+    First, on every rank, a fork's operators under their old name are refused."""
+    refuse_renamed_operators(gpt)
     line = decoding_differs(gpt) if speak else None
     if line:
         print(f"{cli.script_name(sys.argv[0])}: warning: decoding differs from the parallel form: {line}; {then}",

@@ -319,6 +319,29 @@ def test_an_attention_that_cannot_decode_is_told_at_the_start_and_sampled_by_its
             "ParallelOnly.forward of one token from a state (MATH.md §9); sampling by the parallel form instead") in err
 
 
+class OldNamedOperators(model.TSSA):
+    """A fork written against the name before issue 38: it sets self.ops, not self.operators."""
+
+    def __init__(self, config, causal=False):
+        super().__init__(config, causal)
+        self.ops = model.TSSAOps(model.tssa, decayed_causal_tssa, decayed_causal_tssa_step)
+
+
+@pytest.mark.parametrize("script", ["train", "sample"])
+def test_a_fork_setting_the_old_name_ops_is_refused_in_one_line(script, monkeypatch, book, tmp_path, capsys):
+    """Its operators would never run (nothing reads self.ops): train.py and sample.py refuse it
+    at the start, in one line, instead of running model.py's."""
+    monkeypatch.setitem(model.ATTENTIONS, "old_named", OldNamedOperators)
+    if script == "train":
+        code, _, err = call_main(train, *book, f"--out_dir={tmp_path / 'out'}", "--attn=old_named", capsys=capsys)
+        assert not (tmp_path / "out").exists()  # refused before any work
+    else:
+        write_checkpoint(tmp_path, lambda ckpt: None, attn="old_named")
+        code, _, err = call_main(sample, f"--out_dir={tmp_path}", "--start=ab", "--max_new_tokens=2", capsys=capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "blocks.0.attn (OldNamedOperators) sets self.ops" in err and "rename it self.operators" in err, err
+
+
 # -----------------------------------------------------------------------------
 # another Pi
 
