@@ -7,6 +7,7 @@ never to a full pipe.
 
     job = background.start("name", [sys.executable, "-c", SCRIPT, path], env=env)
     proc = background.wait("name", timeout=300)   # a CompletedProcess, as subprocess.run gives
+    background.succeeded("name", timeout=300)     # the same, failing the test with the job's stderr
 
 Jobs write their results under SCRATCH. A test calls start before wait: a no-op where the
 session started the job already.
@@ -46,6 +47,13 @@ def wait(name, timeout):
     out.seek(0)
     err.seek(0)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+
+def succeeded(name, timeout):
+    """wait(name), asserting that the job ended well (the end of its stderr where it did not)."""
+    proc = wait(name, timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 @atexit.register

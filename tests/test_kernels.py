@@ -771,8 +771,7 @@ def triton_results():
     if triton_missing():
         pytest.skip(triton_missing())
     start_interpreter_job()  # a no-op where the session started it already
-    proc = background.wait("triton interpreter", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    background.succeeded("triton interpreter", timeout=600)
     return torch.load(INTERPRETED, weights_only=False)
 
 
