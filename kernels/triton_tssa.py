@@ -28,7 +28,7 @@ SCAN_CHUNKS = 256  # chunk totals a scan program adds a step
 SCAN_COLUMNS = 8  # columns of the totals a scan program owns
 BATCH_BLOCK = 16  # batch rows dL/dw's reductions over the batch load a step
 PARTIAL_BLOCK = 256  # dtemp partials (chunks) they load a step
-NUM_WARPS = 4  # a launch's warps (4 beat 8 at every tile size on the H200: results/nvidia-h200-probe.json),
+NUM_WARPS = 4  # a launch's warps (4 beat 8 at every tile size on the H200: results/nvidia-h200-probe.json);
 HEAVY_WARPS = 8  # but 8 for B1 and the scans, whose tiles would not fit 4 warps' registers unspilled
 # Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when this file is imported
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -163,11 +163,6 @@ def _slot(bh, c, nC, W):
 def _load_cols(ptr, off, cols, p):
     """ptr[off + cols] as fp32 (0 at columns >= p)."""
     return tl.load(ptr + off + cols, mask=cols < p, other=0.0)
-
-
-@triton.jit
-def _store_cols(ptr, off, cols, x, p):
-    tl.store(ptr + off + cols, x, mask=cols < p)
 
 
 @triton.jit
