@@ -24,6 +24,7 @@ and, under the script's __main__ guard, cli.run_cli(main, sys.argv[1:]).
 """
 
 import ast
+import ctypes
 import difflib
 import errno
 import fcntl
@@ -31,12 +32,14 @@ import getpass
 import json
 import math
 import os
+import shutil
 import signal
 import stat
 import sys
 import tempfile
+import threading
 import traceback
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from types import SimpleNamespace
 
 # -----------------------------------------------------------------------------
@@ -176,27 +179,51 @@ def run_cli(main, *args):
 def atomic_write(path, mode="wb"):
     """with atomic_write(path) as f: ... -- written to .<name>.tmp<pid> beside path, flushed to
     disk and renamed over path only if the block ends normally; otherwise the temp file goes
-    and path is untouched. Temp files of dead processes (kill -9) are removed first."""
-    folder, name = os.path.split(os.path.abspath(path))
+    and path is untouched. Temp files of dead processes (kill -9) are removed first. What the
+    user set on the file it replaces stays: its mode and group (where allowed), and a symlink
+    stays a symlink (the file it points to is the one replaced, its temp file beside it)."""
+    given, path = path, os.path.realpath(path)  # (a symlink's target: the link itself is the user's)
+    folder, name = os.path.split(path)
     os.makedirs(folder, exist_ok=True)
-    for entry in os.listdir(folder):
-        head, sep, pid = entry.rpartition(".tmp")
-        if sep and head == f".{name}" and pid.isdigit() and not pid_alive(int(pid)):
-            with suppress(OSError):
-                os.remove(os.path.join(folder, entry))
+    remove_dead_temps(folder, f".{name}.tmp")
     tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
     try:
         with open(tmp, mode) as f:
             yield f
             f.flush()
+            keep_owner_and_mode(f.fileno(), path)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
         with suppress(OSError):
             os.remove(tmp)
         if isinstance(e, OSError) and e.errno and (not e.filename or e.filename == tmp):  # name the file meant
-            raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), given) from e
         raise
+
+
+def remove_dead_temps(folder, prefix):
+    """Remove the entries of folder named <prefix><pid> whose process is dead (a kill -9 left them)."""
+    for entry in os.listdir(folder):
+        head, pid = entry[:len(prefix)], entry[len(prefix):]
+        if head == prefix and pid.isdigit() and not pid_alive(int(pid)):
+            full = os.path.join(folder, entry)
+            with suppress(OSError):
+                shutil.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.remove(full)
+
+
+def keep_owner_and_mode(fd, old):
+    """Give the open file fd the permission bits and group of the file `old` it will replace (if
+    there is one): a shared run stays readable by those it was shared with. The group only where
+    the OS allows it (a group the user belongs to)."""
+    try:
+        st = os.stat(old)
+    except OSError:  # a new file: the umask's mode, as any new file
+        return
+    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    with suppress(OSError):
+        if os.fstat(fd).st_gid != st.st_gid:
+            os.fchown(fd, -1, st.st_gid)
 
 
 def write_json(path, obj, saved=None):
@@ -282,12 +309,13 @@ def claim_output(path, elsewhere, folder=False):
 def _open_lock(path, folder):
     """(a descriptor to flock, the lock file or None, the folders created) for claim_output; an
     error names `path`."""
-    target = path if folder else os.path.dirname(os.path.abspath(path))  # (an out_dir as given: errors name it so)
+    real = os.path.realpath(path)  # a file through a symlink: locked beside the file it points to
+    target = path if folder else os.path.dirname(real)  # (an out_dir as given: errors name it so)
     made, up = [], target
     while up and not os.path.lexists(up):
         made.append(up)
         up = os.path.dirname(up)
-    lock = None if folder else os.path.join(target, f".{os.path.basename(path)}.lock")
+    lock = None if folder else os.path.join(target, f".{os.path.basename(real)}.lock")
     try:
         os.makedirs(target, exist_ok=True)
         if folder:
@@ -317,6 +345,225 @@ def _remove_empty(folders):
     for folder in folders:
         with suppress(OSError):
             os.rmdir(folder)
+
+
+class OutputSet:
+    """A folder of outputs replaced as one unit (lm_inspect.py's page, vit_inspect.py's pictures):
+    a reader of the folder sees the earlier set whole or the new set whole, never a mix. Made by
+    claim_set before any work; replace(files) at the end writes the new set into a folder beside
+    it (.<name>.new<pid>) and swaps the two folders in one step, so files of the earlier set that
+    the new one lacks go with it. An error or an interrupt before the swap leaves the earlier set
+    as it was, and says so; the swap itself is not interrupted (signals wait until it is done)."""
+
+    def __init__(self, path, real, kinds):
+        self.path, self.real, self.kinds = path, real, kinds
+        parent, name = os.path.split(real)
+        self.staging = os.path.join(parent, f".{name}.new{os.getpid()}")
+
+    def replace(self, files):
+        """files ({name: bytes or str}) become the whole folder; each keeps the mode of the file
+        of the same name it replaces. Returns whether there was an earlier set."""
+        earlier = any(n != SET_LOCK for n in os.listdir(self.real))
+        try:
+            os.mkdir(self.staging)
+            for name, data in files.items():
+                self._write(name, data)
+            os.link(os.path.join(self.real, SET_LOCK), os.path.join(self.staging, SET_LOCK))  # the claim goes along
+            shutil.copymode(self.real, self.staging)
+            fd = os.open(self.staging, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        except BaseException as e:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            if isinstance(e, OSError):
+                named = os.path.join(self.path, os.path.relpath(e.filename, self.staging)) if e.filename else self.path
+                e = OSError(e.errno, e.strerror or str(e), named)
+                raise UserError(f"{os_error_line(e)}; {left_behind()}") from None
+            raise
+        with signals_held():  # (an interrupt now is delivered once all is done)
+            swap_folders(self.staging, self.real)
+            on_interrupt(f"{self.path} holds the new set, whole")
+            shutil.rmtree(self.staging, ignore_errors=True)  # the earlier set, now under the temporary name
+            _release_set(self.real)  # written: the next run may begin
+        return earlier
+
+    def _write(self, name, data):
+        path = os.path.join(self.staging, name)
+        try:
+            with open(path, "w" if isinstance(data, str) else "wb") as f:
+                f.write(data)
+                f.flush()
+                keep_owner_and_mode(f.fileno(), os.path.join(self.real, name))
+                os.fsync(f.fileno())
+        except OSError as e:  # (a write's error names no file: this one)
+            raise OSError(e.errno, e.strerror or str(e), e.filename or path) from e
+
+
+SET_LOCK = ".lock"  # the file an OutputSet's claim flocks, inside the folder, carried by every swap
+
+
+def claim_set(path, elsewhere, kinds):
+    """Claim the folder `path` for a set of outputs (OutputSet) before any work: one writer at a
+    time (a flock on <path>/.lock, freed when the process ends), a folder this tool may replace
+    (new, empty, or holding only files ending in `kinds`, e.g. (".png", ".json"): an earlier set;
+    never a folder of the user's other files) and a place where the swap can happen (the folder
+    and its parent writable, checked by making both). A symlink to the folder stays a symlink:
+    the folder it points to is the one replaced. Each refusal is one line naming `elsewhere`."""
+    real = os.path.realpath(path)
+    if os.path.exists(real) and not os.path.isdir(real):
+        raise UserError(f"{path} is a file, not a folder: write elsewhere with {elsewhere}")
+    made, up = [], real
+    while up and not os.path.lexists(up):
+        made.append(up)
+        up = os.path.dirname(up)
+    if real in _sets:  # this process holds it already (a script's main called again)
+        return OutputSet(path, real, kinds)
+    for _ in range(10):  # (a lock removed by its last holder between our open and flock: again)
+        fd = _locked_set(path, real, made, elsewhere)
+        with suppress(OSError):
+            if os.stat(os.path.join(real, SET_LOCK)).st_ino == os.fstat(fd).st_ino:
+                break
+        os.close(fd)
+    _sets[real] = fd, made
+    at_end(lambda: _release_set(real))
+    try:
+        out = _settable(path, real, kinds, elsewhere)
+    except BaseException:
+        _release_set(real)  # refused: the folder as it was (no lock file left in it)
+        raise
+    if any(n != SET_LOCK for n in os.listdir(real)):
+        on_interrupt(f"nothing was replaced: {path} holds its earlier files, whole")
+    return out
+
+
+def _settable(path, real, kinds, elsewhere):
+    """The OutputSet of the claimed folder `real`, or one line: it holds what this tool did not
+    write, or its parent (where the new set is made and swapped in) cannot be written."""
+    others = sorted(n for n in os.listdir(real) if n != SET_LOCK and (
+        os.path.isdir(os.path.join(real, n)) or not n.endswith(tuple(kinds))))
+    if others:
+        raise UserError(f"{path} holds files this tool did not write ({', '.join(others[:3])}"
+                        f"{', ...' if len(others) > 3 else ''}), and its outputs replace the whole folder: "
+                        f"give a new or empty folder with {elsewhere}")
+    out = OutputSet(path, real, kinds)
+    parent = os.path.dirname(real)
+    remove_dead_temps(parent, f".{os.path.basename(real)}.new")
+    try:
+        os.mkdir(out.staging)
+        os.rmdir(out.staging)
+    except OSError as e:
+        raise UserError(f"{parent} cannot be written ({e.strerror}), and {path} is replaced as a whole folder "
+                        f"beside it: make {parent} writable, or write elsewhere with {elsewhere}") from None
+    return out
+
+
+def _locked_set(path, real, made, elsewhere):
+    """A descriptor of <real>/.lock, flocked by this process; one line if another holds it."""
+    try:
+        os.makedirs(real, exist_ok=True)
+        fd = os.open(os.path.join(real, SET_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        _remove_empty(made)
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(f"{path} is in use by another run: wait for it to end, or write elsewhere with "
+                        f"{elsewhere}") from None
+    return fd
+
+
+_sets = {}  # folder claimed by claim_set -> (the flocked descriptor, the folders the claim made)
+
+
+def _release_set(real):
+    """Give up a claim_set (once written, or when the script ends): the lock file goes (before the
+    unlock: a process that opened it first then finds it gone, and tries again), then the
+    folders the claim made if nothing was written."""
+    if real not in _sets:
+        return
+    fd, made = _sets.pop(real)
+    with suppress(OSError):
+        os.remove(os.path.join(real, SET_LOCK))
+    os.close(fd)
+    _remove_empty([real] + made)
+
+
+def swap_folders(a, b):
+    """Exchange folders a and b in one step where the OS can (Linux renameat2 RENAME_EXCHANGE);
+    elsewhere two renames (between them b is absent for a moment, never a mix of two sets)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    exchange = getattr(libc, "renameat2", None)
+    if exchange is not None:
+        AT_FDCWD, RENAME_EXCHANGE = -100, 2
+        if exchange(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+            return
+        if ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):  # not a file system that cannot exchange
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), b)
+    aside = f"{a}.old"
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
+
+
+class HeldSignals:
+    """Ctrl-C and SIGTERM held back from hold() to release(), then delivered to the handlers the
+    script had: a step that must not be cut in two (a swap, the renames of files replaced
+    together). Python-level handlers, swapped for ones that only note the signal (a thread's
+    signal mask would not do: the OS may hand the signal to another thread, e.g. torch's)."""
+
+    def __init__(self):
+        self.old, self.pending = {}, []
+
+    def hold(self):
+        if threading.current_thread() is threading.main_thread():  # (handlers belong to the main thread)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, lambda number, frame: self.pending.append(number))
+
+    def release(self):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+        self.old = {}
+        if self.pending:
+            signal.raise_signal(self.pending.pop(0))
+
+
+@contextmanager
+def signals_held():
+    """with signals_held(): a step an interrupt must not cut (HeldSignals)."""
+    held = HeldSignals()
+    held.hold()
+    try:
+        yield
+    finally:
+        held.release()
+
+
+def write_together(files):
+    """files ({path: bytes or str}) that are one unit but not one folder (a JSON and the figure
+    drawn from it, a document and its figure): each written to its temp file first
+    (atomic_write), then all renamed in a row that Ctrl-C and SIGTERM wait for; an error before
+    the renames (a full disk) leaves every file as it was."""
+    held = HeldSignals()
+    with ExitStack() as stack:
+        stack.callback(held.release)  # (a callback added first runs last: after every rename)
+        for path, data in files.items():
+            stack.enter_context(atomic_write(path, "w" if isinstance(data, str) else "wb")).write(data)
+        stack.callback(held.hold)  # runs first, before the renames
+
+
+def pyplot():
+    """matplotlib.pyplot for drawing into files (the Agg backend: no display needed), with text
+    drawn as given: mathtext off, so a `$` in a path, a prompt, a token or a name is a dollar
+    sign, never the start of a formula that fails to parse after all the work. Every figure of
+    the project is drawn through this."""
+    import matplotlib
+    matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def pid_alive(pid):

@@ -9,8 +9,8 @@ as one page a student opens in a browser.
 
 For any train.py checkpoint with TSSA blocks (the short convolution and the hybrid included: its
 softmax blocks are listed as skipped); a softmax or linear-attention run is refused. Writes into
-<out_dir>/inspect/ (--page_dir elsewhere), each file whole or not at all, replacing an earlier
-inspection there:
+<out_dir>/inspect/ (--page_dir elsewhere) as one unit: the folder is swapped whole for the new set,
+so a reader sees an earlier inspection or this one, never a mix (cli.claim_set):
   index.html    one self-contained page (nothing loaded from anywhere): the text, each token
                 coloured by its dominant head in the chosen layer (a switch changes layers), the
                 full Pi of a token on hover or keyboard focus, a legend; per layer what each head
@@ -43,10 +43,6 @@ import sys
 import tempfile
 from collections import Counter
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
 import torch
 
 import cli
@@ -55,7 +51,10 @@ import model as tost  # tost.STAT_EPS, tost.stat_dtype (an imported constant wou
 import textdata as td
 import trainkit as tk
 from model import TSSA
-from whitebox import layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
+from whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
+
+plt = cli.pyplot()  # (files only; a `$` in a path or a token is a dollar sign)
+from matplotlib.colors import hsv_to_rgb  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # settings
@@ -222,7 +221,7 @@ def head_colours(H):
     light theme and under light text in a dark one, as a translucent background."""
     colours = []
     for k in range(H):
-        r, g, b = matplotlib.colors.hsv_to_rgb((k / H, 0.75, 0.85))
+        r, g, b = hsv_to_rgb((k / H, 0.75, 0.85))
         colours.append((round(255 * r), round(255 * g), round(255 * b)))
     return colours
 
@@ -495,8 +494,9 @@ def main(argv):
     cli.require(set(chosen) <= set(tssa_layers), f"layers {C.layers!r}: this model's TSSA layers are "
                                                  f"{','.join(map(str, tssa_layers))}: choose among them")
     out = C.page_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "inspect")
-    cli.require(not os.path.exists(out) or os.path.isdir(out),
-                f"{out} is a file, not a folder: write the page elsewhere with --page_dir=<folder>")
+    outputs = claim_outputs(out, "--page_dir=<another folder>")  # one run at a time, a place that can be written
+    if C.screenshot:
+        cli.claim_output(C.screenshot, "--screenshot=<another file>")
     run = ckpt["config"]
     dataset, T, H = run["dataset"], model.config.block_size, model.config.n_head
     folder, meta = td.open_dataset(C.data_dir or run.get("data_dir", "data"), dataset, ("train", "val"), T)
@@ -528,14 +528,14 @@ def main(argv):
              "index.html": page(report, pieces, colours).encode()}
     report["files"] = sorted(files) + ["inspect.json"]
     print_summary(report, H)
-    write_all(out, files, report, C.screenshot)
+    write_all(outputs, files, report, C.screenshot)
     return report
 
 
-def write_all(out, files, report, screenshot):
-    """Each file whole or not at all, inspect.json last; then the picture of the page, if asked."""
-    replacing = " (replacing the earlier inspection)" if os.path.isfile(os.path.join(out, "index.html")) else ""
-    write_outputs(out, files, report)
+def write_all(outputs, files, report, screenshot):
+    """The page's files as one unit (an earlier page is replaced whole); then its picture, if asked."""
+    out = outputs.path
+    replacing = " (replacing the earlier inspection)" if write_outputs(outputs, files, report) else ""
     print(f"wrote {', '.join(report['files'])} to {out}{replacing}")
     if screenshot:  # after the page is whole: the picture shows the file as written
         replacing = " (replacing it)" if os.path.exists(screenshot) else ""

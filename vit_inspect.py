@@ -4,7 +4,8 @@ Seeing inside a trained ToST-ViT (the paper's white-box pictures, MATH.md §7), 
     python vit_inspect.py --ckpt=out-vit-cpu/ckpt.pt                  # images from its val split
     python vit_inspect.py --ckpt=out-vit-cpu/ckpt.pt --images=my_pictures/ --layers=1,4
 
-Writes into out_dir (default <checkpoint folder>/inspect), each file whole or not at all:
+Writes out_dir (default <checkpoint folder>/inspect) as one unit, swapped whole for an earlier set
+(whose pictures this run does not draw go with it; cli.claim_set):
   pi_XX.png        image XX, then Pi of each head on the patch grid, one row per chosen layer
                    (colour scale 0..1; 1/H everywhere would mean no grouping)
   cls_attn_XX.png  image XX, then the class token's attention over the patches, per head, in
@@ -26,17 +27,15 @@ import os
 import sys
 from types import SimpleNamespace
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
 import torch
-from matplotlib.ticker import FormatStrFormatter
 
 import cli
 import trainkit as tk
 import vit_data
-from whitebox import layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
+from whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
+
+plt = cli.pyplot()  # (files only; a `$` in a path or a class name is a dollar sign)
+from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # settings
@@ -143,7 +142,7 @@ def main(argv):
                 f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
     if not os.path.isfile(path):
         raise cli.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
-    cli.claim_output(out, "--out_dir=<another folder>")  # one writer at a time, and a place that can be written
+    outputs = claim_outputs(out, "--out_dir=<another folder>")  # one run at a time, a place that can be written
     model, ck = vit_data.load_vit_model(path, device=dev)
     model.eval()
     T = SimpleNamespace(**{**ck["config"], "img_size": model.config.img_size})  # the run's data settings
@@ -194,8 +193,8 @@ def main(argv):
         print("share of val images the step lowered, by layer:",
               " ".join(f"{100 * v:.0f}%" for v in report["rvar"]["val"]["lowered"]))
     report["files"] = sorted(pictures)
-    write_outputs(out, pictures, report)
-    print(f"wrote {len(pictures)} pictures and inspect.json to {out}")
+    replaced = write_outputs(outputs, pictures, report)
+    print(f"wrote {len(pictures)} pictures and inspect.json to {out}" + (" (replacing the earlier set)" if replaced else ""))
     return report
 
 

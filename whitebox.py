@@ -9,15 +9,13 @@ import io
 import json
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
 import torch
-from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
 import cli
 from model import compression_objective, split_heads
+
+plt = cli.pyplot()  # (files only; a `$` in a title is a dollar sign)
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
 
 
 def layer_numbers(text, example="1,6,12"):
@@ -68,11 +66,16 @@ def rvar_figure(rvar, layers, over, title):
     return png_bytes(fig)
 
 
-def write_outputs(out, files, report):
-    """files ({name: bytes}) into the folder out, each whole or not at all, then the report as
-    inspect.json (last: a folder with an inspect.json has all its files)."""
-    for name, data in files.items():
-        with cli.atomic_write(os.path.join(out, name)) as f:
-            f.write(data)
-    with cli.atomic_write(os.path.join(out, "inspect.json"), "w") as f:
-        json.dump(report, f, indent=1)
+KINDS = (".png", ".html", ".json")  # what an inspection folder holds: the files of an earlier one
+
+
+def claim_outputs(out, elsewhere):
+    """The inspection folder, claimed before any work (cli.claim_set): one run at a time, a folder
+    of earlier inspections or a new one, and a place where the new set can replace the old."""
+    return cli.claim_set(out, elsewhere, KINDS)
+
+
+def write_outputs(outputs, files, report):
+    """files ({name: bytes}) and the report as inspect.json: the folder's whole new content, swapped
+    in as one unit (cli.OutputSet). Returns whether it replaced an earlier inspection."""
+    return outputs.replace({**files, "inspect.json": json.dumps(report, indent=1) + "\n"})

@@ -28,6 +28,7 @@ stopped, and the JSON named by --out (with a figure beside it) is written only w
 """
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -285,12 +286,9 @@ def equal_time_iters(cal, names, C):
 # the figure
 
 
-def plot(data, path):
+def figure_png(data):
     """Val loss and corpus-word share per model, each seed a dot, both conditions side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = cli.pyplot()
 
     names = data["settings"]["models"]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -311,9 +309,10 @@ def plot(data, path):
     seeds = len(data["settings"]["seeds"])
     fig.suptitle(f"character level, the first screen's budget: {seeds} seed(s) per model (dots)", fontsize=10)
     fig.tight_layout()
-    with cli.atomic_write(path) as f:
-        fig.savefig(f, format="png", dpi=90)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
+    return buf.getvalue()
 
 
 # -----------------------------------------------------------------------------
@@ -474,8 +473,8 @@ def main(argv):
                 model_labels={m: MODELS[m][0] for m in C.names}, conditions=conds, rows=rows)
     print(pydocs_tables.compare_table(data))
     if C.out:
-        cli.write_json(C.out, data)
-        plot(data, C.out[:-len(".json")] + ".png")
+        figure = C.out[:-len(".json")] + ".png"  # the JSON and the figure drawn from it: both or neither
+        cli.write_together({C.out: json.dumps(data, indent=1) + "\n", figure: figure_png(data)})
         print(f"wrote {C.out} and {C.out[:-len('.json')]}.png")
     return data
 

@@ -29,6 +29,8 @@ optimisation) is refused, not mixed. The tables are results/recall_tables.py's, 
 """
 
 import functools
+import io
+import json
 import math
 import multiprocessing
 import os
@@ -374,8 +376,9 @@ def selected_rates(data, task):
     return out
 
 
-def save_results(C, data, swept):
-    """Write out_json (atomically) with what the tables need beside the runs."""
+def save_results(C, data, swept, figure=""):
+    """Write out_json (atomically) with what the tables need beside the runs; with `figure` (a
+    PNG path), the figure drawn from it too, the two as one unit (cli.write_together)."""
     data["identity"] = identity(C)
     data["settings"] = vars(C)
     data["swept"] = swept
@@ -384,8 +387,9 @@ def save_results(C, data, swept):
     data["lengths"] = {name: Task(name, C).lengths for name in TASKS}
     data["labels"], data["recipes"] = LABELS, RECIPES
     data["torch"] = torch.__version__
-    cli.write_json(C.out_json, data, saved=f"the runs that ended are in {C.out_json}: the same command continues "
-                                           "from them")
+    files = {C.out_json: json.dumps(data, indent=1) + "\n"} | ({figure: figure_png(data)} if figure else {})
+    cli.write_together(files)
+    cli.on_interrupt(f"the runs that ended are in {C.out_json}: the same command continues from them")
 
 
 def run_all(jobs, C, data, swept, phase):
@@ -415,15 +419,13 @@ def run_all(jobs, C, data, swept, phase):
             pool.terminate()
 
 
-def draw(data, path):
+def figure_png(data):
     """Accuracy of the swept task against the decoding-state bytes per layer (Zoology's
     recall-memory plot): one point per model and recipe at its selected rate, the seeds' mean,
     their range as the error bar; filled circles the tuned recipe, open squares the plain one."""
-    import matplotlib
     import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = cli.pyplot()
     from matplotlib.lines import Line2D
 
     swept, rows = data["swept"], recall_tables.best_rows(data, data["swept"])
@@ -455,9 +457,10 @@ def draw(data, path):
     handles.append(Line2D([], [], color="grey", linestyle="--", label="chance"))
     ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    with cli.atomic_write(path) as f:
-        fig.savefig(f, dpi=120, format="png")
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format="png")
     plt.close(fig)
+    return buf.getvalue()
 
 
 def main(argv):
@@ -491,14 +494,13 @@ def main(argv):
         more = [Job(recipe, m, swept, chosen[m], s) for m in model_list for s in range(1, C.seeds)]
         more += [Job(recipe, m, t, chosen[m], 0) for t in task_list[1:] for m in model_list]
         run_all(more, C, data, swept, f"{recipe} at the selected rates")
-    save_results(C, data, swept)
+    save_results(C, data, swept, C.figure)  # the figure drawn from the JSON beside it: both or neither
     for name in recall_tables.SUITE_TABLES:
         print(f"\n{name}:\n{recall_tables.TABLES[name][1](data)}")
     load1 = os.getloadavg()
     print(f"\n{time.time() - t0:.0f}s; load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end; "
           f"runs in {C.out_json}")
     if C.figure:
-        draw(data, C.figure)
         print(f"figure: {C.figure}")
     return data
 

@@ -10,6 +10,7 @@ One tiny run of train.py (3 layers, the third softmax: the hybrid with a short c
 the most varied case) serves every test; the browser tests start Chromium 3 times (1-3 s each).
 """
 
+import html
 import io
 import json
 import math
@@ -422,3 +423,22 @@ def test_what_cannot_be_inspected_is_one_line(run, tmp_path):
     (tmp_path / "soft").mkdir()
     torch.save(dict(ckpt, model_args=args, model=model.state_dict()), tmp_path / "soft" / "ckpt.pt")
     refused([f"--out_dir={tmp_path}/soft"], tmp_path, "is a softmax model: lm_inspect.py draws TSSA's Pi")
+
+
+@pytest.mark.parametrize("name", ["cost $5", "a$b$c", "$x^$", "back\\slash $_{}", "<b>$&amp;"])
+def test_a_path_from_the_user_is_text_in_the_figures_and_the_page(run, tmp_path, name):
+    """A `$` or markup in the checkpoint's path (the figures' titles, the page's title and
+    description) and in the page folder: drawn as given (cli.pyplot: no mathtext), escaped in
+    the page. (A `$` among the tokens themselves: tests/test_outputs.py, this model has none.)"""
+    import shutil
+
+    root = run[0]
+    (tmp_path / name).mkdir()
+    shutil.copy(root / "out" / "ckpt.pt", tmp_path / name / "ckpt.pt")
+    page = tmp_path / f"page {name}"
+    report = lm_inspect.main([f"--out_dir={tmp_path / name}", f"--data_dir={root}/data", f"--page_dir={page}",
+                              "--text=If a, b: see x!", "--n_windows=2", "--batch_size=2", "--num_threads=1"])
+    assert name in report["description"]
+    assert sorted(os.listdir(page)) == ["index.html", "inspect.json", "pi_tokens.png", "rvar.png"]
+    html_text = (page / "index.html").read_text()
+    assert html.escape(name) in html_text and (name == html.escape(name) or name not in html_text)

@@ -424,3 +424,39 @@ def test_interrupt_names_the_checkpoint_and_a_second_run_refuses_the_locked_out_
     code, stdout, err = call("vit_train.py", argv + ["--init_from=resume", f"--max_iters={saved + 1}"], capsys)
     assert code == 0 and f"resumed from {out}/ckpt.pt at iter {saved}" in stdout, err
     assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == saved + 1
+
+
+@pytest.mark.parametrize("fault", ["interrupt", "disk-full", "another-run"])
+def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path, monkeypatch, capsys, fault):
+    """The pictures are one set (cli.claim_set): an interrupt or a full disk while the new set is
+    written, or another run holding the folder, leave the earlier set as it was (a stale
+    pi_02.png included), and the line says so."""
+    out = tmp_path / "pictures"
+    argv = [f"--ckpt={vit_run}", f"--out_dir={out}", "--n_rvar=4"]
+    assert call("vit_inspect.py", argv + ["--n_show=3"], capsys)[0] == 0
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "pi_02.png" in earlier and ".lock" not in earlier
+    holder = None
+    if fault == "another-run":
+        holder = subprocess.Popen([sys.executable, "-c", "import sys, cli; cli.run_cli(lambda: (cli.claim_set(sys.argv[1], 'x', "
+                                   "('.png', '.json')), print('held', flush=True), sys.stdin.read()))", str(out)], cwd=REPO,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  preexec_fn=default_signals)
+        assert holder.stdout.readline() == "held\n"
+    else:
+        error = KeyboardInterrupt() if fault == "interrupt" else OSError(28, "No space left on device")
+        calls = []
+        monkeypatch.setattr(cli, "keep_owner_and_mode", lambda fd, old: calls.append(old) or (
+            len(calls) == 2 and (_ for _ in ()).throw(error)))
+    try:
+        code, _, err = call("vit_inspect.py", argv + ["--n_show=1"], capsys)
+    finally:
+        if holder:
+            holder.stdin.close()
+            holder.wait(timeout=30)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier and sorted(os.listdir(tmp_path)) == ["pictures"]
+    assert code == (130 if fault == "interrupt" else 1) and len(err.strip().splitlines()) == 1, err
+    assert ("in use by another run" if fault == "another-run" else
+            f"nothing was replaced: {out} holds its earlier files, whole") in err, err
+    assert call("vit_inspect.py", argv + ["--n_show=1"], capsys)[0] == 0  # then: the new set, whole, without pi_02.png
+    assert sorted(p.name for p in out.iterdir()) == ["cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]

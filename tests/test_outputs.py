@@ -1,0 +1,284 @@
+"""
+What the project writes is one unit, and keeps what the user set on it (issue 40):
+
+  * a set of outputs (cli.claim_set / OutputSet: lm_inspect.py's page, vit_inspect.py's
+    pictures): claimed before any work, replaced whole by one swap of folders; each fault
+    (another run, an interrupt, a full disk, a folder that cannot be written, a folder of
+    someone else's files) leaves the earlier set whole and says so in one line;
+  * files that are one unit but not one folder (cli.write_together: a JSON and its figure);
+  * every writer (atomic_write and what is built on it: write_json, save_checkpoint,
+    write_together, an OutputSet) keeps the replaced file's mode and group, and writes through a
+    symlink instead of over it;
+  * text from a user never reaches a parser as markup (a `$` in a figure's text).
+
+The faults a root user cannot meet (permissions) are made by failing the call that meets them.
+
+    python -m pytest -q tests/test_outputs.py
+"""
+
+import errno
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import cli  # noqa: E402
+import trainkit as tk  # noqa: E402
+from helpers_signals import default_signals  # noqa: E402
+
+KINDS = (".png", ".json", ".html")
+EARLIER = {"a.png": b"earlier a", "b.png": b"earlier b", "inspect.json": b'{"earlier": 1}\n'}
+
+
+def contents(folder):
+    """{name: bytes} of every entry of folder (a subfolder as None)."""
+    return {n: (None if os.path.isdir(os.path.join(folder, n)) else open(os.path.join(folder, n), "rb").read())
+            for n in sorted(os.listdir(folder))}
+
+
+def earlier_set(tmp_path):
+    out = tmp_path / "inspect"
+    out.mkdir()
+    for name, data in EARLIER.items():
+        (out / name).write_bytes(data)
+    return str(out)
+
+
+@pytest.fixture(autouse=True)
+def fresh_claims():
+    """Each test starts with no claim held and no interrupt text set, as a new process would."""
+    cli.on_interrupt("nothing was saved")
+    yield
+    while cli._cleanups:
+        cli._cleanups.pop()()
+
+
+# -----------------------------------------------------------------------------
+# a set of outputs
+
+def test_a_new_set_replaces_the_earlier_whole(tmp_path):
+    """Files of the earlier set that the new one lacks go with it; nothing else is left beside."""
+    out = earlier_set(tmp_path)
+    outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
+    assert outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"}) is True
+    assert contents(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}  # (b.png gone, the lock released)
+    assert sorted(os.listdir(tmp_path)) == ["inspect"]  # no temporary folder beside it
+    assert cli.left_behind() == f"{out} holds the new set, whole"
+
+
+def fail_at_second_file(fault):
+    """A fault met inside the second file's write (an OSError of a write names no file)."""
+    original, seen = cli.keep_owner_and_mode, []
+
+    def meet(fd, old):
+        seen.append(old)
+        if len(seen) == 2:
+            raise fault
+        original(fd, old)
+    return meet
+
+
+@pytest.mark.parametrize("fault, says", [
+    (KeyboardInterrupt(), None),
+    (OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "Disk quota exceeded"),
+    (OSError(errno.EIO, "Input/output error"), "Input/output error"),
+], ids=["interrupt", "disk-full", "quota", "io-error"])
+def test_a_fault_while_writing_leaves_the_earlier_set_whole(tmp_path, monkeypatch, fault, says):
+    out = earlier_set(tmp_path)
+    outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
+    monkeypatch.setattr(cli, "keep_owner_and_mode", fail_at_second_file(fault))
+    with pytest.raises(type(fault) if says is None else cli.UserError) as e:
+        outputs.replace({"a.png": b"new a", "c.png": b"new c", "inspect.json": "{}\n"})
+    assert contents(out) == {".lock": b"", **EARLIER}  # (still claimed: the run has not ended)
+    assert sorted(os.listdir(tmp_path)) == ["inspect"]
+    assert cli.left_behind() == f"nothing was replaced: {out} holds its earlier files, whole"
+    if says:
+        assert str(e.value).count("\n") == 0 and says in str(e.value) and str(e.value).endswith(cli.left_behind())
+        assert os.path.join(out, "c.png") in str(e.value)  # the file meant, not its temporary name
+
+
+def test_the_swap_cannot_be_cut_by_an_interrupt(tmp_path, monkeypatch):
+    """A SIGINT that arrives during the swap waits for it: the new set is whole, then the interrupt."""
+    out = earlier_set(tmp_path)
+    outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
+    swap = cli.swap_folders
+
+    def interrupted_swap(a, b):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # (were it not held, the KeyboardInterrupt would land here, before the swap)
+        swap(a, b)
+    monkeypatch.setattr(cli, "swap_folders", interrupted_swap)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"})
+    assert contents(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}
+
+
+@pytest.mark.parametrize("case", ["holder", "file", "foreign-file", "subfolder", "parent-read-only",
+                                  "folder-read-only"])
+def test_a_folder_that_cannot_take_the_set_is_refused_before_any_work(tmp_path, monkeypatch, case):
+    """Each in one line naming the way out; the folder as it was."""
+    out = earlier_set(tmp_path)
+    holder = None
+    if case == "holder":  # another run holds it
+        holder = subprocess.Popen([sys.executable, "-c", "import sys, cli; cli.run_cli(lambda: (cli.claim_set(sys.argv[1], 'x', "
+                                   "('.png', '.json')), print('held', flush=True), sys.stdin.read()))", out], cwd=REPO,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  preexec_fn=default_signals)
+        assert holder.stdout.readline() == "held\n"
+    elif case == "file":
+        out = str(tmp_path / "a-file.png")
+        open(out, "w").close()
+    elif case == "foreign-file":
+        (tmp_path / "inspect" / "notes.txt").write_text("mine")
+    elif case == "subfolder":
+        (tmp_path / "inspect" / "more.png").mkdir()
+    elif case == "parent-read-only":
+        real_mkdir = os.mkdir
+        monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(PermissionError(
+            errno.EACCES, "Permission denied", p)) if ".new" in os.path.basename(p) else real_mkdir(p, *a))
+    elif case == "folder-read-only":
+        real_open = os.open
+        monkeypatch.setattr(os, "open", lambda p, *a: (_ for _ in ()).throw(PermissionError(
+            errno.EACCES, "Permission denied", p)) if str(p).endswith(cli.SET_LOCK) else real_open(p, *a))
+    before = {n: d for n, d in contents(tmp_path / "inspect").items() if n != cli.SET_LOCK}  # (the holder's)
+    try:
+        with pytest.raises((cli.UserError, OSError)) as e:
+            cli.claim_set(out, "--out_dir=<another folder>", KINDS)
+    finally:
+        if holder:
+            holder.stdin.close()
+            holder.wait(timeout=30)
+    line = cli.os_error_line(e.value) if isinstance(e.value, OSError) else str(e.value)
+    assert "\n" not in line and contents(tmp_path / "inspect") == before  # (no lock of this claim left)
+    assert {"holder": "in use by another run", "file": "is a file, not a folder", "foreign-file": "notes.txt",
+            "subfolder": "more.png", "parent-read-only": f"{tmp_path} cannot be written",
+            "folder-read-only": "Permission denied"}[case] in line
+    if case == "parent-read-only":  # the parent is blamed, not the output
+        assert "make " + str(tmp_path) + " writable" in line
+    if case != "folder-read-only":
+        assert "--out_dir=<another folder>" in line
+
+
+def test_a_symlinked_folder_stays_a_symlink(tmp_path):
+    target = earlier_set(tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    cli.claim_set(str(link), "--out_dir=<x>", KINDS).replace({"inspect.json": "{}\n"})
+    assert os.path.islink(link) and contents(target) == {"inspect.json": b"{}\n"}
+
+
+def test_the_claim_goes_with_the_set_and_ends_with_the_run(tmp_path):
+    """The swap carries the lock (a second run is still refused after it), and a run that wrote
+    nothing leaves no folder behind."""
+    out = earlier_set(tmp_path)
+    outputs = cli.claim_set(out, "x", KINDS)
+    outputs._write = lambda name, data: None  # (nothing written: the lock is what the swap carries)
+    os.mkdir(outputs.staging)
+    os.link(os.path.join(out, cli.SET_LOCK), os.path.join(outputs.staging, cli.SET_LOCK))
+    cli.swap_folders(outputs.staging, out)
+    probe = "import sys, cli\ntry:\n    cli.claim_set(sys.argv[1], 'x', ('.png', '.json'))\nexcept cli.UserError as e:\n    print(e)"
+    run = subprocess.run([sys.executable, "-c", probe, out], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "in use by another run" in run.stdout
+    empty = str(tmp_path / "new" / "deeper")
+    cli.claim_set(empty, "x", KINDS)
+    while cli._cleanups:
+        cli._cleanups.pop()()
+    assert not os.path.exists(tmp_path / "new")
+
+
+# -----------------------------------------------------------------------------
+# every writer keeps the mode, the group and the symlink of the file it replaces
+
+def write_with(writer, path, tmp_path):
+    """Replace `path` with new content through one of the project's writers."""
+    if writer == "atomic_write":
+        with cli.atomic_write(path) as f:
+            f.write(b"new")
+    elif writer == "write_json":
+        cli.write_json(path, {"new": 1})
+    elif writer == "save_checkpoint":
+        tk.save_checkpoint({"model": {"w": torch.zeros(2)}, "iter_num": 1}, path)
+    elif writer == "write_together":
+        cli.write_together({path: b"new", str(tmp_path / "other.png"): b"other"})
+    elif writer == "output_set":
+        cli.claim_set(os.path.dirname(path), "x", (os.path.splitext(path)[1],)).replace({os.path.basename(path): b"new"})
+
+
+WRITERS = ["atomic_write", "write_json", "save_checkpoint", "write_together", "output_set"]
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o664, 0o600])
+def test_a_replaced_file_keeps_its_mode_under_any_umask(tmp_path, writer, mode):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    path = str(folder / "ckpt.pt")
+    open(path, "wb").close()
+    os.chmod(path, mode)
+    gid = os.stat(path).st_gid
+    old = os.umask(0o077)
+    try:
+        write_with(writer, path, tmp_path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode and os.stat(path).st_gid == gid
+    assert os.path.getsize(path) > 0  # (replaced)
+
+
+@pytest.mark.parametrize("writer", [w for w in WRITERS if w != "output_set"])
+def test_a_symlinked_file_stays_a_symlink_and_its_target_is_replaced(tmp_path, writer):
+    """The run folder on a small disk, checkpoints on a big one: the link is the user's."""
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "ckpt.pt").write_bytes(b"old")
+    link = tmp_path / "ckpt.pt"
+    link.symlink_to(big / "ckpt.pt")
+    write_with(writer, str(link), tmp_path)
+    assert os.path.islink(link) and (big / "ckpt.pt").read_bytes() != b"old"
+    assert not [n for n in os.listdir(big) if n != "ckpt.pt"] and not [n for n in os.listdir(tmp_path) if ".tmp" in n]
+
+
+def test_files_written_together_are_all_replaced_or_none(tmp_path, monkeypatch):
+    a, b = tmp_path / "r.json", tmp_path / "r.png"
+    a.write_text("old json")
+    b.write_bytes(b"old png")
+    with pytest.raises(OSError):
+        cli.write_together({str(a): "new json", str(b): bytes(10), str(a / "under-a-file.png"): b""})
+    assert a.read_text() == "old json" and b.read_bytes() == b"old png" and sorted(os.listdir(tmp_path)) == [
+        "r.json", "r.png"]
+    cli.write_together({str(a): "new json", str(b): b"new png"})
+    assert a.read_text() == "new json" and b.read_bytes() == b"new png"
+
+
+# -----------------------------------------------------------------------------
+# text from a user is text: figures
+
+@pytest.mark.parametrize("text", ["a $x^$ b", r"run $\notacommand$", "$_{$", "$$", r"costs $5\$ and $6"])
+def test_a_dollar_in_any_figure_text_is_drawn_as_given(text):
+    """Titles (paths, prompts), tick labels (tokens), legends: matplotlib's mathtext is off for
+    every figure of the project (cli.pyplot), so none of these parses, fails or changes."""
+    import numpy as np
+
+    import lm_inspect
+    import vit_inspect
+    from whitebox import rvar_figure
+
+    rvar = {s: {"before": [1.0, 2.0], "after": [0.5, 1.5]} for s in ("train", "val")}
+    assert rvar_figure(rvar, [1, 2], text, text)[:4] == b"\x89PNG"
+    assert lm_inspect.pi_tokens_figure([text, "b"], [np.full((2, 2), 0.5)], [1], text)[:4] == b"\x89PNG"
+    assert vit_inspect.map_figure(np.zeros((4, 4, 3)), [np.zeros((2, 2, 2))], [text], text, text, 1.0)[:4] == b"\x89PNG"
+    plt = cli.pyplot()
+    fig, ax = plt.subplots()
+    ax.set_title(text)
+    fig.canvas.draw()  # (each text above is a formula mathtext cannot parse: it would raise ValueError)
+    plt.close(fig)
