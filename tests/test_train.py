@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -663,3 +664,25 @@ def test_flops_count_tssa_as_linear_and_mfu_knows_hopper():
     assert tk.device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert tk.device_peak_flops("Some Unknown Accelerator") is None
     assert tk.estimate_mfu(tost_1k, 1e6, "NVIDIA H100 PCIe") == pytest.approx(flops(tost_1k) * 1e6 / 989e12)
+
+
+def test_a_resumed_run_keeps_a_symlinked_shared_checkpoint_as_the_user_set_it(tiny_run, tmp_path, capsys):
+    """The run folder on a small disk, ckpt.pt a symlink to a big one, readable by the group
+    (0o640); resumed under umask 077: ckpt.pt is still the link, its target holds the new
+    iteration, with the mode it had (cli.atomic_write, the one writer under save_checkpoint)."""
+    out, big = tmp_path / "out", tmp_path / "big"
+    big.mkdir()
+    out.mkdir()
+    shutil.copy(os.path.join(tiny_run["out"], "ckpt.pt"), big / "ckpt.pt")
+    os.chmod(big / "ckpt.pt", 0o640)
+    (out / "ckpt.pt").symlink_to(big / "ckpt.pt")
+    old = os.umask(0o077)
+    try:
+        code, _, err = call_main(train, "--dataset=pydocs_char", f"--data_dir={tiny_run['data']}", f"--out_dir={out}",
+                                 *TINY, "--max_iters=41", "--eval_interval=41", "--eval_iters=1",
+                                 "--init_from=resume", capsys=capsys)
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    assert os.path.islink(out / "ckpt.pt") and stat.S_IMODE(os.stat(big / "ckpt.pt").st_mode) == 0o640
+    assert tk.load_checkpoint(str(big / "ckpt.pt"), "language")["iter_num"] == 41
