@@ -112,14 +112,18 @@ def test_the_swap_cannot_be_cut_by_an_interrupt(tmp_path, monkeypatch):
     out = earlier_set(tmp_path)
     outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
     swap = cli.swap_folders
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, whatever pytest inherited
 
     def interrupted_swap(a, b):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)  # (were it not held, the KeyboardInterrupt would land here, before the swap)
         swap(a, b)
     monkeypatch.setattr(cli, "swap_folders", interrupted_swap)
-    with pytest.raises(KeyboardInterrupt):
-        outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"})
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert contents(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}
 
 
