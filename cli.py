@@ -687,7 +687,7 @@ def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), seed=(
 def coerce(key, value, default):
     """`value` (text from the command line, or a config file's object) as the type of
     `default`, or a ConfigError saying what was expected. Floats must be finite, whole
-    numbers within int64."""
+    numbers within int64, a tuple or list of numbers or strings (plain data: checkpoints keep it)."""
     kind = type(default)
     if isinstance(value, str) and kind is not str:
         text = value.strip()
@@ -710,6 +710,8 @@ def coerce(key, value, default):
         value = kind(value)
     if type(value) is not kind:
         raise ConfigError(f"{key} expects {kind.__name__} (default {default!r}), got {value!r}")
+    if kind in (tuple, list) and any(type(v) not in (bool, int, float, str) for v in value):
+        raise ConfigError(f"{key} expects a {kind.__name__} of numbers or strings (default {default!r}), got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
     if kind is int and abs(value) > INT64:  # torch and numpy would overflow (a traceback deep inside)

@@ -7,7 +7,8 @@ the settings of every script are cli.py's.
                        cpu_cores, hub_reachable (offline: the Hugging Face libraries fail at once)
   files, checkpoints   claim_out_dir (a lock that run_cli releases; no scratch run over a
                        checkpoint), save_checkpoint (through cli.atomic_write: a full
-                       disk is an OSError naming it) / load_checkpoint / load_weights, JsonlLogger
+                       disk is an OSError naming it) / load_checkpoint (plain data alone, read with
+                       weights_only: nothing in a file runs) / load_weights, JsonlLogger
                        (a resumed run's log holds each iteration once)
   training             init_from_auto, resume_settings, get_lr, non_finite, gather_rng_states /
                        restore_rng
@@ -20,6 +21,7 @@ import gc
 import json
 import math
 import os
+import pickle
 import random
 import re
 import shutil
@@ -34,6 +36,7 @@ import torch.distributed as dist
 
 import cli
 import model
+import plaindata
 from cli import UserError, atomic_write, require
 
 # -----------------------------------------------------------------------------
@@ -162,7 +165,12 @@ def release_out_dir(out_dir):
 def save_checkpoint(obj, path):
     """torch.save through atomic_write: a crash at any moment leaves the old checkpoint or the new.
     A full disk is an OSError naming path: seen before writing (free space against the tensors'
-    bytes), or while writing (torch's zip writer reports it as a RuntimeError, "unexpected pos")."""
+    bytes), or while writing (torch's zip writer reports it as a RuntimeError, "unexpected pos").
+    Only plain data is written (plaindata.not_plain): what load_checkpoint reads back, from anyone, unrun."""
+    stray = plaindata.not_plain(obj)
+    if stray:
+        raise UserError(f"{path} was not written: {stray}, and a checkpoint holds plain data alone (tensors, numbers, "
+                        "strings, lists, dicts) so that anyone can load it without running code: store it as such")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     need, free = tensor_bytes(obj), shutil.disk_usage(folder).free
@@ -199,18 +207,26 @@ KIND_FIELDS = {"language": ("tokenizer",), "vit": (), "lra": ()}
 
 
 def load_checkpoint(path, kind):
-    """A checkpoint of `kind`, loaded onto the CPU. A missing, damaged or other-kind file, or
-    one without the fields this version writes, is a UserError naming it."""
+    """A checkpoint of `kind`, loaded onto the CPU as plain data (plaindata.read). A missing, damaged
+    or other-kind file, one that holds code or objects, or one without the fields this version
+    writes, is a UserError naming it."""
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: give the folder or file of a checkpoint that "
                         f"{KIND_MAKER[kind]} wrote, or train one first")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # zip errors, EOF, unpickling errors, not a dict: a damaged file
+        ckpt, stray = plaindata.read(path), None
+    except pickle.UnpicklingError as e:  # weights_only refused a global (a function, a class) or what needs one
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        ckpt, stray = None, f"GLOBAL {found.group(1)}" if found else "pickle instructions that are not data"
+    except Exception as e:  # zip errors, EOF: a damaged file
         raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).split('. ')[0][:90]}): the "
                         "file is truncated or corrupt; delete it, or start a new run in another out_dir") from None
+    stray = stray or plaindata.not_plain(ckpt)  # (an array outside an earlier version's RNG states, say)
+    if stray:
+        raise UserError(f"{path} holds code or objects that no checkpoint of this version holds ({stray}): it was "
+                        f"refused, nothing in it was run; give a checkpoint that {KIND_MAKER[kind]} wrote")
     if not isinstance(ckpt, dict):  # torch.save of a bare tensor, a model, a list: no checkpoint's fields
         raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint (a dict of {', '.join(CKPT_FIELDS)}): "
                         f"give a checkpoint that {KIND_MAKER[kind]} wrote")
@@ -391,7 +407,8 @@ def non_finite(what, ckpt_path, C, dtype):
 
 def gather_rng_states(d):
     """Every rank's RNG state, a list indexed by rank (a collective: all ranks call it)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, key, *rest = np.random.get_state()  # its key an array: a list, plain data (plaindata)
+    state = {"python": random.getstate(), "numpy": [name, key.tolist(), *rest], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     if not d.ddp:
@@ -409,7 +426,12 @@ def restore_rng(states, d, say):
         return
     state = states[d.rank]
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    if state["numpy"] is None:  # an earlier version's array, not read (plaindata.read)
+        say("resume: the checkpoint was written by an earlier version, whose numpy RNG state (an array) is not read: "
+            "numpy's RNG starts afresh (augmentations may differ from an uninterrupted run)")
+    else:
+        name, key, *rest = state["numpy"]
+        np.random.set_state((name, np.array(key, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

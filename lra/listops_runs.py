@@ -36,6 +36,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cli
+import trainkit as tk
 from lra.data import load_split
 
 # -----------------------------------------------------------------------------
@@ -134,9 +135,7 @@ def one_run(name, config, extra, seed, path, C):
                                           f"{done.stderr[-1500:]}")
         with open(os.path.join(tmp, "run", "log.jsonl")) as f:
             last = [json.loads(line) for line in f if '"val_acc"' in line][-1]
-        import torch  # (only here: the runs themselves are subprocesses)
-
-        ckpt = torch.load(os.path.join(tmp, "run", "ckpt.pt"), map_location="cpu", weights_only=False)
+        ckpt = tk.load_checkpoint(os.path.join(tmp, "run", "ckpt.pt"), "lra")  # data, never code
     settings = ckpt["config"]
     return dict(run=name, command="python lra/train.py " + " ".join(argv), seed=seed, vector_path=path,
                 attn=settings["attn"], params=sum(v.numel() for v in ckpt["model"].values()),
