@@ -309,7 +309,7 @@ def test_resume_refuses_a_checkpoint_rewritten_while_it_started(finished, listop
 
     def load_while_another_run_saves(*args, **kw):
         path = os.path.join(out, "ckpt.pt")
-        tk.save_checkpoint(torch.load(path, weights_only=False), path)
+        tk.save_checkpoint(tk.load_checkpoint(path, "lra"), path)
         return real(*args, **kw)
 
     monkeypatch.setattr(train, "load_split", load_while_another_run_saves)

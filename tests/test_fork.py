@@ -475,7 +475,7 @@ def test_a_checkpoint_of_the_names_before_issue_38_loads_with_the_same_weights(t
         key.replace("w_proj.", "c_in.").replace("attn_scale.weight", "ls_1.gamma").replace("mlp_scale.weight",
                                                                                            "ls_2.gamma"): value
         for key, value in c["model"].items()}))
-    assert "blocks.0.ls_1.gamma" in torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
+    assert "blocks.0.ls_1.gamma" in tk.load_checkpoint(str(tmp_path / "ckpt.pt"), "language")["model"]
     loaded, _ = td.load_language_model(str(tmp_path), "cpu")
     for key, value in gpt.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key

@@ -33,6 +33,7 @@ import cli  # noqa: E402
 import lm_inspect  # noqa: E402
 import textdata as td  # noqa: E402
 import train  # noqa: E402
+import trainkit as tk  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
 from model import compression_objective, split_heads  # noqa: E402
 
@@ -415,7 +416,7 @@ def test_what_cannot_be_inspected_is_one_line(run, tmp_path):
     refused(out + [f"--val_start={10 ** 6}"], root, "give --val_start below")
     refused(out + ["--screenshot=page.jpg"], root, "give a .png path")
     refused([f"--out_dir={tmp_path}/none"], root, "no checkpoint at")
-    ckpt = torch.load(root / "out" / "ckpt.pt", weights_only=False)  # the same run, said to be softmax
+    ckpt = tk.load_checkpoint(str(root / "out" / "ckpt.pt"), "language")  # the same run, said to be softmax
     args = dict(ckpt["model_args"], attn="softmax", short_conv=0, hybrid_every=0)
     from model import GPT, GPTConfig
 

@@ -326,7 +326,7 @@ def test_torchrun_two_processes_match_one(tiny_run, tmp_path, capsys):
     p = run(torchrun, "--standalone", "--nproc_per_node=2", str(worker), *common, f"--out_dir={ddp}")
     assert "2 process(es)" in p.stdout
     assert call_main(train, *common, f"--out_dir={single}", capsys=capsys)[0] == 0
-    r0, r1 = (torch.load(os.path.join(ddp, f"rank{r}.pt")) for r in (0, 1))
+    r0, r1 = (torch.load(os.path.join(ddp, f"rank{r}.pt"), weights_only=True) for r in (0, 1))
     assert all(torch.equal(r0[k], r1[k]) for k in r0)  # DDP keeps the replicas identical, bit for bit
     ckpt_ddp, ckpt_single = load_weights(ddp), load_weights(single)
     assert all(torch.equal(ckpt_ddp[k], r0[k]) for k in r0)
