@@ -14,6 +14,7 @@ import kernels
 SUITES = ("op", "decode", "model", "model_decode", "vit")
 IMPLS = tuple(i for i in kernels.IMPLS if i != "auto") + ("sdpa", "compiled")  # (--impls=auto: the default set)
 MODES = ("fwd", "fwdbwd")
+SECTION_START_S = 1.0  # a section's process, forked, starts and writes its part file within it
 MIN_BUDGET_S = 90  # budget_s: a section starts only with 60 s of it left, 10 s kept for the writes, ~20 s of meta
 TRAINING_SHAPE = (16, 1024)  # (B, T) of the operator at the main job's micro-batch (ToST-Base: 16 x 1K)
 QUICK = dict(T="64,128", model_T="64", decode_T="32,64", H=2, p=16, repeats=3, warmup=0, decode_steps=4,
@@ -75,12 +76,13 @@ def check_measurable(C, sections):
     if C.headline or not C.section_s.strip():  # (the headline's section_s are shares of its deadline)
         return
     reserve = row_reserve_s(C)
+    least = SECTION_START_S + reserve
+    kept = f" and keeps {reserve:g} s of its limit for its last write" if reserve else ""
     limits = section_limits(C, sections)
     for name in [n for n in chosen if n != "meta"]:  # (meta measures no rows)
-        cli.require(limits[name] > reserve,
-                    f"section_s gives {name} {limits[name]:g} s, in which it measures nothing (a section starts a "
-                    f"row only with more than {reserve:g} s of its limit left, kept for its last write): give it more "
-                    f"than {reserve:g} s")
+        cli.require(limits[name] > least, f"section_s gives {name} {limits[name]:g} s, too short to measure a row: a "
+                                          f"section takes about {SECTION_START_S:g} s to start{kept}; give it more "
+                                          f"than {least:g} s")
 
 
 def check_settings(C, sections=None):

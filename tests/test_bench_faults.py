@@ -3,7 +3,7 @@ bench.py's report (issue 40 item 5), one test per class over its members:
 
   1. settings under which a section would run and record nothing are refused before any work,
      one line saying what to set: a main job all warm-up (--main_iters, quick or not, report or
-     headline), a section's limit all reserve (--section_s, for every section or one)
+     headline), a section's limit all start and reserve (--section_s, for every section or one)
   2. a section outlives nothing: whichever process dies with -9, the report (as a device ends a
      command at its limit) or the section (as the OOM killer ends one), the section, its keeper
      and the train.py it runs are gone within seconds; a report whose section was killed goes on
@@ -41,9 +41,11 @@ UNMEASURABLE = {  # name -> (arguments, what the refusal says)
                                  "give --main_iters=2 or more"),
     "a quick headline's main job of 1 iteration": (["--headline", "--quick", "--main_iters=1"],
                                                     "give --main_iters=2 or more"),
-    "every section's limit all reserve": (["--report", "--section_s=15"], "give it more than 15 s"),
+    "every section's limit all reserve": (["--report", "--section_s=15"], "give it more than 16 s"),
     "one section's limit all reserve": (["--report", "--sections=op,decode", "--section_s=decode:9"],
                                         "section_s gives decode 9 s"),
+    "a quick section's limit shorter than its start": (["--report", "--quick", "--section_s=op:0.5"],
+                                                       "give it more than 1 s"),
 }
 
 
