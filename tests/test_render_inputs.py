@@ -6,7 +6,8 @@ What results/render.py reads, damaged (issue 40 item 4), one test per class over
      picture under the same points): --check names it in one line ("redraw it with ..."), the
      rewrite draws it again, byte for byte the committed one, and --check passes after
   2. a report whose training sections have not all run (none, one model only, no peak memory,
-     a length one model lacks): the rewrite draws what there is and says what is missing
+     a length one model lacks): the rewrite draws what there is and says what is missing; a row
+     that lacks a field is one line naming it
   3. a NaN or infinite number (NaN, Infinity, -Infinity, 1e999) in any JSON a table or figure
      is registered with, or given to --show: refused where it is read, one line naming the file
      and the field
@@ -150,6 +151,16 @@ def test_a_partial_report_draws_what_it_has_and_says_what_is_missing(case, tmp_p
         assert words in line, line
     assert figure.stored_points(str(root / PNG)) == FIGURES[PNG][1](data)
     assert call(SCRIPT, "--check", f"--root={root}") == (0, "")
+
+
+def test_a_training_row_without_its_length_is_one_line_naming_the_field(tmp_path):
+    """The figure's points are read as the tables are (cli.reading): a field a row lacks is one
+    line naming the file and the field, not a KeyError from the figure."""
+    data = json.loads(committed(REPORT))
+    both_models(data)
+    del train_rows(data)[-1]["T"]
+    with pytest.raises(cli.UserError, match=f"^{REPORT} lacks the field 'T': restore it"):
+        render.render_figures(FIGURES, AWAITED, str(tmp_path), {REPORT: data}, check=True)
 
 
 # -----------------------------------------------------------------------------
