@@ -27,7 +27,8 @@ section counts as done only when measured by this code (source_sha256) on this d
 again with sections=all, the report measures the rest and moves what other code measured to
 the JSON's history. Rows a device cannot run (Triton, FlashAttention, cuDNN, CUDA graphs,
 torch.compile on the CPU) are rows saying why. One command writes a report file at a time;
-Ctrl-C stops the section in flight and keeps the rest; NANOTOST_COMMIT, when set, names the
+Ctrl-C stops the section in flight and keeps the rest; a command killed outright (-9) leaves no
+section running (benchkit/keeper.py); NANOTOST_COMMIT, when set, names the
 commit measured (40 hex digits; checked against the code where the .git holds it).
 SPEED.md says more.
 

@@ -14,6 +14,7 @@ the preparation scripts, bench.py, lra/, recall/), so that each script reads as 
   claim_output  one writer per output (a file or a folder) at a time, claimed before any work;
               write_json / read_json / reading: the project's own JSON written whole, and read
               back as one line naming the file and the field when it is cut short or changed
+              (or, for a table or a figure, holds a NaN or infinite number)
   name_list   a comma-separated list of names, each once
 
     def main(argv):
@@ -236,9 +237,11 @@ def write_json(path, obj, saved=None):
         on_interrupt(saved)
 
 
-def read_json(path, fix, kind=dict):
+def read_json(path, fix, kind=dict, finite=False):
     """The project's own JSON at path, a `kind` (dict or list); a file cut short, not JSON, not
-    UTF-8 or of another kind is one line naming it and `fix` (what to do: run again, restore it)."""
+    UTF-8 or of another kind is one line naming it and `fix` (what to do: run again, restore it).
+    finite: a NaN or infinite number anywhere in it is one line too, naming the field (a
+    figure of a table or a picture is a measurement, and NaN would print as "nan ms")."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -248,7 +251,23 @@ def read_json(path, fix, kind=dict):
         raise UserError(f"{path}: not UTF-8 (byte {e.start}), so not a JSON this project wrote: {fix}") from None
     if not isinstance(data, kind):
         raise UserError(f"{path} holds a {type(data).__name__}, not the {kind.__name__} this project writes: {fix}")
+    found = non_finite(data) if finite else None
+    if found:
+        raise UserError(f"{path}: {found[0]} is {json.dumps(found[1])}, not a finite number: {fix}")
     return data
+
+
+def non_finite(data, field=""):
+    """(field, value) of the first NaN or infinite number in JSON data ("sections.op.rows[3].ms"),
+    or None. (json reads NaN, Infinity and 1e999 without a word.)"""
+    if isinstance(data, float) and not math.isfinite(data):
+        return field or "the whole file", data
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = non_finite(value, f"{field}[{key}]" if isinstance(key, int) else f"{field}.{key}".lstrip("."))
+        if found:
+            return found
+    return None
 
 
 @contextmanager

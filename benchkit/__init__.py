@@ -9,6 +9,7 @@ part, so that each is found and changed alone:
                      in its own time-limited process, every row into the JSON as it is measured)
     headline.py      --headline: the figures that matter most, by value, under one deadline
     part.py          one section as its process measures it (Part), why a row cannot run here
+    keeper.py        the process that ends a section's group once the command or the section is gone
     meta.py          the device, versions, the code's digest (source_digest) and commit
     gpu_check.py     the sections gpu_check_accuracy / _determinism (kernels/gpu_check.py)
     op.py            the section op: the operator fwd+bwd against SDPA

@@ -19,7 +19,7 @@ import torch
 import kernels
 import model
 import trainkit as tk
-from benchkit.settings import PRESETS, TINY
+from benchkit.settings import PRESETS, TINY, main_warmup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,7 +97,7 @@ def main_job_row(S, work, arch, config):
         with open(path) as f:
             records = [json.loads(line) for line in f if line.strip()]
     steps = [r for r in records if r.get("tokens_per_s") is not None]
-    skip = 1 if C.quick else min(20, iters // 4)  # compile and warm-up
+    skip = main_warmup(C)  # compile and warm-up (check_settings refused a job with nothing after them)
     steady = [r for r in steps if r["iter"] >= skip]
     med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]

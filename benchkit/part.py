@@ -17,6 +17,7 @@ from collections import namedtuple
 import torch
 
 import cli
+from benchkit.settings import row_reserve_s
 from benchkit.timing import free_memory
 
 # limit_s: its time limit in seconds; what: one line; fn(S): the function that measures it (a
@@ -92,14 +93,14 @@ class Part:
     the part file at once, atomically), the time left before the parent's limit. previous: the
     rows an earlier run of the section measured with the same code on the same device, kept."""
 
-    def __init__(self, name, path, C, limit_s, previous=(), reserve_s=None, hang_after=None):
+    def __init__(self, name, path, C, limit_s, previous=(), hang_after=None):
         self.name, self.path, self.C, self.hang_after = name, path, C, hang_after
         self.previous = {row_key(r): r for r in previous if r.get("status") not in ("not_run", "running")}
         self.previous_started = None
         self.cuda = C.device.startswith("cuda")
         self.deadline = time.time() + limit_s
         # time kept when a row would start: the last write, and what a row's first call may add
-        self.reserve_s = reserve_s if reserve_s is not None else (0.0 if C.quick else 15.0)
+        self.reserve_s = row_reserve_s(C)
         self.longest_row_s = 0.0
         self.data = dict(section=name, status="running", started=now_iso(), pid=os.getpid(), rows=[])
         self.write()

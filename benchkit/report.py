@@ -4,10 +4,11 @@ the runner it shares with --headline (benchkit/headline.py).
 
 Each section runs in its own process (forked from a clean server process that never touches
 CUDA) with a time limit, in its own process group (the limit ends train.py, gpu_check and the
-compile workers with it). It writes its rows to a part file after every row (atomically); the
-parent, polling that file, puts every row into the report's JSON the moment it is measured
-(atomically again), so a section killed at its limit, or the whole command killed at its own,
-keeps every row it finished. The JSON is valid and complete-so-far at every moment.
+compile workers with it; the group's keeper, benchkit/keeper.py, ends it once the command or
+the section is gone, killed with -9 too). It writes its rows to a part file after every row
+(atomically); the parent, polling that file, puts every row into the report's JSON the moment
+it is measured (atomically again), so a section killed at its limit, or the whole command
+killed at its own, keeps every row it finished. The JSON is valid and complete-so-far at every moment.
 
 A section of the JSON counts as done only when it was measured by this code (its
 source_sha256) on this device: a section measured by other code or elsewhere is moved to the
@@ -25,7 +26,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from functools import partial
 
@@ -33,6 +33,7 @@ import torch
 
 import cli
 import trainkit as tk
+from benchkit import keeper
 from benchkit.decode import section_decode
 from benchkit.gpu_check import section_gpu_check
 from benchkit.main_job import section_main_job
@@ -81,45 +82,17 @@ def hang_after(name):
     return (int(rows) if rows else 0) if section == name else None
 
 
-def is_running(pid):
-    """Whether process pid runs (a zombie, ended but not yet waited for, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # (no /proc: whether the pid exists)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-
-def stop_with(pid):
-    """A thread that ends this section's process group once the command's process (pid) has
-    ended: a command killed at its limit leaves no section, train.py or compile running. (Not
-    this process's parent: that is the server it was forked from, which outlives the command
-    while a section runs.)"""
-    def watch():
-        while is_running(pid):
-            time.sleep(0.5)
-        os.killpg(0, signal.SIGKILL)
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def run_section(name, fn, C, path, limit_s, hang=None, previous=None, command_pid=None):
     """The body of one section's process: its own process group (the parent ends the whole group
-    at the limit, children such as train.py included, and the group ends itself when the parent
-    is gone), then the section, then the part's status."""
+    at the limit, children such as train.py included, and the group's keeper ends it when the
+    command or the section is gone: benchkit/keeper.py), then the section, then the part's status."""
     os.setsid()
-    stop_with(command_pid or os.getppid())
+    keeper.start(command_pid or os.getppid())
     C.device, C.dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.threads:
         torch.set_num_threads(C.threads)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as train.py
-    reserve_s = 0.0 if C.quick else 3.0 if C.headline else 15.0  # (the headline's limits are short)
-    S = Part(name, path, C, limit_s, (previous or {}).get("rows", ()), reserve_s, hang)
+    S = Part(name, path, C, limit_s, (previous or {}).get("rows", ()), hang)
     S.previous_started = (previous or {}).get("started")
     try:
         S.hang_here()

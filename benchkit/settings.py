@@ -1,7 +1,9 @@
 """
 benchkit/settings.py: bench.py's settings checked before any work (check_settings: a refusal
-measures and writes nothing), the lists they hold, and the shapes shared by its modes: the
-quick run's tiniest shapes (QUICK) and models (TINY), the presets, the training shape.
+measures and writes nothing; settings under which a section would record nothing, such as a main
+job all warm-up, are refused too: check_measurable), the lists they hold, and the shapes shared
+by its modes: the quick run's tiniest shapes (QUICK) and models (TINY), the presets, the
+training shape.
 """
 
 import os
@@ -12,6 +14,7 @@ import kernels
 SUITES = ("op", "decode", "model", "model_decode", "vit")
 IMPLS = tuple(i for i in kernels.IMPLS if i != "auto") + ("sdpa", "compiled")  # (--impls=auto: the default set)
 MODES = ("fwd", "fwdbwd")
+SECTION_START_S = 1.0  # a section's process, forked, starts and writes its part file within it
 MIN_BUDGET_S = 90  # budget_s: a section starts only with 60 s of it left, 10 s kept for the writes, ~20 s of meta
 TRAINING_SHAPE = (16, 1024)  # (B, T) of the operator at the main job's micro-batch (ToST-Base: 16 x 1K)
 QUICK = dict(T="64,128", model_T="64", decode_T="32,64", H=2, p=16, repeats=3, warmup=0, decode_steps=4,
@@ -48,6 +51,40 @@ def quick_defaults(C, given):
                 setattr(C, key, value)
 
 
+def main_warmup(C):
+    """The main job's first iterations, which its tokens/s leaves out (compile, warm-up): the
+    first of a quick run's (its iteration 0), else a quarter of them, at most 20."""
+    return 1 if C.quick else min(20, C.main_iters // 4)
+
+
+def row_reserve_s(C):
+    """Seconds of a section's limit kept for its last write and what a row's first call may add:
+    a row starts only with more than this left (a quick run's rows take milliseconds)."""
+    return 0.0 if C.quick else 3.0 if C.headline else 15.0
+
+
+def check_measurable(C, sections):
+    """Refuse settings under which a section would run and record nothing (sections: the
+    report's or the headline's): a main job all warm-up, a section's limit all reserve."""
+    chosen = list(sections) if C.sections == "all" else C.sections.split(",")
+    if "main_job" in chosen:
+        skip = main_warmup(C)
+        cli.require(C.main_iters > skip, f"main_iters={C.main_iters} leaves the main job no iteration to measure: "
+                                         f"its tokens/s leaves out the first {skip} (compile and warm-up"
+                                         f"{', in a quick run' if C.quick else ''}): give --main_iters={skip + 1} "
+                                         "or more")
+    if C.headline or not C.section_s.strip():  # (the headline's section_s are shares of its deadline)
+        return
+    reserve = row_reserve_s(C)
+    least = SECTION_START_S + reserve
+    kept = f" and keeps {reserve:g} s of its limit for its last write" if reserve else ""
+    limits = section_limits(C, sections)
+    for name in [n for n in chosen if n != "meta"]:  # (meta measures no rows)
+        cli.require(limits[name] > least, f"section_s gives {name} {limits[name]:g} s, too short to measure a row: a "
+                                          f"section takes about {SECTION_START_S:g} s to start{kept}; give it more "
+                                          f"than {least:g} s")
+
+
 def check_settings(C, sections=None):
     """Every setting, checked before any work (a refusal measures and writes nothing); sections:
     the report's or the headline's ({name: Section}), which --sections and --section_s name.
@@ -67,7 +104,7 @@ def check_settings(C, sections=None):
     if sections is not None:
         if C.sections != "all":
             names("sections", C.sections, tuple(sections))
-        section_limits(C, sections)
+        check_measurable(C, sections)
     report = C.report or C.headline
     into_folder = C.out == "auto" or (report and C.out.endswith(("/", os.sep)))  # a report: <gpu>.json in it
     if os.path.isdir(C.out) and not into_folder:

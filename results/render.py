@@ -5,7 +5,7 @@ recall/README.md and lra/README.md hold each table between `<!-- table: NAME -->
 registered with, so a figure in a table is the figure in its JSON.
 
     python results/render.py             # rewrite every table of the documents from its JSON
-    python results/render.py --check     # exit 1 naming each table whose text differs from its JSON
+    python results/render.py --check     # exit 1 naming each table or figure that differs from its JSON
     python results/render.py --show='gpu_*' --json_path=out-bench/cpu-report.json   # some tables, to stdout
 
 The tables are registered by the modules beside this script (MODULES), each with
@@ -14,8 +14,12 @@ also have AWAITED = {json path: the command that writes it} for a JSON that no m
 could write yet (SPEED.md's GPU report): until it is committed, its tables say so. Every other
 JSON must exist. --show prints the tables whose NAMEs match its patterns, from --json_path if
 given (bench.py --report prints its report this way). A module's FIGURES (png path -> (json
-path, points, draw)) are figures: one whose PNG holds other points than its JSON gives is drawn
-again (draw imports matplotlib; --check reads the points back without it). Standard library only.
+path, points, draw)) are figures: one whose PNG is not the picture drawn from the points its
+JSON gives (drawn from others, damaged, cut short, replaced) is drawn again, or named by --check
+(results/figure.py: the PNG holds its points and a digest of its pixels, so --check needs
+Pillow, not matplotlib; draw imports matplotlib). A JSON cut short, or holding a NaN or infinite
+number anywhere, is one line naming the file and the field. Standard library only, but for
+the figures' Pillow and matplotlib.
 
 A document whose markers do not pair up (an opening without its closing marker before the next
 table, a closing marker without an opening) is refused, by --check as well: a rewrite would
@@ -26,7 +30,6 @@ kind, or one cut short, is one line naming it instead of a wrong table or a trac
 
 import fnmatch
 import importlib
-import json
 import os
 import re
 import sys
@@ -37,6 +40,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
 import cli  # noqa: E402
+from results import figure  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # settings
@@ -69,39 +73,39 @@ def registry():
     return tables, awaited, figures
 
 
-def png_points(path):
-    """The points a figure was drawn from: the JSON in its PNG's tEXt 'Description' (None if
-    the file is missing or holds none)."""
-    if not os.path.isfile(path):
-        return None
-    with open(path, "rb") as f:
-        png = f.read()
-    at = 8  # after the signature: chunks of length (4 bytes), type (4), data, crc (4)
-    while at + 8 <= len(png):
-        size, kind = int.from_bytes(png[at:at + 4], "big"), png[at + 4:at + 8]
-        body = png[at + 8:at + 8 + size]
-        if kind == b"tEXt" and body.startswith(b"Description\0"):
-            return json.loads(body.split(b"\0", 1)[1].decode("latin-1"))
-        at += 12 + size
-    return None
-
-
 def render_figures(figures, awaited, where, cache, check):
-    """Each figure whose points differ from its JSON's: redrawn (or, with check, named)."""
+    """Each figure drawn again where its PNG is not the picture drawn from the points its JSON
+    gives (stale, damaged, cut short, replaced: results/figure.py); with check, named instead.
+    Returns the names of those that differ."""
     differ = []
     for png, (path, points, draw) in figures.items():
         if path not in cache:
             cache[path] = load_json(path, where, awaited)
         if cache[path] is None:
             continue
-        now = points(cache[path])
-        stale = png_points(os.path.join(where, png)) != now
-        if stale:
-            differ.append(f"{png} ({path})")
-            if not check:
-                draw(now, os.path.join(where, png))
-        print(f"{png}: figure, " + ("differs" if stale and check else "redrawn" if stale else "as rendered"))
+        with cli.reading(path, restore(path)):
+            now = points(cache[path])
+        why = stale_figure(os.path.join(where, png), now)
+        if why is None:
+            print(f"{png}: figure, as rendered")
+            continue
+        differ.append(f"{png}: {why}" if why else f"{png} ({path})")
+        if check:
+            print(f"{png}: figure, {why or 'differs'}")
+            continue
+        lacks = draw(now, os.path.join(where, png))
+        print(f"{png}: figure, " + (f"{why}: " if why else "") + "redrawn"
+              + (f" (not measured yet: {'; '.join(lacks)})" if lacks else ""))
     return differ
+
+
+def stale_figure(path, points):
+    """Why the PNG at path is not the picture drawn from `points`: None where it is; "" where it
+    was drawn from other points, or is missing; else what is wrong with the file."""
+    try:
+        return None if figure.stored_points(path) == points else ""
+    except figure.Damaged as e:
+        return str(e)
 
 
 def load_json(path, where, awaited):
@@ -112,7 +116,13 @@ def load_json(path, where, awaited):
             return None
         raise cli.UserError(f"{path} does not exist: it is the JSON of a table; write it with the command "
                             "the document gives beside the table")
-    return cli.read_json(full, restore(path))
+    return read_data(full, restore(path))
+
+
+def read_data(path, fix):
+    """The JSON at path as every table and figure reads it: cut short, not JSON, or holding a
+    NaN or infinite number anywhere is one line naming the file (and the field) and `fix`."""
+    return cli.read_json(path, fix, finite=True)
 
 
 def restore(path):
@@ -206,7 +216,7 @@ def main(argv):
         data = None
         if C.json_path:
             cli.require(os.path.isfile(C.json_path), f"no JSON at {C.json_path}")
-            data = cli.read_json(C.json_path, "give --json_path a JSON that bench.py, recall/suite.py, "
+            data = read_data(C.json_path, "give --json_path a JSON that bench.py, recall/suite.py, "
                                               "lra/listops_runs.py or compare/pydocs.py wrote")
         for name in chosen:
             body = render_table(name, tables, awaited, where, cache, data, C.json_path or None)
@@ -230,8 +240,8 @@ def main(argv):
                                             if changed else ", as rendered"))
     differ += render_figures(figures, awaited, where, cache, C.check)  # after the documents: an error writes none
     if C.check and differ:
-        raise cli.UserError(f"{len(differ)} table(s) or figure(s) differ from their JSON: {'; '.join(differ)}; "
-                            "python results/render.py rewrites them")
+        raise cli.UserError(f"{len(differ)} table(s) or figure(s) differ from their JSON or are damaged: "
+                            f"{'; '.join(differ)}; rewrite and redraw them with python results/render.py")
 
 
 if __name__ == "__main__":

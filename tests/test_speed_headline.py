@@ -44,7 +44,8 @@ import ctypes, json, os, shutil, signal, subprocess, sys, time
 repo, work, tiny, fake = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 sys.path.insert(0, repo)
 from benchkit.meta import source_digest
-from benchkit.report import REPORT_SCHEMA, is_running
+from benchkit.keeper import is_running
+from benchkit.report import REPORT_SCHEMA
 out = os.path.join(work, "out")
 os.makedirs(out)
 path = os.path.join(out, "cpu-headline.json")

@@ -5,7 +5,7 @@ committed JSON, so editing a number in a table (or in its JSON) fails here; ever
 document is registered, every registered table appears in a document, and the JSON a table
 names exists (or is awaited: a GPU report no machine here can write, whose tables say so).
 Also: render.py --check names the table (or figure: results/efficiency.png, by the points in
-its PNG) that differs and render.py repairs it; mistakes are
+its PNG, and the picture by the digest of its pixels) that differs and render.py repairs it; mistakes are
 one line; lra/listops_runs.py's smoke run writes a JSON the LRA tables render; lra/README's
 equal-budget table holds the parameter counts lra/train.py builds.
 
@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "results"))
 
 import cli  # noqa: E402
 import render  # noqa: E402
+from results import figure  # noqa: E402
 from lra import listops_runs  # noqa: E402
 from lra import train as lra_train  # noqa: E402
 
@@ -143,7 +144,7 @@ def test_a_figure_is_checked_by_its_points_and_drawn_again_when_its_json_changes
     png = "results/efficiency.png"
     json_path, points, _ = FIGURES[png]
     with open(os.path.join(REPO, json_path)) as f:
-        assert render.png_points(os.path.join(REPO, png)) == points(json.load(f))  # the committed figure is its JSON
+        assert figure.stored_points(os.path.join(REPO, png)) == points(json.load(f))  # the committed figure is its JSON
     data = json.loads((root / json_path).read_text())
     trains = [part for name, part in data["sections"].items() if name.startswith("train")]  # a report's or a headline's
     row = next(r for part in trains for r in part["rows"] if r.get("ms"))
@@ -153,7 +154,7 @@ def test_a_figure_is_checked_by_its_points_and_drawn_again_when_its_json_changes
     assert check.returncode == 1 and f"{png} ({json_path})" in check.stderr, check.stderr
     fixed = run_render(f"--root={root}")
     assert fixed.returncode == 0 and f"{png}: figure, redrawn" in fixed.stdout, fixed.stdout + fixed.stderr
-    assert render.png_points(str(root / png)) == points(data)
+    assert figure.stored_points(str(root / png)) == points(data)
     assert run_render("--check", f"--root={root}").returncode == 0
 
 
