@@ -183,24 +183,39 @@ def atomic_write(path, mode="wb"):
     and path is untouched. Temp files of dead processes (kill -9) are removed first. What the
     user set on the file it replaces stays: its mode and group (where allowed), and a symlink
     stays a symlink (the file it points to is the one replaced, its temp file beside it)."""
-    given, path = path, os.path.realpath(path)  # (a symlink's target: the link itself is the user's)
-    folder, name = os.path.split(path)
+    with staged(path) as (tmp, real):
+        with open(tmp, mode) as f:
+            yield f
+            settle(f, real)
+        os.replace(tmp, real)
+
+
+@contextmanager
+def staged(path):
+    """with staged(path) as (tmp, real): the temp file's path beside `real` (path, or the file a
+    symlink at path points to), for the block to write and rename over real. If the block fails,
+    the temp file goes, and an error of the temp file names path instead."""
+    real = os.path.realpath(path)  # (a symlink's target: the link itself is the user's)
+    folder, name = os.path.split(real)
     os.makedirs(folder, exist_ok=True)
     remove_dead_temps(folder, f".{name}.tmp")
     tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
     try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            keep_owner_and_mode(f.fileno(), path)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        yield tmp, real
     except BaseException as e:
         with suppress(OSError):
             os.remove(tmp)
         if isinstance(e, OSError) and e.errno and (not e.filename or e.filename == tmp):  # name the file meant
-            raise OSError(e.errno, e.strerror or os.strerror(e.errno), given) from e
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
         raise
+
+
+def settle(f, old):
+    """An open temp file made ready to replace the file `old`: flushed, given old's mode and
+    group (keep_owner_and_mode), on disk (a full disk shows here, before anything is replaced)."""
+    f.flush()
+    keep_owner_and_mode(f.fileno(), old)
+    os.fsync(f.fileno())
 
 
 def remove_dead_temps(folder, prefix):
@@ -411,9 +426,7 @@ class OutputSet:
         try:
             with open(path, "w" if isinstance(data, str) else "wb") as f:
                 f.write(data)
-                f.flush()
-                keep_owner_and_mode(f.fileno(), os.path.join(self.real, name))
-                os.fsync(f.fileno())
+                settle(f, os.path.join(self.real, name))
         except OSError as e:  # (a write's error names no file: this one)
             raise OSError(e.errno, e.strerror or str(e), e.filename or path) from e
 
@@ -562,15 +575,20 @@ def signals_held():
 
 def write_together(files):
     """files ({path: bytes or str}) that are one unit but not one folder (a JSON and the figure
-    drawn from it, a document and its figure): each written to its temp file first
-    (atomic_write), then all renamed in a row that Ctrl-C and SIGTERM wait for; an error before
-    the renames (a full disk) leaves every file as it was."""
-    held = HeldSignals()
+    drawn from it, documents and their figure): every file written whole to its temp file and
+    on disk first, then all renamed in a row that Ctrl-C and SIGTERM wait for. An error before
+    the renames (a full disk, an interrupt) leaves every file as it was."""
     with ExitStack() as stack:
-        stack.callback(held.release)  # (a callback added first runs last: after every rename)
+        ready = []
         for path, data in files.items():
-            stack.enter_context(atomic_write(path, "w" if isinstance(data, str) else "wb")).write(data)
-        stack.callback(held.hold)  # runs first, before the renames
+            tmp, real = stack.enter_context(staged(path))
+            with open(tmp, "w" if isinstance(data, str) else "wb") as f:
+                f.write(data)
+                settle(f, real)
+            ready.append((tmp, real))
+        with signals_held():
+            for tmp, real in ready:
+                os.replace(tmp, real)
 
 
 def pyplot():

@@ -115,15 +115,14 @@ def draw_panel(ax, points, key, what):
     ax.yaxis.set_minor_formatter(plain)
 
 
-def draw(points, path):
+def draw(points):
     """Two panels, log-log: ms per step and peak GB against T, ToST and GPT-2; an eager ToST
     point is hollow; what the report has not measured yet is said under them. The points go
-    into the PNG (results/figure.py; results/render.py reads them back). Returns what is missing."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    into the PNG (results/figure.py; results/render.py reads them back). Returns (the PNG's
+    bytes, what is missing)."""
+    import cli
     from results import figure
+    plt = cli.pyplot()
     lacks = missing(points)
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4 + 0.3 * bool(lacks)))
     for ax, (key, what) in zip(axes, PANELS):
@@ -134,9 +133,9 @@ def draw(points, path):
         fig.text(0.5, 0.01, "Not measured yet: " + "; ".join(lacks), ha="center", va="bottom", fontsize=7,
                  wrap=True)
     fig.tight_layout(rect=(0, 0.08 if lacks else 0, 1, 1))
-    figure.save(fig, path, points, dpi=110)
+    png = figure.png_bytes(fig, points, dpi=110)
     plt.close(fig)
-    return lacks
+    return png, lacks
 
 
 TABLES = {"gpu_efficiency": (REPORT, table_gpu_efficiency)}

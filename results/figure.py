@@ -6,7 +6,7 @@ drawn from other points than its JSON's, a file damaged or cut short, and anothe
 in its place. The same points drawn by the same matplotlib give the same bytes: the file holds
 no date and no software version.
 
-    save(fig, path, points, dpi)   # a matplotlib figure, written whole (cli.atomic_write)
+    png_bytes(fig, points, dpi)    # a matplotlib figure as the bytes of its PNG file
     stored_points(path)            # the points it was drawn from; None if there is no file;
                                    # Damaged(why) if the file is not the picture drawn from them
 """
@@ -17,7 +17,6 @@ import json
 import os
 import zlib
 
-import cli
 
 POINTS, PIXELS = "Description", "Pixels-SHA256"  # the PNG text keys: the points, the digest of the pixels
 IEND = b"\0\0\0\0IEND\xaeB`\x82"  # the chunk every PNG ends with, its checksum included (Pillow does not check it)
@@ -33,9 +32,9 @@ def pixels_digest(image):
     return hashlib.sha256(f"{rgba.width}x{rgba.height}\n".encode() + rgba.tobytes()).hexdigest()
 
 
-def save(fig, path, points, dpi):
-    """The matplotlib figure `fig` drawn at `dpi` into the PNG at path, whole or not at all, with
-    `points` (JSON data) and the digest of the pixels it holds."""
+def png_bytes(fig, points, dpi):
+    """The matplotlib figure `fig` drawn at `dpi` as the bytes of a PNG file, with `points` (JSON
+    data) and the digest of the pixels it holds (render.py writes it with the documents)."""
     import numpy as np
     from PIL import Image, PngImagePlugin
     fig.set_dpi(dpi)
@@ -44,8 +43,9 @@ def save(fig, path, points, dpi):
     text = PngImagePlugin.PngInfo()
     text.add_text(POINTS, json.dumps(points, sort_keys=True))
     text.add_text(PIXELS, pixels_digest(image))
-    with cli.atomic_write(path) as f:
-        image.save(f, format="PNG", pnginfo=text, dpi=(dpi, dpi))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", pnginfo=text, dpi=(dpi, dpi))
+    return buf.getvalue()
 
 
 def stored_points(path):

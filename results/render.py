@@ -76,8 +76,8 @@ def registry():
 def render_figures(figures, awaited, where, cache, check):
     """Each figure drawn again where its PNG is not the picture drawn from the points its JSON
     gives (stale, damaged, cut short, replaced: results/figure.py); with check, named instead.
-    Returns the names of those that differ."""
-    differ = []
+    Returns (the names of those that differ, {png path: the bytes drawn}, written by the caller)."""
+    differ, drawn = [], {}
     for png, (path, points, draw) in figures.items():
         if path not in cache:
             cache[path] = load_json(path, where, awaited)
@@ -93,10 +93,10 @@ def render_figures(figures, awaited, where, cache, check):
         if check:
             print(f"{png}: figure, {why or 'differs'}")
             continue
-        lacks = draw(now, os.path.join(where, png))
+        drawn[os.path.join(where, png)], lacks = draw(now)
         print(f"{png}: figure, " + (f"{why}: " if why else "") + "redrawn"
               + (f" (not measured yet: {'; '.join(lacks)})" if lacks else ""))
-    return differ
+    return differ, drawn
 
 
 def stale_figure(path, points):
@@ -230,15 +230,17 @@ def main(argv):
         new, changed = render_doc(text, tables, awaited, where, cache, doc)
         differ += [f"{doc}: {name} ({tables[name][1]})" for name in changed]
         rendered[doc] = (new, changed, len(names_in(text)))
-    for doc in [doc for doc, (_, changed, _) in rendered.items() if changed and not C.check]:
-        cli.claim_output(os.path.join(where, doc), "--root=<another checkout>")  # one writer at a time, all first
+    for path in [os.path.join(where, d) for d in DOCS] + [os.path.join(where, png) for png in figures]:
+        if not C.check:
+            cli.claim_output(path, "--root=<another checkout>")  # one writer at a time, every output first
     for doc, (new, changed, count) in rendered.items():
-        if changed and not C.check:
-            with cli.atomic_write(os.path.join(where, doc), "w") as f:  # a document is never half written
-                f.write(new)
         print(f"{doc}: {count} table(s)" + (f", {'differ' if C.check else 'rewritten'}: {', '.join(changed)}"
                                             if changed else ", as rendered"))
-    differ += render_figures(figures, awaited, where, cache, C.check)  # after the documents: an error writes none
+    figures_differ, drawn = render_figures(figures, awaited, where, cache, C.check)
+    if not C.check:  # the documents and the figures as one unit: all replaced, or (an error, Ctrl-C) none
+        cli.write_together({**{os.path.join(where, doc): new for doc, (new, changed, _) in rendered.items() if changed},
+                            **drawn})
+    differ += figures_differ
     if C.check and differ:
         raise cli.UserError(f"{len(differ)} table(s) or figure(s) differ from their JSON or are damaged: "
                             f"{'; '.join(differ)}; rewrite and redraw them with python results/render.py")

@@ -75,13 +75,13 @@ def test_a_new_set_replaces_the_earlier_whole(tmp_path):
     assert cli.left_behind() == f"{out} holds the new set, whole"
 
 
-def fail_at_second_file(fault):
-    """A fault met inside the second file's write (an OSError of a write names no file)."""
+def fail_at_second_file(fault, at=2):
+    """A fault met inside the second (at-th) file's write (an OSError of a write names no file)."""
     original, seen = cli.keep_owner_and_mode, []
 
     def meet(fd, old):
         seen.append(old)
-        if len(seen) == 2:
+        if len(seen) == at:
             raise fault
         original(fd, old)
     return meet
@@ -262,6 +262,23 @@ def test_files_written_together_are_all_replaced_or_none(tmp_path, monkeypatch):
         "r.json", "r.png"]
     cli.write_together({str(a): "new json", str(b): b"new png"})
     assert a.read_text() == "new json" and b.read_bytes() == b"new png"
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left on device"),
+                                   OSError(errno.EIO, "Input/output error")], ids=["interrupt", "disk-full", "io"])
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_a_fault_at_any_file_written_together_replaces_none(tmp_path, monkeypatch, fault, at):
+    """A fault as the at-th file goes to disk (its flush: where a full disk shows): none replaced."""
+    paths = [tmp_path / name for name in ("r.json", "r.png", "README.md")]
+    for p in paths:
+        p.write_bytes(b"old " + p.name.encode())
+    monkeypatch.setattr(cli, "keep_owner_and_mode", fail_at_second_file(fault, at))
+    with pytest.raises(type(fault)) as e:
+        cli.write_together({str(p): f"new {p.name}" for p in paths})
+    assert [p.read_bytes() for p in paths] == [b"old " + p.name.encode() for p in paths]
+    assert sorted(os.listdir(tmp_path)) == ["README.md", "r.json", "r.png"]
+    if isinstance(fault, OSError):
+        assert e.value.filename == str(paths[at - 1])  # the file meant, not its temporary name
 
 
 # -----------------------------------------------------------------------------

@@ -100,6 +100,32 @@ def test_the_committed_figure_is_the_picture_of_its_points():
     assert figure.stored_points(os.path.join(REPO, PNG)) == points
 
 
+@pytest.mark.parametrize("fault", ["interrupt", "disk-full", "a drawing error"])
+def test_a_rewrite_cut_short_leaves_the_documents_and_the_figure_as_they_were(fault, tmp_path, monkeypatch, capsys):
+    """The documents and the figures are one unit (cli.write_together): a fault while drawing or
+    writing leaves every one of them as it was, not new tables beside an old figure."""
+    root = copy_of_the_repository(tmp_path)
+    (root / PNG).write_bytes(committed(PNG)[:1000])  # the figure must be drawn again
+    doc = "lra/README.md"
+    text = (root / doc).read_text(encoding="utf-8")
+    (root / doc).write_text(text.replace("<!-- /table -->", "stale\n<!-- /table -->", 1), encoding="utf-8")
+    before = {rel: (root / rel).read_bytes() for rel in (doc, PNG)}
+    if fault == "a drawing error":
+        monkeypatch.setitem(FIGURES, PNG, FIGURES[PNG][:2] + ((lambda points: 1 / 0),))
+        monkeypatch.setattr(render, "registry", lambda: (TABLES, AWAITED, FIGURES))
+        with pytest.raises(ZeroDivisionError):
+            call(SCRIPT, f"--root={root}")
+    else:
+        error = KeyboardInterrupt() if fault == "interrupt" else OSError(28, "No space left on device")
+        seen = []
+        monkeypatch.setattr(cli, "keep_owner_and_mode", lambda fd, old: seen.append(old) or (
+            len(seen) == 2 and (_ for _ in ()).throw(error)))
+        code, message = call(SCRIPT, f"--root={root}")
+        assert code == (130 if fault == "interrupt" else 1) and len(seen) == 2, message
+    assert {rel: (root / rel).read_bytes() for rel in (doc, PNG)} == before
+    assert not [n for n in os.listdir(root / "results") + os.listdir(root / "lra") if ".tmp" in n]
+
+
 # -----------------------------------------------------------------------------
 # 2. a report whose training sections have not all run
 
