@@ -36,6 +36,7 @@ import sample  # noqa: E402
 import textdata as td  # noqa: E402
 import train  # noqa: E402
 import trainkit as tk  # noqa: E402
+from helpers_signals import default_signals  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 TIKTOKEN_CACHE = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(REPO, "..", "shared", "tiktoken_cache")
@@ -284,7 +285,8 @@ def test_killed_save_leaves_a_loadable_checkpoint_and_the_next_save_cleans_up(tm
     script = tmp_path / "saver.py"
     script.write_text(SAVER.format(repo=REPO))
     path = str(tmp_path / "ckpt.pt")
-    proc = subprocess.Popen([sys.executable, str(script), path], stdout=subprocess.PIPE, text=True, env=env())
+    proc = subprocess.Popen([sys.executable, str(script), path], stdout=subprocess.PIPE, text=True, env=env(),
+                            preexec_fn=default_signals)
     try:
         assert proc.stdout.readline().strip() == "mid-save"
     finally:
@@ -380,7 +382,8 @@ def test_torchrun_run_whose_rank_stops_ends(tiny_run, tmp_path):
         proc = subprocess.Popen([torchrun, "--standalone", "--nproc_per_node=2", "train.py", "--dataset=pydocs_char",
                                  f"--data_dir={tiny_run['data']}", *TINY, "--gradient_accumulation_steps=2",
                                  "--max_iters=100000", "--ddp_timeout_s=2", f"--out_dir={tmp_path / 'out'}"],
-                                cwd=REPO, env=env(), stdout=stdout, stderr=stderr, start_new_session=True)
+                                cwd=REPO, env=env(), stdout=stdout, stderr=stderr, start_new_session=True,
+                                preexec_fn=default_signals)  # (torchrun's SIGTERM must reach rank 1's handler)
     ranks = {}
     try:
         wait_for_text(out, "iter 3:", timeout=120)  # (rank 0 prints; both ranks train)
