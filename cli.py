@@ -182,6 +182,20 @@ def run_cli(main, *args):
 
 INTERRUPT_GRACE_S = 2.0  # how long a main thread has to take an interrupt before interrupts_reach_c ends the process
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_watched = [False]  # whether interrupts_reach_c's helper thread reads this process's signals now
+
+
+def _unwatch_in_child():
+    """A process forked inside interrupts_reach_c (a DataLoader worker) would write its own
+    signals to the parent's helper thread (the wakeup socket is shared): a worker that the
+    loader terminates would end the parent. The child has no helper: it writes nowhere."""
+    if _watched[0]:
+        _watched[0] = False
+        with suppress(ValueError):  # (a fork from a thread the child does not take as its main one)
+            signal.set_wakeup_fd(-1)
+
+
+os.register_at_fork(after_in_child=_unwatch_in_child)
 
 
 @contextmanager
@@ -210,11 +224,13 @@ def interrupts_reach_c(describe, grace_s=INTERRUPT_GRACE_S):
     for signum in old:
         signal.signal(signum, take)
     old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    _watched[0] = True
     helper = threading.Thread(target=_end_when_held, args=(reader, taken, describe, grace_s), daemon=True)
     helper.start()
     try:
         yield
     finally:
+        _watched[0] = False
         signal.set_wakeup_fd(old_fd)
         for signum, handler in old.items():
             signal.signal(signum, handler)

@@ -5,7 +5,8 @@ up after the process group's timeout (the setting ddp_timeout_s) with one line n
 and what it waited in, a rank whose peers ended says so at once, and SIGTERM or Ctrl-C end a
 rank within seconds even while it waits in C code (cli.interrupts_reach_c). Each member of the
 class is a case of tests/helpers_ranks.py (two gloo ranks), all run at once in the background;
-tests/test_train.py stops a rank of train.py itself under torchrun.
+tests/test_train.py stops a rank of train.py itself under torchrun. And what the interrupt's
+helper thread must leave alone: an interrupt the main thread takes, a forked child's signal.
 
     python -m pytest -q tests/test_ddp_waits.py
 """
@@ -13,6 +14,7 @@ tests/test_train.py stops a rank of train.py itself under torchrun.
 import importlib
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -20,6 +22,7 @@ import pytest
 import background
 import helpers_ranks
 from helpers_advice import assert_advice_exists
+from helpers_signals import default_signals
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -111,3 +114,43 @@ def test_ddp_timeout_s_is_checked_before_any_work(script, value, tmp_path, monke
     assert e.value.code == f"{script}: ddp_timeout_s must be in [0.1, 604800], got {float(value)}"
     assert_advice_exists(e.value.code)
     assert os.listdir(tmp_path) == []
+
+
+# what the helper thread of cli.interrupts_reach_c must leave alone: an interrupt that the main
+# thread takes (run_cli says it, once), and a signal to a process forked inside the block (a
+# DataLoader worker its loader terminates): it shares the wakeup socket, not the interrupt
+TAKEN = """
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+import cli
+def main():
+    cli.on_interrupt("the test's text")
+    with cli.interrupts_reach_c(lambda frame: "held in C code", grace_s=0.5):
+        if {fork}:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    time.sleep(10)
+                finally:
+                    os._exit(0)
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.5)  # (three graces: the helper would have ended this process by now)
+    print("went on")
+cli.run_cli(main)
+"""
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["taken by the main thread", "a forked child's"])
+def test_the_interrupt_helper_ends_only_a_process_held_in_c(fork):
+    """An interrupt the main thread takes is run_cli's one line (the helper stands down); a
+    forked child's signal leaves the parent running (cli._unwatch_in_child)."""
+    p = subprocess.run([sys.executable, "-c", TAKEN.format(repo=REPO, fork=fork)], capture_output=True, text=True,
+                       timeout=60, preexec_fn=default_signals)
+    if fork:
+        assert (p.returncode, p.stdout, p.stderr) == (0, "went on\n", ""), p
+    else:
+        assert (p.returncode, p.stdout, p.stderr) == (130, "", "-c: interrupted; the test's text\n"), p
