@@ -145,18 +145,22 @@ def start_rank(name, rank, port, out):
         os._exit(code)
 
 
-def free_port():
-    with socket.socket() as s:
+def free_ports(n):
+    """n ports free now, each different (held open together while the kernel picks them)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 def main(results_path, names):
     out = os.path.dirname(os.path.abspath(results_path))
     began = time.monotonic()
     pids = {}  # case -> [pid of rank 0, pid of rank 1]
-    for name in names:
-        port = free_port()
+    for name, port in zip(names, free_ports(len(names))):
         pids[name] = [start_rank(name, rank, port, out) for rank in (0, 1)]
     codes, ended, since, sent = {}, {}, {}, set()  # pid -> exit code, when it ended; case -> when the count began
     try:
