@@ -5,7 +5,7 @@ most the process group's timeout (the trainers' ddp_timeout_s); one that gave up
 other ranks gone, is one line naming the rank, the collective and the script's line that ran it:
 
     train.py: rank 1 waited 600 s for the other ranks in all_reduce (trainkit.all_reduce_mean) at
-    train.py:300 (train_loss = ...) and gave up: ...
+    train.py:<line> (train_loss = tk.all_reduce_mean(loss_sum, d).item()) and gave up: ...
 
 and an interrupt (torchrun's or a scheduler's SIGTERM, Ctrl-C) ends a rank within seconds even
 while it waits in one (cli.interrupts_reach_c), with the same words for where it waited.
