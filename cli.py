@@ -6,6 +6,8 @@ the preparation scripts, bench.py, lra/, recall/), so that each script reads as 
               the variable that moves a package's cache), a text file that is not UTF-8, memory
               that ran out, Ctrl-C / SIGTERM -> one line, exit 1 (130 for an interrupt); real
               bugs keep their traceback (NANOTOST_DEBUG=1: every traceback)
+  interrupts_reach_c  Ctrl-C / SIGTERM end the process even while its main thread is held in C
+              code (a DDP rank waiting in a collective), with one line saying where
   configure   module globals, then config files, then --key=value (--help lists them); whole
               numbers within int64, finite floats
   check       every setting checked once by kind before any work, and every number must have
@@ -35,10 +37,12 @@ import math
 import os
 import shutil
 import signal
+import socket
 import stat
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from contextlib import ExitStack, contextmanager, suppress
 from types import SimpleNamespace
@@ -56,6 +60,7 @@ class ConfigError(UserError, ValueError):
 
 
 _on_interrupt = ["nothing was saved"]  # what an interrupt leaves behind: scripts update it
+_said = [threading.Lock()]  # held by whoever says "interrupted": run_cli, or interrupts_reach_c's thread
 _cleanups = []  # what run_cli undoes when the script ends, however it ends (at_end)
 
 
@@ -146,6 +151,7 @@ def run_cli(main, *args):
         return main(*args)
     old = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (a scheduler, kill) ends as Ctrl-C
     _on_interrupt[0] = "nothing was saved"
+    _said[0] = threading.Lock()
     try:
         result = main(*args)
         sys.stdout.flush()  # a reader that went away (| head) shows here, not at exit
@@ -168,12 +174,96 @@ def run_cli(main, *args):
         sys.exit(f"{name}: out of memory ({' '.join(str(e).split())[-120:]}): make the run smaller (batch size, "
                  f"sequence length, model size) or use a device with more memory; {_on_interrupt[0]}")
     except KeyboardInterrupt:
-        print(f"{name}: interrupted; {_on_interrupt[0]}", file=sys.stderr)
+        if _said[0].acquire(blocking=False):  # (else interrupts_reach_c's thread said it, and ends the process)
+            print(f"{name}: interrupted; {_on_interrupt[0]}", file=sys.stderr)
         sys.exit(130)
     finally:
         signal.signal(signal.SIGTERM, old)
         while _cleanups:  # the run is over, however it ended (e.g. trainkit's out_dir lock)
             _cleanups.pop()()
+
+
+INTERRUPT_GRACE_S = 2.0  # how long a main thread has to take an interrupt before interrupts_reach_c ends the process
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_watched = [False]  # whether interrupts_reach_c's helper thread reads this process's signals now
+
+
+def _unwatch_in_child():
+    """A process forked inside interrupts_reach_c (a DataLoader worker) would write its own
+    signals to the parent's helper thread (the wakeup socket is shared): a worker that the
+    loader terminates would end the parent. The child has no helper: it writes nowhere."""
+    if _watched[0]:
+        _watched[0] = False
+        with suppress(ValueError):  # (a fork from a thread the child does not take as its main one)
+            signal.set_wakeup_fd(-1)
+
+
+os.register_at_fork(after_in_child=_unwatch_in_child)
+
+
+@contextmanager
+def interrupts_reach_c(describe, grace_s=INTERRUPT_GRACE_S):
+    """Within the block, Ctrl-C and SIGTERM end the process even while its main thread is held in
+    C code: a DDP rank waiting in a collective for a rank that stopped. Python runs a signal
+    handler only between the main thread's bytecodes, so KeyboardInterrupt would wait for the
+    call to return (with gloo, until its timeout), and a launcher's SIGTERM would leave the rank
+    running. The C-level handler still writes the signal's number to signal.set_wakeup_fd: a
+    helper thread reads it, and when the main thread has not taken the interrupt within
+    grace_s, the thread says so in one line, with describe(the main thread's innermost frame)
+    saying what it is held in, and ends the process (os._exit(130): the main thread can run no
+    Python). Signals ignored or at their default action (which ends a process) are left alone."""
+    if threading.current_thread() is not threading.main_thread():  # (only the main thread sets handlers)
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in INTERRUPTS if callable(signal.getsignal(s))}
+    taken = [0]  # interrupts whose Python handler ran: the main thread took them
+
+    def take(signum, frame):
+        taken[0] += 1
+        return old[signum](signum, frame)
+
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)  # (the C-level handler must never block)
+    for signum in old:
+        signal.signal(signum, take)
+    old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    _watched[0] = True
+    helper = threading.Thread(target=_end_when_held, args=(reader, taken, describe, grace_s), daemon=True)
+    helper.start()
+    try:
+        yield
+    finally:
+        _watched[0] = False
+        signal.set_wakeup_fd(old_fd)
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+        writer.send(b"\0")  # (no signal is numbered 0: the helper's cue to stop)
+        helper.join()
+        writer.close()
+
+
+def _end_when_held(reader, taken, describe, grace_s):
+    """interrupts_reach_c's helper thread: each interrupt the main thread has not taken within
+    grace_s ends the process with one line (unless run_cli has said it already)."""
+    heard = 0
+    with reader:
+        while True:
+            data = reader.recv(64)
+            if not data or 0 in data:  # the block ended
+                return
+            signums = [n for n in data if n in INTERRUPTS]
+            heard += len(signums)
+            deadline = time.monotonic() + grace_s
+            while signums and taken[0] < heard and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if signums and taken[0] < heard and _said[0].acquire(blocking=False):
+                try:
+                    held = describe(sys._current_frames().get(threading.main_thread().ident))
+                except Exception:  # (a bug in describe must not keep the process alive)
+                    held = "its main thread was held in C code"
+                print(f"{script_name(sys.argv[0])}: interrupted ({signal.Signals(signums[-1]).name}) while {held}; "
+                      f"{_on_interrupt[0]}", file=sys.stderr, flush=True)
+                os._exit(130)
 
 
 @contextmanager

@@ -43,6 +43,7 @@ batch_size = 8  # windows per forward pass
 device = "auto"
 dtype = "auto"
 num_threads = 0
+ddp_timeout_s = tk.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 harness = ""  # lm-eval tasks instead of a split: names or task YAML files, comma-separated
 harness_limit = 0  # at most this many documents per harness task (0: all)
@@ -55,7 +56,8 @@ def check_settings(C, given):
     """Every setting, checked before any work, with the settings one mode ignores refused in the
     other (a setting given must do something) and an --out given checked to be writable."""
     cli.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "harness_limit"),
-              workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS})
+              workers=("num_threads",), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
+              choices={"tssa_impl": kernels.IMPLS})
     ignored = ", ".join(f"--{k}" for k in SPLIT_ONLY if k in given)
     cli.require(not (C.harness and ignored), f"--harness scores lm-eval's tasks, not a split: drop {ignored} "
                                              "(--harness_limit limits the documents per task)")
@@ -118,7 +120,7 @@ def main(argv):
         torch.set_num_threads(C.num_threads)
     if C.harness:
         return run_harness(C)
-    with tk.distributed(device) as dist:  # under torchrun: this rank's GPU
+    with tk.distributed(device, C.ddp_timeout_s) as dist:  # under torchrun: this rank's GPU
         device = dist.device
         ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
         model, ckpt = td.load_language_model(ckpt_path, device, C.tssa_impl)

@@ -3,7 +3,8 @@ What a checkpoint holds, and how it is read: plain data, so that a checkpoint fr
 data and never code (trainkit's save_checkpoint writes nothing else, its load_checkpoint reads
 nothing else). A library: no script here, and it imports none.
 
-  not_plain   where an object holds anything but tensors, bool / int / float / str / None, and
+  tensor_bytes  the bytes of the tensors in a checkpoint: the room a save needs
+  not_plain     where an object holds anything but tensors, bool / int / float / str / None, and
               lists, tuples and dicts of them: all that torch.load(weights_only=True) rebuilds
               without calling a function or a class named by the file
   read        torch.load(weights_only=True) onto the CPU; a file that needs any other global (a
@@ -34,6 +35,17 @@ def not_plain(obj, where="checkpoint"):
         return None
     what = "a numpy array" if isinstance(obj, OldArray) else f"a {type(obj).__module__}.{type(obj).__qualname__}"
     return f"{what} at {where}"
+
+
+def tensor_bytes(obj):
+    """Bytes of the tensors in obj (dicts, lists and tuples of them): what a checkpoint of it needs."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 # checkpoints written before issue 39 kept numpy's RNG state (np.random.get_state()) as an array,

@@ -92,6 +92,7 @@ dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 o
 compile = False  # torch.compile the model
 seed = 1337
 num_threads = 0  # torch CPU threads (0: torch's default)
+ddp_timeout_s = tk.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "attn", "pi", "layer_scale_init",
@@ -106,7 +107,7 @@ def check_settings(C):
               non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
                             "max_time", "layer_scale_init", "short_conv", "hybrid_every"),
               positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
-              workers=("num_threads",),
+              workers=("num_threads",), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
               choices={"init_from": ("scratch", "resume", "auto"), "attn": tuple(ATTENTIONS),
                        "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
@@ -180,7 +181,7 @@ def main(argv):
     # -------------------------------------------------------------------------
     # DDP: with torchrun every process trains a replica on its own micro-batches and the
     # gradients are averaged, so N processes share each step's micro-batches (one without torchrun)
-    with tk.distributed(device) as d:
+    with tk.distributed(device, C.ddp_timeout_s) as d:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
         cli.require(C.gradient_accumulation_steps % d.world_size == 0,

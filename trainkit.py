@@ -3,7 +3,8 @@ The trainers' plumbing (train.py, vit_train.py, lra/train.py; sample.py, evaluat
 bench.py use parts), kept here so that each trainer reads as its story. The error path and
 the settings of every script are cli.py's.
 
-  devices, processes   choose_device_dtype ("auto" everywhere), distributed (DDP from torchrun),
+  devices, processes   choose_device_dtype ("auto" everywhere), distributed (DDP from torchrun; no
+                       rank waits for ever: ranks.py),
                        cpu_cores, hub_reachable (offline: the Hugging Face libraries fail at once)
   files, checkpoints   claim_out_dir (a lock that run_cli releases; no scratch run over a
                        checkpoint), save_checkpoint (through cli.atomic_write: a full
@@ -29,6 +30,7 @@ import socket
 import sys
 from collections import namedtuple
 from contextlib import contextmanager
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -37,6 +39,7 @@ import torch.distributed as dist
 import cli
 import model
 import plaindata
+import ranks
 from cli import UserError, atomic_write, require
 
 # -----------------------------------------------------------------------------
@@ -78,14 +81,18 @@ def choose_device_dtype(device, dtype):
 
 
 Dist = namedtuple("Dist", "ddp rank local_rank world_size device is_master")  # what `distributed` yields
+DDP_TIMEOUT_S = 600.0  # the trainers' ddp_timeout_s: how long a rank waits for the others at a collective
+DDP_TIMEOUT_RANGE = (0.1, 7 * 24 * 3600.0)  # what ddp_timeout_s may be: seconds, up to a week
 
 
 @contextmanager
-def distributed(device):
+def distributed(device, timeout_s=DDP_TIMEOUT_S):
     """DDP from torchrun's RANK / LOCAL_RANK / WORLD_SIZE (nccl on CUDA, gloo on CPU), or one
     process on `device` without torchrun. A normal end waits for every rank before leaving the
     group (rank 0 may still be saving); an error leaves without waiting. DDP wrappers are freed
-    (gc) while the interpreter is alive: gloo work freed at exit aborts the process."""
+    (gc) while the interpreter is alive: gloo work freed at exit aborts the process. No rank
+    waits for ever (ranks.py): every collective gives up after timeout_s with one line naming
+    the rank and the collective, and an interrupt ends a rank even while it waits in one."""
     if "RANK" not in os.environ:
         yield Dist(False, 0, 0, 1, device, True)
         return
@@ -94,17 +101,18 @@ def distributed(device):
     device = f"cuda:{local_rank}" if use_cuda else "cpu"
     if use_cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    normal_end = False
-    try:
-        yield Dist(True, rank, local_rank, int(os.environ["WORLD_SIZE"]), device, rank == 0)
-        normal_end = True
-    finally:
-        if dist.is_initialized():
-            if normal_end:
-                dist.barrier()
-            gc.collect()
-            dist.destroy_process_group()
+    with ranks.no_endless_wait(rank, timeout_s):
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+        normal_end = False
+        try:
+            yield Dist(True, rank, local_rank, int(os.environ["WORLD_SIZE"]), device, rank == 0)
+            normal_end = True
+        finally:
+            if dist.is_initialized():
+                if normal_end:
+                    dist.barrier()
+                gc.collect()
+                dist.destroy_process_group()
 
 
 def cpu_cores():
@@ -173,7 +181,7 @@ def save_checkpoint(obj, path):
                         "strings, lists, dicts) so that anyone can load it without running code: store it as such")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    need, free = tensor_bytes(obj), shutil.disk_usage(folder).free
+    need, free = plaindata.tensor_bytes(obj), shutil.disk_usage(folder).free
     if need > free:
         raise OSError(errno.ENOSPC, f"No space left on device (the checkpoint needs {need:,} bytes, {free:,} are "
                                     "free)", path)
@@ -188,17 +196,6 @@ def save_checkpoint(obj, path):
             raise OSError(errno.ENOSPC, f"No space left on device? torch's writer failed ({str(e)[:80]}), with "
                                         f"{shutil.disk_usage(folder).free:,} bytes free", path) from e
         raise
-
-
-def tensor_bytes(obj):
-    """Bytes of the tensors in obj (dicts, lists and tuples of them): what a checkpoint of it needs."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
 
 
 KIND_MAKER = {"language": "train.py", "vit": "vit_train.py", "lra": "lra/train.py"}

@@ -107,6 +107,7 @@ device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, el
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
+ddp_timeout_s = tk.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 sync_bn = True  # under DDP on GPUs: SyncBatchNorm in the patch embedding
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -127,7 +128,8 @@ def check_settings(C):
               fraction=("val_fraction", "label_smoothing", "dropout", "drop_path", "beta1", "beta2"),
               workers=("num_workers", "num_threads"),
               between={"mix_prob": (0.0, 1.0), "random_erasing": (0.0, 1.0), "eval_crop_pct": (0.0, 1.0),
-                       "shapes_num_classes": (2, len(vit_data.SHAPES))},
+                       "shapes_num_classes": (2, len(vit_data.SHAPES)),
+                       "ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
               choices={"init_from": ("scratch", "resume", "auto", "finetune"),
                        "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
                        "attn": tuple(ATTENTIONS), "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
@@ -223,7 +225,7 @@ def main(argv):
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
-    with tk.distributed(device) as d:
+    with tk.distributed(device, C.ddp_timeout_s) as d:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
         cli.require(C.gradient_accumulation_steps % d.world_size == 0,

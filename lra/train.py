@@ -97,6 +97,7 @@ device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, el
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
+ddp_timeout_s = tk.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "mlp_hidden", "dropout", "attn", "pi", "norm", "bias", "layer_scale_init")
@@ -110,7 +111,7 @@ def check_settings(C):
               non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
                             "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init"),
               positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
-              workers=("load_workers", "num_threads"),
+              workers=("load_workers", "num_threads"), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
               choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": tuple(ATTENTIONS),
                        "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
@@ -204,7 +205,7 @@ def main(argv):
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
-    with tk.distributed(device) as d, ExitStack() as cleanup:
+    with tk.distributed(device, C.ddp_timeout_s) as d, ExitStack() as cleanup:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
         cli.require(C.gradient_accumulation_steps % d.world_size == 0,
