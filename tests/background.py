@@ -3,7 +3,7 @@ Long subprocesses that a test only waits for, started when the session has chose
 (tests/conftest.py), so that on two cores they run beside the rest of the suite instead of
 after it. A job runs at a lower priority (nice 10, or lower where it asks) with one thread, so
 the tests that time something in the foreground keep their core; its output goes to files,
-never to a full pipe.
+never to a full pipe; it starts with the signals' defaults (helpers_signals), as from a terminal.
 
     job = background.start("name", [sys.executable, "-c", SCRIPT, path], env=env)
     proc = background.wait("name", timeout=300)   # a CompletedProcess, as subprocess.run gives
@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import tempfile
 
+from helpers_signals import default_signals
+
 _JOBS = {}  # name -> (Popen, stdout file, stderr file)
 SCRATCH = tempfile.mkdtemp(prefix="nanotost-jobs-")  # where jobs write their results; removed at exit
 
@@ -31,7 +33,7 @@ def start(name, argv, env=None, cwd=None, nice=10):
     env = dict(env or os.environ, OMP_NUM_THREADS="1")
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err, text=True,
-                            preexec_fn=lambda: os.nice(nice))
+                            preexec_fn=lambda: (default_signals(), os.nice(nice)))
     _JOBS[name] = (proc, out, err)
 
 
