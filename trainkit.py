@@ -190,6 +190,8 @@ def save_checkpoint(obj, path):
             torch.save(obj, f)
     except RuntimeError as e:
         cause = e.__context__
+        if isinstance(cause, KeyboardInterrupt):  # Ctrl-C / SIGTERM while torch's writer ran: an interrupt, not a fault
+            raise KeyboardInterrupt from None
         if isinstance(cause, OSError):  # the file's own error, under torch's
             raise OSError(cause.errno, cause.strerror or str(cause), path) from e
         if "inline_container" in str(e) or "PytorchStreamWriter" in str(e):

@@ -12,6 +12,7 @@ the script's name, no traceback, every command and --option it suggests exists
 
 import importlib
 import inspect
+import io
 import json
 import os
 import signal
@@ -188,6 +189,33 @@ def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(trained, monkeyp
                          "--init_from=resume")
     assert code == 1 and message.count("\n") == 0 and "No space left on device" in message, message
     assert "free some space" in message
+    assert (trained / "out" / "ckpt.pt").read_bytes() == before  # the old checkpoint, whole
+    assert sorted(os.listdir(trained / "out")) == ["ckpt.pt", "log.jsonl"]  # no temp file left
+
+
+@pytest.mark.parametrize("at", [1, 2, 5])
+def test_an_interrupt_while_saving_is_an_interrupt_and_keeps_the_previous_checkpoint(trained, monkeypatch, capsys, at):
+    """Ctrl-C (or SIGTERM, which run_cli makes the same) at any write of a save: torch's writer
+    turns it into a RuntimeError ("unexpected pos"), which is an interrupt, never a full disk."""
+    before, save = (trained / "out" / "ckpt.pt").read_bytes(), torch.save
+
+    class Interrupted(io.RawIOBase):  # the checkpoint's file, interrupted at its at-th write
+        def __init__(self, f):
+            self.f, self.writes = f, 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.writes += 1
+            if self.writes == at:
+                raise KeyboardInterrupt
+            return self.f.write(b)
+
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: save(obj, Interrupted(f), *a, **k))
+    code, _ = call("train.py", *TINY, "--out_dir=out", "--max_iters=6", "--eval_interval=2", "--init_from=resume")
+    err = capsys.readouterr().err.strip()
+    assert code == 130 and err.startswith("train.py: interrupted;") and "space" not in err, err
     assert (trained / "out" / "ckpt.pt").read_bytes() == before  # the old checkpoint, whole
     assert sorted(os.listdir(trained / "out")) == ["ckpt.pt", "log.jsonl"]  # no temp file left
 
