@@ -675,12 +675,13 @@ def test_block_size_is_checked_against_the_data_before_building_the_model(tiny_r
     (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(200), "NUL bytes", "latin1"),
     ("caf\u00e9 ".encode("latin-1") * 100, "not UTF-8 text", "latin1 -t"),
 ])
-def test_prepare_char_refuses_what_is_not_text(content, words, not_words, tmp_path):
+def test_prepare_char_refuses_what_is_not_text(content, words, not_words, tmp_path, capsys):
+    """In this process through run_cli, as the command line runs it (an interpreter each: 2-3 s)."""
     src = tmp_path / "input.txt"
     src.write_bytes(content)
-    p = run("prepare_char.py", f"--input={src}", f"--data_dir={tmp_path / 'data'}", check=False)
-    assert p.returncode == 1 and words in p.stderr and not_words not in p.stderr, p.stderr
-    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+    code, _, err = call_main(prepare_char, f"--input={src}", f"--data_dir={tmp_path / 'data'}", capsys=capsys)
+    assert code == 1 and words in err and not_words not in err, err
+    assert "Traceback" not in err and err.strip().count("\n") == 0
     assert not os.path.exists(tmp_path / "data")  # a failed preparation leaves no folder behind
 
 
