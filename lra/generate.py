@@ -25,7 +25,7 @@ metadata/<k>.npy with one line per image: "imgs/<k> sample_<i>.png <i> <label> .
 Progress bars show the work as it goes; Pathfinder's images are drawn by --workers processes
 (0, the default: one per core this process may use). Every count and size is checked before
 anything is written; every file is written atomically
-(cli.atomic_write), ListOps's three splits together (all or none) and Pathfinder's
+(cli.atomic_write), ListOps's three splits together (all or none: cli.write_together) and Pathfinder's
 metadata after all its images, so a failed or killed run leaves no partial file and no set
 that looks whole. An out_dir that already holds the task's set is refused, never overwritten.
 """
@@ -34,7 +34,6 @@ import os
 import random
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -145,16 +144,13 @@ def generate_listops(n, seed=0, min_len=500, max_len=2000, max_depth=10, max_arg
 
 def write_listops(out_dir, n_train=96000, n_val=2000, n_test=2000, seed=0, **kw):
     """Write listops-1000/basic_{train,val,test}.tsv under out_dir; splits never share a tree.
-    The three files appear together or not at all (each through a temp file, renamed only
-    when all three are written)."""
+    The three files appear together or not at all (cli.write_together: each on disk in its temp
+    file, then the three renamed in a row)."""
     examples = generate_listops(n_train + n_val + n_test, seed=seed, **kw)
     folder = os.path.join(out_dir, "listops-1000")
     bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(examples))}
-    with ExitStack() as files:
-        for split, (lo, hi) in bounds.items():
-            f = files.enter_context(cli.atomic_write(os.path.join(folder, f"basic_{split}.tsv"), "w"))
-            f.write("Source\tTarget\n")
-            f.writelines(f"{text}\t{label}\n" for text, label in examples[lo:hi])
+    cli.write_together({os.path.join(folder, f"basic_{split}.tsv"): "Source\tTarget\n" + "".join(
+        f"{text}\t{label}\n" for text, label in examples[lo:hi]) for split, (lo, hi) in bounds.items()})
     return folder
 
 
@@ -367,9 +363,7 @@ def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, w
         else:
             for job in jobs:
                 bar.update(_write_pathfinder_images(job))
-    with ExitStack() as files:  # all metadata files or none
-        for path, lines in metadata.items():
-            files.enter_context(cli.atomic_write(path, "w")).writelines(lines)
+    cli.write_together({path: "".join(lines) for path, lines in metadata.items()})  # all metadata files or none
     return root
 
 

@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # never reach for the network
@@ -221,16 +220,13 @@ def test_generator_never_overwrites_a_set(task, tmp_path, monkeypatch):
 
 
 def disk_full_at(call, calls, real):
-    """atomic_write whose `call`-th use writes a few bytes and then finds the disk full."""
-    @contextmanager
-    def failing(path, mode="wb"):
-        with real(path, mode) as f:
-            calls.append(path)
-            if len(calls) == call:
-                f.write(b"\x89PNG" if "b" in mode else "( ( [MAX")
-                f.flush()
-                raise OSError(errno.ENOSPC, "No space left on device", path)
-            yield f
+    """cli.settle (where every file the project writes goes to disk, its bytes written: atomic_write,
+    write_together) finding the disk full at its `call`-th use."""
+    def failing(f, old):
+        calls.append(old)
+        if len(calls) == call:
+            raise OSError(errno.ENOSPC, "No space left on device")  # (as a flush's error: no file named)
+        real(f, old)
     return failing
 
 
@@ -243,7 +239,7 @@ def test_a_failed_generator_run_leaves_no_partial_file(task, argv, fail_at, tmp_
     whole (ListOps: none of the three files, and the same command then succeeds; Pathfinder:
     whole images but no metadata, so the loader says the set is missing)."""
     calls = []
-    monkeypatch.setattr(cli, "atomic_write", disk_full_at(fail_at, calls, cli.atomic_write))
+    monkeypatch.setattr(cli, "settle", disk_full_at(fail_at, calls, cli.settle))
     code, message = run(generate, [f"--task={task}", *argv, f"--out_dir={tmp_path}/gen"], monkeypatch)
     monkeypatch.undo()
     assert code == 1 and message.startswith("lra/generate.py: No space left on device: ") and "\n" not in message
