@@ -38,6 +38,9 @@ import trainkit as tk  # noqa: E402
 # signal: sent to the waiter once it waits ("" for none); timeout_s: the waiter's process group's
 Case = namedtuple("Case", "collective stopper stop signal timeout_s")
 SHORT, LONG = 2.0, 60.0  # the timeout of a stop case; of an interrupt case (the signal must end it, not this)
+# an ended rank's case: long enough that its exit (a Python teardown, slow on a loaded machine) is
+# always seen before the timeout, so the waiter says "lost", never "waited"; it ends at the exit
+ENDED = 30.0
 STOPS = {
     "init": Case("init", 1, "sleep", "", SHORT),  # a rank that never joins
     "loss mean": Case("loss mean", 1, "sleep", "", SHORT),
@@ -48,9 +51,9 @@ STOPS = {
     "script all_reduce": Case("script all_reduce", 1, "sleep", "", SHORT),
     "broadcast": Case("broadcast", 1, "sleep", "", SHORT),
     "disagree": Case("disagree", 1, "sleep", "", SHORT),  # rank 1 goes on to the end barrier instead
-    "loss mean, error": Case("loss mean", 1, "error", "", SHORT),  # the other rank ended
-    "DDP gradients, error": Case("DDP gradients", 1, "error", "", SHORT),
-    "end barrier, error": Case("end barrier", 0, "error", "", SHORT),
+    "loss mean, error": Case("loss mean", 1, "error", "", ENDED),  # the other rank ended
+    "DDP gradients, error": Case("DDP gradients", 1, "error", "", ENDED),
+    "end barrier, error": Case("end barrier", 0, "error", "", ENDED),
 }
 INTERRUPTS = {
     "init, SIGTERM": Case("init", 1, "sleep", "SIGTERM", LONG),

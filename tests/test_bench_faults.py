@@ -172,15 +172,20 @@ def killed():
         return json.load(f)
 
 
+GONE_S = 25  # the job waits 30 s at most
+
+
 @pytest.mark.parametrize("dies", ["report", "section"])
 def test_a_section_and_its_children_end_whichever_process_is_killed(dies, killed):
     got = killed[dies]
     for what in ("train.py", "from benchkit.keeper import keep", "multiprocessing.forkserver"):
         assert any(what in c for c in got["seen"]), (what, got["seen"])  # (all there when it was killed)
-    assert got["gone_s"] is not None and got["gone_s"] < 5, got["left"]  # the section and train.py
+    # within seconds (0.2 s seen alone; up to ~9 s as the suite's last, busiest minute starves this nice-10 job,
+    # whose /proc scans are what take the time); unfixed, never: train.py runs for ever
+    assert got["gone_s"] is not None and got["gone_s"] < GONE_S, (got["gone_s"], got["left"])  # section, train.py
     if dies == "section":  # the report went on: the section recorded as failed, the next one started
         assert got["main_job"]["status"] == "failed" and "exit code -9" in got["main_job"]["reason"], got
         assert got["next"], got
     else:
         assert got["main_job"]["status"] == "running", got  # (nothing written after the kill)
-    assert got["code"] == -9 and got["all_gone_s"] is not None and got["all_gone_s"] < 5, got["after"]
+    assert got["code"] == -9 and got["all_gone_s"] is not None and got["all_gone_s"] < GONE_S, got["after"]

@@ -81,7 +81,7 @@ def test_a_rank_that_stops_ends_the_rank_that_waits(ranks, name):
         assert line.startswith(f"rank {waiter['rank']} waited {case.timeout_s:g} s for the other ranks in "
                                f"{NAMED[case.collective]}"), line
         assert "--ddp_timeout_s" in line, line  # the setting to raise where a rank was only slow
-    else:
+    else:  # (at the other rank's exit, not at the timeout: seconds, on a loaded machine too)
         assert line.startswith(f"rank {waiter['rank']} lost the other ranks in {NAMED[case.collective]}"), line
         assert "another rank ended" in line, line
         assert ranks[name]["stopper"]["stderr"].strip().endswith("(the test's error)")  # its own line says why
