@@ -12,12 +12,17 @@ the preparation scripts, bench.py, lra/, recall/), so that each script reads as 
               numbers within int64, finite floats
   check       every setting checked once by kind before any work, and every number must have
               a kind (a range); require for the rest
-  atomic_write  a file written whole or not at all (a temp file renamed over it; errors name it)
+  atomic_write  a file written whole or not at all (a temp file renamed over it; errors name it),
+              keeping the mode and group of the file it replaces, through a symlink to it
+  write_together  files that are one unit (a JSON and its figure): all replaced, or none
+  claim_set   a tool's folder of outputs (an inspection's page), claimed before any work and
+              replaced whole by one swap of folders (OutputSet): the earlier set or the new one
   claim_output  one writer per output (a file or a folder) at a time, claimed before any work;
               write_json / read_json / reading: the project's own JSON written whole, and read
               back as one line naming the file and the field when it is cut short or changed
               (or, for a table or a figure, holds a NaN or infinite number)
   name_list   a comma-separated list of names, each once
+  pyplot      matplotlib for files, text drawn as given (a `$` is a dollar sign)
 
     def main(argv):
         C, given = cli.configure(cli.config_defaults(globals()), argv)
