@@ -555,9 +555,12 @@ def write_tokens(f, ids):
 
 def write_splits(out_dir, counts, fill, meta):
     """Write <out_dir>/{split}.bin ({split: token count}) and meta.json, all or nothing: into a
-    temp folder beside out_dir, which then takes out_dir's place (an old out_dir is set aside
-    and deleted after). fill(write) writes the tokens, each split in order: write(split, ids)."""
-    parent, name = os.path.split(os.path.abspath(out_dir))
+    temp folder beside out_dir, which then takes out_dir's place in one swap (cli.swap_folders;
+    the old data, then under the temp name, is deleted after). A symlink at out_dir stays one (the
+    folder it points to is replaced), and each file keeps the mode and group of the one it
+    replaces, the folder its own. fill(write) writes the tokens, each split in order: write(split, ids)."""
+    real = os.path.realpath(out_dir)  # (a symlink's target: the link is the user's)
+    parent, name = os.path.split(real)
     made, folder = [], parent  # the folders this call creates, removed again on failure
     while not os.path.isdir(folder):
         made.insert(0, folder)
@@ -573,8 +576,7 @@ def write_splits(out_dir, counts, fill, meta):
         try:
             fill(lambda split, ids: write_tokens(files[split], ids))
             for split, f in files.items():
-                f.flush()
-                os.fsync(f.fileno())
+                cli.settle(f, os.path.join(real, f"{split}.bin"))  # on disk, with the replaced file's mode
                 if f.tell() != 2 * counts[split]:  # a bug in fill, not the user's doing: a traceback
                     raise RuntimeError(f"{split}.bin: {f.tell() // 2} tokens written, {counts[split]} counted")
         finally:
@@ -583,15 +585,19 @@ def write_splits(out_dir, counts, fill, meta):
         meta["splits"] = dict(counts)
         with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.lexists(out_dir):
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
+            cli.settle(f, os.path.join(real, "meta.json"))
+        with cli.signals_held():  # (Ctrl-C waits for the swap)
+            if os.path.isdir(real):
+                shutil.copymode(real, tmp)
+                cli.swap_folders(tmp, real)  # tmp now holds the old data
+                old = tmp
+            else:
+                os.rename(tmp, real)
+            cli.on_interrupt(f"{out_dir} holds the new data, whole")
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if os.path.lexists(old) and not os.path.lexists(out_dir):
-            os.rename(old, out_dir)
+        if os.path.lexists(old) and not os.path.lexists(real):
+            os.rename(old, real)
         for folder in reversed(made):
             try:
                 os.rmdir(folder)

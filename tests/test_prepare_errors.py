@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import subprocess
+import stat
 import sys
 import textwrap
 
@@ -368,7 +369,8 @@ def ctrl_c_in_fill(monkeypatch):
 
 
 def swap_fails(monkeypatch):
-    """The old folder was set aside, then the new one cannot take its place."""
+    """The new folder cannot take the old one's place, whichever way the OS swaps them (one
+    exchange, cli.swap_folders; or renames, where a step fails after the old was set aside)."""
     real = os.rename
 
     def rename(src, dst):
@@ -376,6 +378,7 @@ def swap_fails(monkeypatch):
             raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src)
         real(src, dst)
     monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(cli, "swap_folders", lambda src, dst: rename(src, dst))
 
 
 FORCE_FAULTS = {"a crash midway": (crash_in_fill, None),
@@ -405,6 +408,39 @@ def test_force_is_all_or_nothing(fault, work, monkeypatch, capsys):
     assert call("prepare_char.py", *args, "--force", monkeypatch=monkeypatch, capsys=capsys)[0] == 0
     with open(work["work"] / "data" / "poem_char" / "meta.json") as f:
         assert "Q" in json.load(f)["chars"]
+
+
+@pytest.mark.parametrize("link", [False, True], ids=["folder", "symlinked folder"])
+def test_data_prepared_again_keeps_its_modes_group_and_symlink(link, work, monkeypatch, capsys):
+    """A dataset shared with a group (0o640 files, a 0o750 folder), maybe a symlink to a big disk,
+    prepared again (--force) under umask 077: the new files have the old modes, the link stays
+    a link and the folder it points to holds the new data (issue 40, class 2)."""
+    src, data = work["inputs"] / "poem.txt", work["work"] / "data"
+    args = [f"--input={src}", "--data_dir=data"]
+    assert call("prepare_char.py", *args, monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    folder = data / "poem_char"
+    if link:
+        big = work["work"] / "big"
+        big.mkdir()
+        os.rename(folder, big / "poem_char")
+        folder.symlink_to(big / "poem_char")
+        folder = big / "poem_char"
+    names = sorted(os.listdir(folder))
+    for name in names:
+        os.chmod(folder / name, 0o640)
+    os.chmod(folder, 0o750)
+    src.write_text(TEXT + "Quixotic zebras!\n", encoding="utf-8")
+    old = os.umask(0o077)
+    try:
+        assert call("prepare_char.py", *args, "--force", monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    finally:
+        os.umask(old)
+    assert os.path.islink(data / "poem_char") == link and sorted(os.listdir(folder)) == names
+    assert {n: stat.S_IMODE(os.stat(folder / n).st_mode) for n in names} == {n: 0o640 for n in names}
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o750
+    with open(folder / "meta.json") as f:
+        assert "Q" in json.load(f)["chars"]  # the new data
+    assert sorted(os.listdir(folder.parent)) == ["poem_char"]  # no temporary folder left
 
 
 KILLED = textwrap.dedent("""
