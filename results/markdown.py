@@ -4,13 +4,22 @@ as its mean and range, and a ratio of times worded as it reads (bench.py prints 
 words). Standard library only (results/render.py needs no torch).
 """
 
+import re
 import statistics
 
 
 def table(header, rows):
-    """A markdown table: the header, its rule, then one line per row (each cell through str)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+    """A markdown table: the header, its rule, then one line per row (each cell through cell)."""
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in rows])
+
+
+def cell(value):
+    """str(value) as the text of one table cell, whatever a JSON holds (a device's name, a command
+    as typed): a `|` or a line break would split the row, a `<` could open HTML or a comment that
+    ends the table's block (render.py's markers), so they are escaped (a `<` before a letter, `/`,
+    `!` or `?`: "<= 0.15 ms" stays as written)."""
+    return " ".join(re.sub(r"<(?=[A-Za-z/!?])", "&lt;", str(value).replace("|", "\\|")).split())
 
 
 def spread(values, fmt):

@@ -155,7 +155,8 @@ def render_table(name, tables, awaited, where, cache, data=None, shown=None):
     check_kind(data, path, shown)
     with cli.reading(shown or path, f"it is not {FIELDS[path][0]} as this version writes it" if shown
                      else restore(path)):
-        return fn(data).rstrip()
+        return MARKER.sub(lambda m: m.group(0).replace("<", "&lt;"), fn(data).rstrip())  # (text from a JSON
+        # that reads as a table marker, e.g. a command typed with one, must not end or open a block)
 
 
 def check_markers(text, doc):

@@ -238,3 +238,33 @@ def test_non_finite_finds_the_field_at_any_depth():
     assert field == "a[1].b" and math.isnan(value)
     assert cli.non_finite({"a": [1, 2.5, "NaN"], "b": True}) is None  # a string "NaN" is not a number
     assert cli.non_finite([float("-inf")]) == ("[0]", float("-inf"))
+
+
+# -----------------------------------------------------------------------------
+# 4. text from a JSON is text in the documents (issue 40, class 3)
+
+@pytest.mark.parametrize("text", ["H200 | 2 GPUs", "line\nbreak", "<!-- /table -->", "<!-- table: gpu_op -->",
+                                  "<script>alert(1)</script>", "a <b>bold</b> name", "<= 0.15 ms"])
+def test_text_from_a_json_never_breaks_a_table_or_its_block(text, tmp_path, capsys):
+    """A free text a report holds (here the device's name, as the GPU reports it) reaches a
+    table cell: a `|` or a line break would split the row, a marker would end or open a block
+    (the next rewrite would then replace prose), markup would render. Escaped where it is
+    written (results/markdown.cell, render's block text); the documents stay well formed."""
+    root = copy_of_the_repository(tmp_path)
+    with open(root / REPORT, encoding="utf-8") as f:
+        report = json.load(f)
+    report["meta"]["name"] = text
+    with open(root / REPORT, "w", encoding="utf-8") as f:
+        json.dump(report, f)
+    names = {doc: render.names_in((root / doc).read_text(encoding="utf-8")) for doc in render.DOCS}
+    assert call(SCRIPT, f"--root={root}") == (0, "")
+    for doc in render.DOCS:
+        written = (root / doc).read_text(encoding="utf-8")
+        assert render.names_in(written) == names[doc]  # every block, each once, none opened or closed by the text
+        render.check_markers(written, doc)
+    row = next(line for line in (root / "SPEED.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| device |"))
+    assert row.count(" | ") == 1 and row.endswith(" |")  # one row of two cells
+    assert "<script" not in row and "<b>" not in row and "<!--" not in row
+    assert call(SCRIPT, "--check", f"--root={root}") == (0, "")  # and rendering again changes nothing
+    capsys.readouterr()
