@@ -482,10 +482,14 @@ class OutputSet:
     claim_set before any work; replace(files) at the end writes the new set into a folder beside
     it (.<name>.new<pid>) and swaps the two folders in one step, so files of the earlier set that
     the new one lacks go with it. An error or an interrupt before the swap leaves the earlier set
-    as it was, and says so; the swap itself is not interrupted (signals wait until it is done)."""
+    as it was, and says so; the swap itself is not interrupted (signals wait until it is done).
+    A folder whose parent cannot be written (no folder can be made beside it) is replaced in
+    place (in_place): every new file on disk first, then the renames and the removal of the
+    earlier set's other files in a row that signals wait for; a fault before leaves the earlier
+    set whole, but a reader during those milliseconds may see a mix."""
 
     def __init__(self, path, real, kinds):
-        self.path, self.real, self.kinds = path, real, kinds
+        self.path, self.real, self.kinds, self.in_place = path, real, kinds, False
         parent, name = os.path.split(real)
         self.staging = os.path.join(parent, f".{name}.new{os.getpid()}")
 
@@ -493,6 +497,8 @@ class OutputSet:
         """files ({name: bytes or str}) become the whole folder; each keeps the mode of the file
         of the same name it replaces. Returns whether there was an earlier set."""
         earlier = any(n != SET_LOCK for n in os.listdir(self.real))
+        if self.in_place:
+            return self._replace_in_place(files, earlier)
         try:
             os.mkdir(self.staging)
             for name, data in files.items():
@@ -516,6 +522,20 @@ class OutputSet:
             _release_set(self.real)  # written: the next run may begin
         return earlier
 
+    def _replace_in_place(self, files, earlier):
+        stale = [os.path.join(self.real, n) for n in os.listdir(self.real) if n != SET_LOCK and n not in files]
+
+        def finish():  # (with the renames, while signals wait)
+            for path in stale:
+                os.remove(path)
+            on_interrupt(f"{self.path} holds the new set, whole")
+            _release_set(self.real)
+        try:
+            write_together({os.path.join(self.real, n): data for n, data in files.items()}, then=finish)
+        except OSError as e:
+            raise UserError(f"{os_error_line(e)}; {left_behind()}") from None
+        return earlier
+
     def _write(self, name, data):
         path = os.path.join(self.staging, name)
         try:
@@ -533,8 +553,9 @@ def claim_set(path, elsewhere, kinds):
     """Claim the folder `path` for a set of outputs (OutputSet) before any work: one writer at a
     time (a flock on <path>/.lock, freed when the process ends), a folder this tool may replace
     (new, empty, or holding only files ending in `kinds`, e.g. (".png", ".json"): an earlier set;
-    never a folder of the user's other files) and a place where the swap can happen (the folder
-    and its parent writable, checked by making both). A symlink to the folder stays a symlink:
+    never a folder of the user's other files) and a place that can be written (the folder, where
+    the lock goes; its parent for the one-step swap, else OutputSet.in_place; checked by making
+    them). A symlink to the folder stays a symlink:
     the folder it points to is the one replaced. Each refusal is one line naming `elsewhere`."""
     real = os.path.realpath(path)
     if os.path.exists(real) and not os.path.isdir(real):
@@ -579,6 +600,9 @@ def _settable(path, real, kinds, elsewhere):
         os.mkdir(out.staging)
         os.rmdir(out.staging)
     except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):  # the folder itself can be written (its lock is in it)
+            out.in_place = True
+            return out
         raise UserError(f"{parent} cannot be written ({e.strerror}), and {path} is replaced as a whole folder "
                         f"beside it: make {parent} writable, or write elsewhere with {elsewhere}") from None
     return out
@@ -668,11 +692,12 @@ def signals_held():
         held.release()
 
 
-def write_together(files):
+def write_together(files, then=None):
     """files ({path: bytes or str}) that are one unit but not one folder (a JSON and the figure
     drawn from it, documents and their figure): every file written whole to its temp file and
     on disk first, then all renamed in a row that Ctrl-C and SIGTERM wait for. An error before
-    the renames (a full disk, an interrupt) leaves every file as it was."""
+    the renames (a full disk, an interrupt) leaves every file as it was. then(): more to do in
+    the same row (OutputSet: the earlier set's other files removed)."""
     with ExitStack() as stack:
         ready = []
         for path, data in files.items():
@@ -684,6 +709,8 @@ def write_together(files):
         with signals_held():
             for tmp, real in ready:
                 os.replace(tmp, real)
+            if then:
+                then()
 
 
 def pyplot():

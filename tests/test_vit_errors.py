@@ -458,5 +458,20 @@ def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path
     assert code == (130 if fault == "interrupt" else 1) and len(err.strip().splitlines()) == 1, err
     assert ("in use by another run" if fault == "another-run" else
             f"nothing was replaced: {out} holds its earlier files, whole") in err, err
-    assert call("vit_inspect.py", argv + ["--n_show=1"], capsys)[0] == 0  # then: the new set, whole, without pi_02.png
+    if fault == "interrupt":  # then: the new set, whole, without pi_02.png (once: an inspection costs a second)
+        assert call("vit_inspect.py", argv + ["--n_show=1"], capsys)[0] == 0
+        assert sorted(p.name for p in out.iterdir()) == ["cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]
+
+
+def test_vit_inspect_writes_a_writable_folder_whose_parent_is_read_only(vit_run, tmp_path, monkeypatch, capsys):
+    """The pictures' folder can be written, its parent cannot (no folder can be made beside it):
+    the new set is written in place (cli.OutputSet.in_place), the earlier run's pi_02.png gone."""
+    out = tmp_path / "pictures"
+    argv = [f"--ckpt={vit_run}", f"--out_dir={out}", "--n_rvar=4"]
+    assert call("vit_inspect.py", argv + ["--n_show=3"], capsys)[0] == 0
+    real_mkdir = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(PermissionError(
+        13, "Permission denied", p)) if ".new" in os.path.basename(p) else real_mkdir(p, *a))  # (as root: made so)
+    code, stdout, err = call("vit_inspect.py", argv + ["--n_show=1"], capsys)
+    assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == ["cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]
