@@ -516,7 +516,14 @@ class OutputSet:
                 raise UserError(f"{os_error_line(e)}; {left_behind()}") from None
             raise
         with signals_held():  # (an interrupt now is delivered once all is done)
-            swap_folders(self.staging, self.real)
+            try:
+                swap_folders(self.staging, self.real)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+                shutil.rmtree(self.staging, ignore_errors=True)  # the folder is a mount point: in place, then
+                self.in_place = True
+                return self.replace(files)
             on_interrupt(f"{self.path} holds the new set, whole")
             shutil.rmtree(self.staging, ignore_errors=True)  # the earlier set, now under the temporary name
             _release_set(self.real)  # written: the next run may begin
@@ -585,8 +592,8 @@ def claim_set(path, elsewhere, kinds):
 
 
 def _settable(path, real, kinds, elsewhere):
-    """The OutputSet of the claimed folder `real`, or one line: it holds what this tool did not
-    write, or its parent (where the new set is made and swapped in) cannot be written."""
+    """The OutputSet of the claimed folder `real` (in place where its parent, where the new set
+    is made and swapped in, cannot be written), or one line: it holds what this tool did not write."""
     others = sorted(n for n in os.listdir(real) if n != SET_LOCK and (
         os.path.isdir(os.path.join(real, n)) or not n.endswith(tuple(kinds))))
     if others:
@@ -595,16 +602,13 @@ def _settable(path, real, kinds, elsewhere):
                         f"give a new or empty folder with {elsewhere}")
     out = OutputSet(path, real, kinds)
     parent = os.path.dirname(real)
-    remove_dead_temps(parent, f".{os.path.basename(real)}.new")
+    with suppress(OSError):  # (a parent that cannot be listed: nothing of ours to clean there)
+        remove_dead_temps(parent, f".{os.path.basename(real)}.new")
     try:
         os.mkdir(out.staging)
         os.rmdir(out.staging)
-    except OSError as e:
-        if e.errno in (errno.EACCES, errno.EPERM):  # the folder itself can be written (its lock is in it)
-            out.in_place = True
-            return out
-        raise UserError(f"{parent} cannot be written ({e.strerror}), and {path} is replaced as a whole folder "
-                        f"beside it: make {parent} writable, or write elsewhere with {elsewhere}") from None
+    except OSError:  # a parent that cannot be written (permissions, a read-only mount around a writable one)
+        out.in_place = True  # (the folder itself can be: its lock is in it)
     return out
 
 

@@ -127,8 +127,7 @@ def test_the_swap_cannot_be_cut_by_an_interrupt(tmp_path, monkeypatch):
     assert contents(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}
 
 
-@pytest.mark.parametrize("case", ["holder", "file", "foreign-file", "subfolder", "parent-on-a-read-only-fs",
-                                  "folder-read-only"])
+@pytest.mark.parametrize("case", ["holder", "file", "foreign-file", "subfolder", "folder-read-only"])
 def test_a_folder_that_cannot_take_the_set_is_refused_before_any_work(tmp_path, monkeypatch, case):
     """Each in one line naming the way out; the folder as it was."""
     out = earlier_set(tmp_path)
@@ -146,10 +145,6 @@ def test_a_folder_that_cannot_take_the_set_is_refused_before_any_work(tmp_path, 
         (tmp_path / "inspect" / "notes.txt").write_text("mine")
     elif case == "subfolder":
         (tmp_path / "inspect" / "more.png").mkdir()
-    elif case == "parent-on-a-read-only-fs":  # (a folder mounted writable inside a read-only one)
-        real_mkdir = os.mkdir
-        monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(OSError(
-            errno.EROFS, "Read-only file system", p)) if ".new" in os.path.basename(p) else real_mkdir(p, *a))
     elif case == "folder-read-only":
         real_open = os.open
         monkeypatch.setattr(os, "open", lambda p, *a: (_ for _ in ()).throw(PermissionError(
@@ -165,30 +160,35 @@ def test_a_folder_that_cannot_take_the_set_is_refused_before_any_work(tmp_path, 
     line = cli.os_error_line(e.value) if isinstance(e.value, OSError) else str(e.value)
     assert "\n" not in line and contents(tmp_path / "inspect") == before  # (no lock of this claim left)
     assert {"holder": "in use by another run", "file": "is a file, not a folder", "foreign-file": "notes.txt",
-            "subfolder": "more.png", "parent-on-a-read-only-fs": f"{tmp_path} cannot be written",
-            "folder-read-only": "Permission denied"}[case] in line
-    if case == "parent-on-a-read-only-fs":  # the parent is blamed, not the output
-        assert "make " + str(tmp_path) + " writable" in line
+            "subfolder": "more.png", "folder-read-only": "Permission denied"}[case] in line
     if case != "folder-read-only":
         assert "--out_dir=<another folder>" in line
 
 
-def parent_read_only(monkeypatch):
-    """No folder can be made beside the output (its parent is not writable; as root, made so)."""
+def parent_cannot_take(monkeypatch, how):
+    """No folder can be made beside the output, or swapped with it (as root, made so): its parent
+    is not writable (EACCES), is a read-only mount around a writable one (EROFS), or the output is
+    a mount point of its own (EXDEV: the swap fails, after the new set was made)."""
+    if how == errno.EXDEV:
+        monkeypatch.setattr(cli, "swap_folders", lambda a, b: (_ for _ in ()).throw(OSError(how, "Invalid "
+                                                                                               "cross-device link", b)))
+        return
     real_mkdir = os.mkdir
-    monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(PermissionError(
-        errno.EACCES, "Permission denied", p)) if ".new" in os.path.basename(p) else real_mkdir(p, *a))
+    monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(OSError(
+        how, os.strerror(how), p)) if ".new" in os.path.basename(p) else real_mkdir(p, *a))
 
 
+@pytest.mark.parametrize("how", [errno.EACCES, errno.EROFS, errno.EXDEV], ids=["EACCES", "EROFS", "EXDEV"])
 @pytest.mark.parametrize("fault", [None, KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left on device")],
                          ids=["none", "interrupt", "disk-full"])
-def test_a_writable_folder_in_a_read_only_parent_is_replaced_in_place(tmp_path, monkeypatch, fault):
-    """The folder can be written, its parent cannot: the new set goes in place (OutputSet.in_place),
-    the earlier set's other files removed with it; a fault before the renames leaves it whole."""
+def test_a_writable_folder_in_a_read_only_parent_is_replaced_in_place(tmp_path, monkeypatch, fault, how):
+    """The folder can be written, no folder beside it can be made or swapped with it: the new set
+    goes in place (OutputSet.in_place), the earlier set's other files removed with it; a fault
+    before the renames leaves it whole."""
     out = earlier_set(tmp_path)
-    parent_read_only(monkeypatch)
+    parent_cannot_take(monkeypatch, how)
     outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
-    assert outputs.in_place
+    assert outputs.in_place == (how != errno.EXDEV)
     if fault is not None:
         monkeypatch.setattr(cli, "keep_owner_and_mode", fail_at_second_file(fault))
         with pytest.raises(type(fault) if isinstance(fault, KeyboardInterrupt) else cli.UserError):
