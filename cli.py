@@ -594,6 +594,11 @@ def claim_set(path, elsewhere, kinds):
 def _settable(path, real, kinds, elsewhere):
     """The OutputSet of the claimed folder `real` (in place where its parent, where the new set
     is made and swapped in, cannot be written), or one line: it holds what this tool did not write."""
+    for entry in os.listdir(real):  # what a killed run wrote in place left behind (temp files of dead processes)
+        head, sep, pid = entry.rpartition(".tmp")
+        if sep and head.startswith(".") and pid.isdigit() and not pid_alive(int(pid)):
+            with suppress(OSError):
+                os.remove(os.path.join(real, entry))
     others = sorted(n for n in os.listdir(real) if n != SET_LOCK and (
         os.path.isdir(os.path.join(real, n)) or not n.endswith(tuple(kinds))))
     if others:

@@ -201,6 +201,17 @@ def test_a_writable_folder_in_a_read_only_parent_is_replaced_in_place(tmp_path, 
     assert sorted(os.listdir(tmp_path)) == ["inspect"]
 
 
+def test_what_a_killed_run_left_in_the_folder_is_cleared_not_refused(tmp_path):
+    """A run killed (-9) while writing in place leaves .<name>.tmp<pid> files of a dead process:
+    the next claim removes them (they are its own kind's debris, not the user's files)."""
+    out = earlier_set(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    debris = os.path.join(out, f".a.png.tmp{int(dead.stdout)}")
+    open(debris, "wb").close()
+    cli.claim_set(out, "x", KINDS).replace({"inspect.json": "{}\n"})
+    assert contents(out) == {"inspect.json": b"{}\n"}
+
+
 def test_a_symlinked_folder_stays_a_symlink(tmp_path):
     target = earlier_set(tmp_path)
     link = tmp_path / "link"
