@@ -37,6 +37,15 @@ def start(name, argv, env=None, cwd=None, nice=10):
     _JOBS[name] = (proc, out, err)
 
 
+def when_chosen(uses, start):
+    """A test module's start_in_background(names) (tests/conftest.py calls it once the session's
+    tests are chosen): start() where one of the test names in `uses` is among them."""
+    def start_in_background(names):
+        if names & set(uses):
+            start()
+    return start_in_background
+
+
 def wait(name, timeout):
     """The job's CompletedProcess (returncode, stdout, stderr), once it has ended."""
     proc, out, err = _JOBS[name]

@@ -66,10 +66,7 @@ def start_hung_report():
                      cwd=REPO)
 
 
-def start_in_background(names):
-    """tests/conftest.py: the report starts with the session, beside the other tests."""
-    if names & USES_HUNG:
-        start_hung_report()
+start_in_background = background.when_chosen(USES_HUNG, start_hung_report)  # (with the session, beside the other tests)
 
 
 @pytest.fixture(scope="module")

@@ -158,10 +158,7 @@ def start_job():
     background.start("bench kill -9", [sys.executable, "-c", SCRIPT, REPO, WORK], env=env, cwd=REPO)
 
 
-def start_in_background(names):
-    """tests/conftest.py: the two reports start with the session, beside the other tests."""
-    if names & USES_JOB:
-        start_job()
+start_in_background = background.when_chosen(USES_JOB, start_job)  # (with the session, beside the other tests)
 
 
 @pytest.fixture(scope="module")

@@ -49,10 +49,7 @@ def start_ranks_job():
                                    *helpers_ranks.CASES], cwd=REPO)
 
 
-def start_in_background(names):
-    """tests/conftest.py: the cases' ranks start now and run beside the other tests."""
-    if names & USES_RANKS:
-        start_ranks_job()
+start_in_background = background.when_chosen(USES_RANKS, start_ranks_job)  # (with the session, beside the other tests)
 
 
 @pytest.fixture(scope="module")

@@ -106,10 +106,7 @@ def start_job():
                      env=env, cwd=REPO, nice=13)  # behind the interpreter run (test_kernels.py waits for it earlier)
 
 
-def start_in_background(names):
-    """tests/conftest.py: the rehearsal starts with the session, beside the other tests."""
-    if names & USES_JOB:
-        start_job()
+start_in_background = background.when_chosen(USES_JOB, start_job)  # (with the session, beside the other tests)
 
 
 @pytest.fixture(scope="module")
