@@ -488,8 +488,8 @@ class OutputSet:
     earlier set's other files in a row that signals wait for; a fault before leaves the earlier
     set whole, but a reader during those milliseconds may see a mix."""
 
-    def __init__(self, path, real, kinds):
-        self.path, self.real, self.kinds, self.in_place = path, real, kinds, False
+    def __init__(self, path, real):
+        self.path, self.real, self.in_place = path, real, False
         parent, name = os.path.split(real)
         self.staging = os.path.join(parent, f".{name}.new{os.getpid()}")
 
@@ -572,7 +572,7 @@ def claim_set(path, elsewhere, kinds):
         made.append(up)
         up = os.path.dirname(up)
     if real in _sets:  # this process holds it already (a script's main called again)
-        return OutputSet(path, real, kinds)
+        return OutputSet(path, real)
     for _ in range(10):  # (a lock removed by its last holder between our open and flock: again)
         fd = _locked_set(path, real, made, elsewhere)
         with suppress(OSError):
@@ -605,7 +605,7 @@ def _settable(path, real, kinds, elsewhere):
         raise UserError(f"{path} holds files this tool did not write ({', '.join(others[:3])}"
                         f"{', ...' if len(others) > 3 else ''}), and its outputs replace the whole folder: "
                         f"give a new or empty folder with {elsewhere}")
-    out = OutputSet(path, real, kinds)
+    out = OutputSet(path, real)
     parent = os.path.dirname(real)
     with suppress(OSError):  # (a parent that cannot be listed: nothing of ours to clean there)
         remove_dead_temps(parent, f".{os.path.basename(real)}.new")

@@ -39,9 +39,10 @@ def start(name, argv, env=None, cwd=None, nice=10):
 
 def when_chosen(uses, start):
     """A test module's start_in_background(names) (tests/conftest.py calls it once the session's
-    tests are chosen): start() where one of the test names in `uses` is among them."""
+    tests are chosen): start() where one of the test names in `uses` is among them (uses=None:
+    where any test of the module is)."""
     def start_in_background(names):
-        if names & set(uses):
+        if uses is None or names & set(uses):
             start()
     return start_in_background
 

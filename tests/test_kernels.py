@@ -759,11 +759,8 @@ def start_interpreter_job():
     background.start("triton interpreter", [sys.executable, "-c", TRITON_SCRIPT, INTERPRETED], env=env, cwd=ROOT)
 
 
-def start_in_background(names):
-    """tests/conftest.py: the long subprocess of the selected Triton tests starts now and runs
-    beside the other tests (tests/background.py)."""
-    if names & USES_INTERPRETER and triton_missing() is None:
-        start_interpreter_job()
+start_in_background = background.when_chosen(  # (the interpreter run, beside the other tests)
+    USES_INTERPRETER, lambda: triton_missing() is None and start_interpreter_job())
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,10 @@ import sys
 import pytest
 
 import background
+from test_kernels import triton_missing  # (why the Triton tests cannot run here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IN_SCRIPTS = os.path.join(background.SCRATCH, "auto_in_scripts.json")
-
-
-def triton_missing():
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed: `pip install triton` (its interpreter runs the kernels on CPU)"
-    return None
 
 
 def start_job():
@@ -39,10 +32,8 @@ def start_job():
                      nice=13)  # behind the interpreter run (waited for earlier), ahead of the GPU builds (later)
 
 
-def start_in_background(names):
-    """tests/conftest.py: the scripts' flows start now and run beside the other tests."""
-    if triton_missing() is None:
-        start_job()
+start_in_background = background.when_chosen(  # (the scripts' flows, beside the other tests; every test reads them)
+    None, lambda: triton_missing() is None and start_job())
 
 
 @pytest.fixture(scope="module")
