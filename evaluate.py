@@ -4,13 +4,16 @@ Table 4 numbers come from the test splits of prepare_openwebtext.py's evaluation
 
     python evaluate.py --out_dir=out-tost-owt --dataset=wikitext2 --split=test
     python evaluate.py --out_dir=out-pydocs-char-tost            # the val split of the data it was trained on
+    python evaluate.py --init_from=<you>/pydocs-char-tost --split=test   # a model export.py wrote (folder or Hub id)
     torchrun --standalone --nproc_per_node=8 evaluate.py --out_dir=out-tost-owt --dataset=openwebtext
 
 The split is cut into windows of the model's block_size; with --stride < block_size windows
 overlap and each token is scored once, by the window that gives it the most context. Every
 process scores its share of the windows; the result does not depend on the number of processes.
 It is printed (one line), then appended as one JSON record to --out (default out_dir/eval.jsonl;
-a checkpoint folder that cannot be written costs a warning there, never the printed score).
+with --init_from, <folder>-eval.jsonl beside the model's folder, or <name>-eval.jsonl here for a
+Hub id: a model's folder stays as it was exported; a default place that cannot be written costs a
+warning there, never the printed score).
 
 With --harness=<tasks> the checkpoint is scored by EleutherAI's lm-evaluation-harness instead
 (lm_eval_adapter.py; an optional extra, pip install lm-eval==0.4.13), on its tasks or task YAML files:
@@ -28,12 +31,14 @@ import torch
 import torch.distributed as torch_dist
 
 import cli
+import hub
 import kernels
 import textdata as td
 import trainkit as tk
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
+init_from = ""  # or a model export.py wrote: its folder, or its Hugging Face Hub id
 dataset = ""  # "": the dataset the checkpoint was trained on
 data_dir = "data"
 split = "val"  # "val", "test" (evaluation sets) or "train"
@@ -77,7 +82,7 @@ def check_settings(C, given):
 def save_record(record, C):
     """Append the printed result to --out; where none was given, a failure to write out_dir/
     eval.jsonl (a read-only checkpoint folder) is a warning: the score is out already."""
-    path = C.out or os.path.join(C.out_dir, "eval.jsonl")
+    path = C.out or (hub.beside(C.init_from, "eval.jsonl") if C.init_from else os.path.join(C.out_dir, "eval.jsonl"))
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tk.JsonlLogger(path).log(record)
@@ -90,15 +95,16 @@ def save_record(record, C):
     print(f"appended to {path}")
 
 
-def run_harness(C):
+def run_harness(C, given):
     """--harness: lm-eval's tasks on the checkpoint, in one process (lm_eval_adapter.py); prints
     lm-eval's table and appends the metrics to --out (save_record)."""
     cli.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
     import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
 
     specs = cli.name_list("harness", C.harness)
-    lm = lm_eval_adapter.NanoToSTLM(out_dir=C.out_dir, device=C.device, dtype=C.dtype, batch_size=C.batch_size,
-                                    stride=C.stride, tssa_impl=C.tssa_impl)
+    lm = lm_eval_adapter.NanoToSTLM(out_dir=C.out_dir if "out_dir" in given else None, init_from=C.init_from,
+                                    device=C.device, dtype=C.dtype, batch_size=C.batch_size, stride=C.stride,
+                                    tssa_impl=C.tssa_impl)
     t0 = time.time()
     results, table = lm_eval_adapter.run_tasks(lm, specs, C.harness_limit)
     print(table)
@@ -119,11 +125,10 @@ def main(argv):
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     if C.harness:
-        return run_harness(C)
+        return run_harness(C, given)
     with tk.distributed(device, C.ddp_timeout_s) as dist:  # under torchrun: this rank's GPU
         device = dist.device
-        ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-        model, ckpt = td.load_language_model(ckpt_path, device, C.tssa_impl)
+        model, ckpt, ckpt_path = td.load_reader_model(C, device, given)  # (or the folder export.py wrote)
         C.dataset = C.dataset or ckpt["config"].get("dataset") or ckpt["tokenizer"].get("dataset")  # its own data
         cli.require(C.dataset, f"{ckpt_path} does not say what it was trained on: give --dataset=<prepared dataset>")
         folder, meta = td.open_dataset(C.data_dir, C.dataset, (C.split,), 1)

@@ -7,6 +7,7 @@ commands use it:
 
     python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext   # run_tasks
     python lm_harness.py --model nanotost --model_args out_dir=out-tost-owt --tasks lambada_openai
+    python lm_harness.py --model nanotost --model_args init_from=<you>/tost-owt --tasks lambada_openai
 
 lm-eval's tasks fetch their data sets from the Hugging Face Hub once (then cached); a task YAML
 file can point at local data instead (dataset_path: json, dataset_kwargs: data_files).
@@ -43,6 +44,7 @@ log-probabilities are computed in float32. One process.
 import os
 import warnings
 from functools import partial
+from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
@@ -100,22 +102,24 @@ def register(cls):
 @register
 class NanoToSTLM(LM):
     """A train.py checkpoint (ToST or the softmax baseline) as an lm-eval model. model_args
-    (lm_harness.py --model_args): out_dir (or ckpt_path), dtype, stride (of the rolling windows,
-    as evaluate.py's; 0: block_size), tssa_impl. batch_size and device are lm-eval's own options
-    (--batch_size, --device), which it hands to the model; evaluate.py passes them directly."""
+    (lm_harness.py --model_args): out_dir (or ckpt_path; default out), or init_from (a folder
+    export.py wrote, or its Hub id), dtype, stride (of the rolling windows, as evaluate.py's; 0:
+    block_size), tssa_impl. batch_size and device are lm-eval's own options (--batch_size,
+    --device), which it hands to the model; evaluate.py passes them directly."""
 
-    def __init__(self, out_dir="out", ckpt_path="", device="auto", dtype="auto", batch_size=8, stride=0,
+    def __init__(self, out_dir=None, ckpt_path="", init_from="", device="auto", dtype="auto", batch_size=8, stride=0,
                  tssa_impl="torch", max_batch_size=None, **unknown):
         super().__init__()
         if unknown:
             raise cli.UserError(f"the nanotost model takes no {', '.join(sorted(unknown))}; its model_args: out_dir, "
-                                "ckpt_path, dtype, stride, tssa_impl")
+                                "ckpt_path, init_from, dtype, stride, tssa_impl")
         cli.require(tssa_impl in kernels.IMPLS,
                     f"tssa_impl must be one of {', '.join(kernels.IMPLS)}, got {tssa_impl!r}")
         self._device, self.dtype = tk.choose_device_dtype(device or "auto", dtype or "auto")
         self.batch_size = as_int("batch_size", 8 if batch_size in (None, "auto") else batch_size)
         cli.require(self.batch_size >= 1, f"batch_size must be at least 1, got {self.batch_size}")
-        self.model, ckpt = td.load_language_model(ckpt_path or out_dir, self._device, tssa_impl)
+        where = SimpleNamespace(out_dir=out_dir or "out", ckpt_path=ckpt_path, init_from=init_from, tssa_impl=tssa_impl)
+        self.model, ckpt, _ = td.load_reader_model(where, self._device, given={"out_dir"} if out_dir else ())
         self.T = self.model.config.block_size
         self.stride = as_int("stride", stride) or self.T
         cli.require(0 < self.stride <= self.T, f"stride must be in 1..block_size ({self.T}), got {self.stride}")

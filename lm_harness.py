@@ -5,10 +5,12 @@ checkpoint as the model "nanotost" (lm_eval_adapter.py registers it; an optional
 
     python lm_harness.py --model nanotost --model_args out_dir=out-tost-owt --tasks lambada_openai --batch_size 8
     python lm_harness.py --model nanotost --model_args out_dir=out-pydocs-char-tost --tasks my_task.yaml --device cpu
+    python lm_harness.py --model nanotost --model_args init_from=<you>/tost-owt --tasks lambada_openai
 
 lm-eval hands the model its own --batch_size and --device (which defaults to cuda:0), so those
 are not model_args: one given both ways is refused in one line. The model_args: out_dir (or
-ckpt_path), dtype, stride, tssa_impl.
+ckpt_path), or init_from (a folder export.py wrote, or its Hugging Face Hub id), dtype, stride,
+tssa_impl.
 The `lm_eval` command alone does not know "nanotost" (a program that imports lm_eval_adapter
 first does). The shorter way in, which also appends the metrics to out_dir/eval.jsonl:
 

@@ -6,10 +6,12 @@ as one page a student opens in a browser.
     python lm_inspect.py --out_dir=out-pydocs-char-tost                       # a window of its val split
     python lm_inspect.py --out_dir=out-pydocs-char-tost --text="def main():" --layers=1,6
     python lm_inspect.py --out_dir=out-pydocs-char-tost --text=FILE:notes.txt
+    python lm_inspect.py --init_from=<you>/pydocs-char-tost --data_dir=data   # a model export.py wrote
 
 For any train.py checkpoint with TSSA blocks (the short convolution and the hybrid included: its
 softmax blocks are listed as skipped); a softmax or linear-attention run is refused. Writes into
-<out_dir>/inspect/ (--page_dir elsewhere) as one unit: the folder is swapped whole for the new set,
+<out_dir>/inspect/ (with --init_from: <folder>-inspect beside the model's folder, or <name>-inspect
+here for a Hub id; --page_dir elsewhere) as one unit: the folder is swapped whole for the new set,
 so a reader sees an earlier inspection or this one, never a mix (cli.claim_set):
   index.html    one self-contained page (nothing loaded from anywhere): the text, each token
                 coloured by its dominant head in the chosen layer (a switch changes layers), the
@@ -46,6 +48,7 @@ from collections import Counter
 import torch
 
 import cli
+import hub
 import kernels
 import model as tost  # tost.STAT_EPS, tost.stat_dtype (an imported constant would read as a setting)
 import textdata as td
@@ -60,6 +63,7 @@ from matplotlib.colors import hsv_to_rgb  # noqa: E402
 # settings
 out_dir = "out"  # the train.py run to inspect: the folder holding ckpt.pt
 ckpt_path = ""  # or the checkpoint file itself
+init_from = ""  # or a model export.py wrote: its folder, or its Hugging Face Hub id
 text = ""  # the text to show; "" = a window of block_size tokens of the val split; "FILE:path" reads a file
 val_start = 0  # where in val.bin that window begins (text="")
 layers = ""  # 1-based TSSA layers to draw, e.g. "1,6"; "" = every TSSA layer
@@ -67,7 +71,7 @@ n_windows = 64  # windows of block_size tokens from train and from val: R_var, a
 batch_size = 16  # windows per forward
 top_tokens = 5  # most frequent tokens listed per head
 data_dir = ""  # "" = the run's data_dir
-page_dir = ""  # "" = <checkpoint folder>/inspect
+page_dir = ""  # "" = <checkpoint folder>/inspect (--init_from: beside the model's folder)
 screenshot = ""  # a .png path: also draw the page as it opens, with headless Chromium (installed apart)
 device = "cpu"  # "auto", "cpu", "cuda", "cuda:1"
 num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
@@ -81,7 +85,7 @@ def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or built."""
     cli.check(C, at_least_1=("n_windows", "batch_size", "top_tokens"), non_negative=("val_start",),
               workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS})
-    cli.require(C.out_dir or C.ckpt_path, "give the run to inspect: --out_dir=<a train.py out_dir>")
+    cli.require(C.out_dir or C.ckpt_path or C.init_from, "give the run to inspect: --out_dir=<a train.py out_dir>")
     layer_numbers(C.layers, "1,6")
     cli.require(not C.screenshot or C.screenshot.lower().endswith(".png"),
                 f"screenshot={C.screenshot!r}: give a .png path, e.g. --screenshot=page.png")
@@ -470,10 +474,9 @@ def text_layers(model, idx, chosen, colours):
     return shown
 
 
-def load(C, dev):
-    """(model, ckpt, path) of a TSSA run, or one line that says why not."""
-    path = C.ckpt_path or os.path.join(C.out_dir, "ckpt.pt")
-    model, ckpt = td.load_language_model(path, dev, C.tssa_impl)
+def load(C, dev, given):
+    """(model, ckpt, path) of a TSSA run (or of a model export.py wrote), or one line that says why not."""
+    model, ckpt, path = td.load_reader_model(C, dev, given)
     attns = [type(block.attn).__name__ for block in model.blocks]
     if "TSSA" not in attns:
         raise cli.UserError(f"{path} is a {model.config.attn} model: lm_inspect.py draws TSSA's Pi and statistics; "
@@ -485,15 +488,16 @@ def load(C, dev):
 
 
 def main(argv):
-    C, _ = cli.configure(DEFAULTS, argv)
+    C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
     C.device = tk.choose_device_dtype(C.device, "float32")[0]
-    model, ckpt, path = load(C, C.device)
+    model, ckpt, path = load(C, C.device, given)
     tssa_layers = [i + 1 for i, b in enumerate(model.blocks) if isinstance(b.attn, TSSA)]
     chosen = list(dict.fromkeys(layer_numbers(C.layers, "1,6"))) or tssa_layers  # the page opens at the first
     cli.require(set(chosen) <= set(tssa_layers), f"layers {C.layers!r}: this model's TSSA layers are "
                                                  f"{','.join(map(str, tssa_layers))}: choose among them")
-    out = C.page_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "inspect")
+    out = C.page_dir or (hub.beside(C.init_from, "inspect") if C.init_from else
+                         os.path.join(os.path.dirname(os.path.abspath(path)), "inspect"))
     outputs = claim_outputs(out, "--page_dir=<another folder>")  # one run at a time, a place that can be written
     if C.screenshot:
         cli.claim_output(C.screenshot, "--screenshot=<another file>")

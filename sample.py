@@ -1,5 +1,5 @@
 """
-Sample text from a checkpoint written by train.py (ToST or the softmax baseline).
+Sample text from a checkpoint written by train.py (ToST or the softmax baseline), or a model export.py wrote.
 
     python sample.py --out_dir=out-pydocs-char-tost
     python sample.py --out_dir=out-tost-owt --start="The meaning of life is" --num_samples=3
@@ -15,7 +15,6 @@ greedy, and a tiny one (1e-9, 1e-40) tends to it, never to nan; --top_k=0 is no 
 Settings are globals overridden by --key=value (as in train.py).
 """
 
-import os
 import sys
 import time
 from functools import partial
@@ -30,6 +29,7 @@ import trainkit as tk
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
 ckpt_path = ""  # or the checkpoint file itself
+init_from = ""  # or a model export.py wrote: its folder, or its Hugging Face Hub id (export.py says how)
 start = "\n"  # prompt, or "FILE:path" to read it from a file
 num_samples = 3  # samples drawn (as one batch)
 max_new_tokens = 500
@@ -46,15 +46,14 @@ num_threads = 0  # torch CPU threads (0: the training run's setting, else torch'
 
 
 def main(argv):
-    C, _ = cli.configure(cli.config_defaults(globals()), argv)
+    C, given = cli.configure(cli.config_defaults(globals()), argv)
     cli.check(C, at_least_1=("num_samples",), non_negative=td.SAMPLING_SETTINGS, seed=("seed",),
               workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS, "cuda_graph": ("auto", "off")})
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     torch.manual_seed(C.seed)
 
-    # the model and its tokenizer, from the checkpoint
-    path = C.ckpt_path or os.path.join(C.out_dir, "ckpt.pt")
-    model, ckpt = td.load_language_model(path, device, C.tssa_impl)
+    # the model and its tokenizer, from the checkpoint (or the folder export.py wrote)
+    model, ckpt, path = td.load_reader_model(C, device, given)
     threads = C.num_threads or ckpt["config"].get("num_threads", 0)
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)

@@ -13,7 +13,9 @@ A prepared dataset is a folder <data_dir>/<name>/ holding
 
 Reading:   open_dataset (checked), read_batch (which stops when the files change under a run),
            windows (evaluation), load_tokenizer, gpt2_encoding, tokenizer_info / check_tokenizer,
-           load_language_model (a train.py checkpoint, its fields checked), prompt_text,
+           load_language_model (a train.py checkpoint, its fields checked; or a folder export.py
+           wrote, or its Hub id: hub.from_pretrained), load_reader_model (which a reader's settings
+           name: --init_from, --ckpt_path, --out_dir), prompt_text,
            SAMPLING_SETTINGS / check_generation
 Decoding:  decoding_differs / check_decoding (prefill + steps against the parallel form, per
            attention), generate_in_parallel (sampling by the parallel form alone)
@@ -39,6 +41,7 @@ import numpy as np
 import torch
 
 import cli
+import hub
 import kernels
 import model
 import trainkit as tk
@@ -229,11 +232,16 @@ def check_tokenizer(ckpt, meta, ckpt_path, dataset, advice):
                             f"{info.get('dataset')}) than dataset {dataset!r} uses ({meta['tokenizer']}): {advice}")
 
 
-def load_language_model(path, device, tssa_impl="torch"):
+def load_language_model(path, device, tssa_impl="torch", exported=False):
     """The GPT of a train.py checkpoint (the file, or the folder holding ckpt.pt) on `device`, in
     eval mode, its TSSA run by `tssa_impl`. Returns (model, ckpt); ckpt keeps everything but the
     weights and the optimizer state (tokenizer, iter_num, config, ...). A checkpoint naming what
-    this version does not know (an attention, a Pi, a tokenizer, a model argument) is one line."""
+    this version does not know (an attention, a Pi, a tokenizer, a model argument) is one line.
+    exported: path is a folder export.py wrote, or its Hub id (hub.from_pretrained; ckpt: its info)."""
+    if exported:
+        gpt, info = hub.from_pretrained(path, device, tssa_impl, kind="language")
+        check_tokenizer_named(info["tokenizer"], os.path.join(info["folder"], "config.json"))
+        return gpt, info
     ckpt = tk.load_checkpoint(path, "language")
     check_tokenizer_named(ckpt["tokenizer"], path)
     gpt = GPT(tk.model_config(GPTConfig, ckpt, path))
@@ -242,6 +250,20 @@ def load_language_model(path, device, tssa_impl="torch"):
     if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)
         kernels.use(gpt, tssa_impl)
     return gpt.to(device).eval(), ckpt
+
+
+def load_reader_model(C, device, given=()):
+    """(model, ckpt, path) of a reader's settings: --init_from (a folder export.py wrote, or its
+    Hugging Face Hub id) where given, else --ckpt_path (where the reader has it), else
+    <out_dir>/ckpt.pt; the TSSA run by C.tssa_impl. --init_from with either of the others (in
+    `given`, the settings set) is one line: a setting given must do something."""
+    ckpt_path = getattr(C, "ckpt_path", "")
+    both = [f"--{k}" for k in ("out_dir", "ckpt_path") if k in given or (k == "ckpt_path" and ckpt_path)]
+    cli.require(not (C.init_from and both), f"--init_from names the model, and so do {' and '.join(both)}: "
+                                            "give one of them")
+    path = C.init_from or ckpt_path or os.path.join(C.out_dir, "ckpt.pt")
+    model, ckpt = load_language_model(path, device, C.tssa_impl, exported=bool(C.init_from))
+    return model, ckpt, path
 
 
 # -----------------------------------------------------------------------------

@@ -3,8 +3,10 @@ Seeing inside a trained ToST-ViT (the paper's white-box pictures, MATH.md §7), 
 
     python vit_inspect.py --ckpt=out-vit-cpu/ckpt.pt                  # images from its val split
     python vit_inspect.py --ckpt=out-vit-cpu/ckpt.pt --images=my_pictures/ --layers=1,4
+    python vit_inspect.py --init_from=<you>/vit-cpu                    # a model export.py wrote (folder, Hub id)
 
-Writes out_dir (default <checkpoint folder>/inspect) as one unit, swapped whole for an earlier set
+Writes out_dir (default <checkpoint folder>/inspect; with --init_from, <folder>-inspect beside the
+model's folder, or <name>-inspect here for a Hub id) as one unit, swapped whole for an earlier set
 (whose pictures this run does not draw go with it; cli.claim_set):
   pi_XX.png        image XX, then Pi of each head on the patch grid, one row per chosen layer
                    (colour scale 0..1; 1/H everywhere would mean no grouping)
@@ -30,6 +32,7 @@ from types import SimpleNamespace
 import torch
 
 import cli
+import hub
 import trainkit as tk
 import vit_data
 from whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
@@ -40,6 +43,7 @@ from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 # -----------------------------------------------------------------------------
 # settings
 ckpt = ""  # the checkpoint to inspect: a ckpt.pt written by vit_train.py, or the folder holding it
+init_from = ""  # or a model export.py wrote: its folder, or its Hugging Face Hub id
 images = ""  # a folder of image files to show; "" = the first n_show images of the val split
 n_show = 4
 layers = ""  # 1-based ToST layers to draw Pi for, e.g. "1,6,12"; "" = first, middle and last
@@ -56,7 +60,9 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or built."""
     cli.check(C, at_least_1=("n_show", "n_rvar", "batch_size"), workers=("num_threads",))
-    cli.require(C.ckpt, "give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt (a vit_train.py run's)")
+    cli.require(bool(C.ckpt) != bool(C.init_from), "give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt (a "
+                                                   "vit_train.py run's), or --init_from=<a folder export.py wrote>; "
+                                                   "one of the two")
     layer_numbers(C.layers)
 
 
@@ -136,14 +142,16 @@ def main(argv):
     dev, _ = tk.choose_device_dtype(C.device, "float32")
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
-    path = os.path.join(C.ckpt, "ckpt.pt") if os.path.isdir(C.ckpt) else C.ckpt
-    out = C.out_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "inspect")
+    path = C.init_from or (os.path.join(C.ckpt, "ckpt.pt") if os.path.isdir(C.ckpt) else C.ckpt)
+    out = C.out_dir or (hub.beside(C.init_from, "inspect") if C.init_from else
+                        os.path.join(os.path.dirname(os.path.abspath(path)), "inspect"))
     cli.require(not os.path.exists(out) or os.path.isdir(out),
                 f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
-    if not os.path.isfile(path):
+    if not C.init_from and not os.path.isfile(path):
         raise cli.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
     outputs = claim_outputs(out, "--out_dir=<another folder>")  # one run at a time, a place that can be written
-    model, ck = vit_data.load_vit_model(path, device=dev)
+    model, ck = (hub.from_pretrained(path, dev, kind="vit") if C.init_from else
+                 vit_data.load_vit_model(path, device=dev))
     model.eval()
     T = SimpleNamespace(**{**ck["config"], "img_size": model.config.img_size})  # the run's data settings
     S, H, L, is_tost = model.config.img_size, model.config.n_head, model.config.n_layer, model.config.attn == "tssa"
