@@ -14,16 +14,16 @@ import os
 import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("train.py", "sample.py", "evaluate.py", "prepare_char.py", "prepare_openwebtext.py", "vit_train.py",
-           "vit_inspect.py", "lm_inspect.py", "bench.py", "lra/train.py", "lra/generate.py", "lra/summary.py",
-           "lm_harness.py", "results/render.py", "compare/pydocs.py", "recall/suite.py", "recall/decode_bench.py",
-           "lra/listops_runs.py")
+SCRIPTS = ("train.py", "sample.py", "evaluate.py", "export.py", "prepare_char.py", "prepare_openwebtext.py",
+           "vit_train.py", "vit_inspect.py", "lm_inspect.py", "bench.py", "lra/train.py", "lra/generate.py",
+           "lra/summary.py", "lm_harness.py", "results/render.py", "compare/pydocs.py", "recall/suite.py",
+           "recall/decode_bench.py", "lra/listops_runs.py")
 TOKEN = re.compile(r"(python\s+)?((?:[\w.-]+/)*[\w.-]+\.py)\b|(?<![\w-])--([a-z_][a-z0-9_]*)")
 
 
 def _known(name):
     """The repository script a name refers to (lra/train.py as well as train.py), or None."""
-    return next((s for s in SCRIPTS if name == s or name.endswith("/" + s)), None)
+    return next((s for s in SCRIPTS if name == s), None) or next((s for s in SCRIPTS if name.endswith("/" + s)), None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -447,8 +447,9 @@ def test_no_default_output_is_a_file_the_repository_ships(script):
         ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", inside], cwd=REPO).returncode == 0
         tracked = subprocess.run(["git", "ls-files", "--", path], cwd=REPO, capture_output=True, text=True).stdout
         assert ignored and not tracked, (script, path, tracked)
-    # vit_inspect and lra/summary write beside their input; render.py's output is the documents
-    assert default_outputs(script) or script in ("vit_inspect.py", "lra/summary.py", "results/render.py")
+    # vit_inspect and lra/summary write beside their input; render.py's output is the documents; export.py
+    # writes only where --to says
+    assert default_outputs(script) or script in ("vit_inspect.py", "lra/summary.py", "results/render.py", "export.py")
 
 
 # -----------------------------------------------------------------------------
