@@ -211,6 +211,9 @@ def triton_picked(device, shape_class, shape, compiled):
     and ints): checked on the device's first call, decided on the shape class's first (decide).
     shape: the call's own (B, H, T, p), or None for the class's (B and T rounded up to powers of
     two: inside torch.compile's trace, or decided before it)."""
+    key = (device, shape_class, compiled)
+    if key in _PICKS:  # (decided: the device checked, or the reference forced)
+        return _PICKS[key]
     force = forced()
     if force != "torch" and device not in _REFUSALS:
         cause = _REFUSALS[device] = triton_refusal(device)
@@ -219,9 +222,7 @@ def triton_picked(device, shape_class, shape, compiled):
                           stacklevel=5)
     if force != "torch" and _REFUSALS[device] is not None:
         return False
-    key = (device, shape_class, compiled)
-    if key not in _PICKS:
-        _PICKS[key] = decide(device, shape_class, shape, compiled, force)
+    _PICKS[key] = decide(device, shape_class, shape, compiled, force)
     return _PICKS[key]
 
 
@@ -240,11 +241,10 @@ def say(line):
 
 
 def decide(device, shape_class, shape, compiled, force):
-    """Whether the Triton kernels run this shape class, said in one line: as forced, else as the
-    cache keeps it, else timed (measure: here, or in a child process inside torch.compile's trace)
-    and kept; under torchrun, local rank 0 times it and the node's other processes wait for its
-    file. The reference where the timing fails. The line begins "tssa_impl=auto:", unlike a
-    fallback's warning ("tssa_impl='auto':", which bench.py's main job reports as one)."""
+    """Whether the Triton kernels run this shape class, said in one line: as forced, else as kept
+    (kept_pick), else timed (measure: here, or in a child process inside torch.compile's trace)
+    and kept. The line begins "tssa_impl=auto:", unlike a fallback's warning ("tssa_impl='auto':",
+    which bench.py's main job reports as one)."""
     form, B, H, T, p, dtype, masked = shape_class
     spec = dict(device=device, form=form, shape=shape or (B, H, T, p), dtype=dtype, masked=masked,
                 compiled=compiled, backend=COMPILE_BACKEND, calls=CALLS, rounds=ROUNDS)
@@ -256,6 +256,31 @@ def decide(device, shape_class, shape, compiled, force):
         return force == "triton"
     key = auto_cache.key(device, shape_class, compiled, COMPILE_BACKEND, TIMER)
     path = auto_cache.path_of(key)
+    entry = kept_pick(path, key, force, what)
+    if entry is not None:
+        triton = entry["pick"] == "triton"
+        if entry.get("failed") is None:
+            times = dict(triton=entry["triton_s"], reference=entry["reference_s"])
+            say(told(what, form, times, reference, device, f"cached in {path}", triton))
+        return triton
+    try:
+        times = measure_in_child(spec) if compiled and torch.compiler.is_compiling() else measure(spec)
+    except Exception as e:  # noqa: BLE001 (out of memory, a timeout: the reference, and why)
+        why = f"the timing raised {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+        say(f"{what}: {why}; running {reference}")
+        auto_cache.write(path, key, None, "reference", spec["shape"], failed=why, say=say)  # (for the other ranks)
+        return False
+    triton = times["triton"] < times["reference"]
+    auto_cache.write(path, key, times, "triton" if triton else "reference", spec["shape"], say=say)
+    timed = f"{CALLS} calls back to back" + (f", kept in {path}" if path else "")
+    say(told(what, form, times, reference, device, timed, triton))
+    return triton
+
+
+def kept_pick(path, key, force, what):
+    """The kept pick (auto_cache's entry) this process runs, or None: it times. The file's, unless
+    NANOTOST_AUTO=measure, and a failed timing only in the run that failed; on a torchrun rank
+    other than its node's local rank 0, the pick local rank 0 writes, waited for."""
     entry = None if force == "measure" else auto_cache.read(path, key, say)
     if entry is not None and not auto_cache.current(entry, fresh_only=False):
         entry = None  # (a failed timing of an earlier run: timed again)
@@ -265,24 +290,7 @@ def decide(device, shape_class, shape, compiled, force):
         if entry is None:
             raise ConfigError(f"{what}: local rank 0 wrote no pick to {path} in {WAIT_S} s; set {FORCE}=triton or "
                               f"{FORCE}=torch to run without timing")
-    if entry is not None:
-        triton = entry["pick"] == "triton"
-        times = dict(triton=entry["triton_s"], reference=entry["reference_s"])
-        if entry.get("failed") is None:
-            say(told(what, form, times, reference, device, f"cached in {path}", triton))
-        return triton
-    try:
-        times = measure_in_child(spec) if compiled and torch.compiler.is_compiling() else measure(spec)
-    except Exception as e:  # noqa: BLE001 (out of memory, a timeout: the reference, and why)
-        why = f"the timing raised {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
-        say(f"{what}: {why}; running {reference}")
-        auto_cache.write(path, key, None, "reference", spec["shape"], failed=why, say=say)
-        return False
-    triton = times["triton"] < times["reference"]
-    auto_cache.write(path, key, times, "triton" if triton else "reference", spec["shape"], say=say)
-    kept = f"{CALLS} calls back to back" + (f", kept in {path}" if path else "")
-    say(told(what, form, times, reference, device, kept, triton))
-    return triton
+    return entry
 
 
 def told(what, form, times, reference, device, where, triton):

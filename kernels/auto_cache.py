@@ -88,6 +88,7 @@ def device_identity(device):
 
 
 def triton_version():
+    """Triton's version, or None where it is not installed."""
     try:
         import triton
     except ImportError:
@@ -96,8 +97,9 @@ def triton_version():
 
 
 def kernels_digest():
-    """sha256 of every source file of this package (kernels/*.py, *.c), and of the Triton kernels' settings as they are now
-    (triton_tssa.py's upper-case constants: a test or a forker may change them at run time)."""
+    """sha256 of every source file of this package (kernels/*.py, *.c), and of the Triton kernels'
+    settings as they are now (triton_tssa.py's upper-case constants: a test or a forker may change
+    them at run time)."""
     h = hashlib.sha256()
     for name in sorted(os.listdir(KERNELS)):
         if name.endswith((".py", ".c")):
@@ -107,8 +109,8 @@ def kernels_digest():
         import kernels.triton_tssa as tt
     except ImportError:  # no Triton: the pick is never Triton's, but the key is still well defined
         tt = None
-    settings = {k: v for k, v in vars(tt).items() if k.isupper() and isinstance(v, (bool, int, float, str))} \
-        if tt else {}
+    settings = {} if tt is None else {k: v for k, v in vars(tt).items()
+                                      if k.isupper() and isinstance(v, (bool, int, float, str))}
     h.update(json.dumps(settings, sort_keys=True).encode())
     return h.hexdigest()[:20]
 

@@ -458,7 +458,8 @@ def test_a_damaged_or_foreign_cache_file_is_timed_anew_in_one_line(timed, damage
     timed["times"]["triton"] = 3e-3
     assert ask() is False and len(timed["specs"]) == 4  # timed anew, never read
     ignored, kept = timed["said"]()
-    assert ignored.startswith(f"tssa_impl=auto: ignoring the cached pick {path} (") and ignored.endswith("); timing anew")
+    assert ignored.startswith(f"tssa_impl=auto: ignoring the cached pick {path} (")
+    assert ignored.endswith("); timing anew")
     assert file_of(kept) == path and good_entry(path)["pick"] == "reference"  # replaced by a good one
 
 
