@@ -200,7 +200,7 @@ def main(argv):
         model = GPT(GPTConfig(**model_args)).to(device)
         td.check_decoding(model, "training goes on (it runs the parallel form)", d.is_master)  # a fork's, said now
         if C.tssa_impl != "torch" or C.chunked_loss:  # fused operators or the chunked loss in place of model.py's
-            kernels.use(model, C.tssa_impl, C.chunked_loss)
+            kernels.use(model, C.tssa_impl, C.chunked_loss, timed_at=(C.batch_size, T, dtype, C.compile))
         raw_model = model  # the plain module: parameters, checkpoints, MFU
         if d.is_master:  # (once the model and its operators are accepted: a refusal leaves no out_dir)
             tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint

@@ -15,8 +15,10 @@ nothing of this package. A script swaps the operators of every TSSA module of a 
             the padding mask and the sums over the batch (dtemp, the whole dpos_bias) are
             inside the kernels; launch_plan() states every launch's grid, bytes and time.
   "auto"    auto.py: "triton" where the Triton kernels pass a first-call check against the
-            reference (a CUDA GPU) and are the faster at the run's shape (timed against the
-            reference, compiled when the run compiles), else the reference (the GPU configs' choice).
+            reference (a CUDA GPU) and are the faster at the run's shape class (GPU time,
+            against the reference compiled when the run compiles), else the reference (the GPU
+            configs' choice); the pick is kept per machine (auto_cache.py, $NANOTOST_CACHE), and
+            NANOTOST_AUTO=triton|torch|measure forces it.
 check.py is the check of the whole maths (every output and gradient, in the regimes a fork
 changes) that "cpu", "triton" and "auto" run before their kernels do: a fork of model.py's
 operators is refused in one line, never run with the shipped maths.
@@ -60,7 +62,7 @@ import torch
 
 import model
 from cli import ConfigError
-from kernels import check
+from kernels import auto, check
 from kernels.auto import AUTO_OPS
 from kernels.cross_entropy import chunked_cross_entropy
 from kernels.cuda_graph import CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
@@ -74,6 +76,7 @@ def ops_for(impl):
     if impl not in IMPLS:
         raise ValueError(f"tssa_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     if impl == "auto":
+        auto.forced()  # (a wrong NANOTOST_AUTO: one line now)
         return AUTO_OPS
     return model.REFERENCE_OPS if impl == "torch" else fused_ops(impl)
 
@@ -124,10 +127,12 @@ def check_maths(impl):
             raise ConfigError(cause)
 
 
-def use(module, impl, chunked_loss=False):
+def use(module, impl, chunked_loss=False, timed_at=None):
     """Run every model.TSSA inside `module` (a GPT, a ToSTViT, an LRA classifier, ...) with the
     operators of impl; with chunked_loss, every model.GPT computes its loss CE_CHUNK tokens at a
     time (kernels/cross_entropy.py; otherwise model.cross_entropy_loss). Returns the module.
+    timed_at: (B, T, dtype, compiled), the batches the module (on its device) will run: "auto"
+    then decides its causal TSSAs' pick now, in this process (auto.decide_before_compile).
     Only operators this package owns are replaced: a TSSA with its own (a subclass, a forker's
     functions) keeps them under "torch" and "auto", and "cpu" or "triton" refuses it, as they
     refuse another f or model.py's operators edited (check_maths). "auto" finds either on its
@@ -146,4 +151,6 @@ def use(module, impl, chunked_loss=False):
             m.operators = ops
         if isinstance(m, model.GPT):
             m.loss = chunked_cross_entropy if chunked_loss else model.cross_entropy_loss
+    if impl == "auto" and timed_at is not None:
+        auto.decide_before_compile(module, *timed_at)
     return module

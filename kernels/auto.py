@@ -5,16 +5,29 @@ On the first TSSA call on a device, the Triton kernels are checked there against
 operators as they are now (kernels/check.py: the whole maths, every output and gradient, in the
 regimes a fork changes). Where they cannot serve (a CPU, no Triton, a compile error, an answer
 that differs) the reference runs, with one warning that says why. Where they pass (a CUDA GPU),
-the first call of each shape class (the operator, B and T rounded up to powers of two, H, p,
-the dtype, a padding mask) times both candidates at the call's own shape, forward and backward
-(a decoding step: forward), REPEATS times each: the Triton kernels, and the reference. Inside
-torch.compile's trace the reference is timed compiled, at the class's size, in a child process
-(a compile cannot start inside another). The faster runs for that shape class for the rest of
-the run, and one line says which and the two times. The answers are constants of a compiled
-graph (assume_constant_result): one graph per shape class, no graph break.
+each shape class (the operator, B and T rounded up to powers of two, H, p, the dtype, a padding
+mask; and whether the run compiles) gets one pick, decided once per machine:
+  - timed by the figure a training step feels: the GPU time of forward and backward (a decoding
+    step: forward), CUDA events around CALLS calls queued back to back, no synchronisation
+    between them (gpu_seconds), the median of ROUNDS such windows, for each candidate: the
+    Triton kernels and the reference, compiled when the run compiles;
+  - in the run's own process: kernels.use(model, "auto", timed_at=(B, T, dtype, compiled)) (as
+    train.py does) decides the class before the model's own torch.compile, the reference
+    compiled here once for it; a first call inside torch.compile's trace with no pick yet times
+    the compiled reference in a child process (a compile cannot start inside another);
+  - kept on disk (kernels/auto_cache.py: ~/.cache/nanotost/auto/, $NANOTOST_CACHE moves it,
+    keyed by the GPU, driver, CUDA, torch, Triton, the kernels' and model.py's maths' digests,
+    compile and shape class): a later run reads the pick instead of timing;
+  - under torchrun, one process per node (local rank 0) times it and the others wait for its
+    file: every rank runs the same.
+One line says the pick and the two times, and "cached in <file>" where it was read.
+NANOTOST_AUTO forces it: =triton (the Triton kernels wherever the check passes), =torch (the
+reference), =measure (time anew, and keep that). The answers are constants of a compiled graph
+(assume_constant_result): one graph per shape class, no graph break.
 The GPU configs (config/tost_owt*.py) use it: the same file trains on any machine.
 
     model = kernels.use(GPT(config), "auto")      # train.py --tssa_impl=auto
+    NANOTOST_AUTO=triton python train.py config/tost_owt.py
     python -m pytest -q tests/test_auto.py
 """
 
@@ -28,15 +41,32 @@ import warnings
 
 import torch
 
+import kernels.auto_cache as auto_cache
 import kernels.check as check
 import model
+from cli import ConfigError
 from kernels.fused import FUSED_DTYPES, failure_of, fused_ops
 
 CHECK_ON_CPU = False  # tests: check and time on the CPU too (the kernels under TRITON_INTERPRET=1)
-REPEATS = 5  # timed calls of each candidate, after one that warms up (compiles)
+CALLS = 10  # calls of a candidate queued back to back in one timed window, after one that warms up
+ROUNDS = 3  # timed windows of each candidate (the median is its time)
 COMPILE_BACKEND = "inductor"  # the reference's compiler when the run compiles (tests: "aot_eager")
-CHILD_TIMEOUT_S = 600  # the child process that times the compiled reference
+CHILD_TIMEOUT_S = 600  # the child process that times the compiled reference inside a trace
+WAIT_S = 2 * CHILD_TIMEOUT_S  # how long a torchrun rank waits for local rank 0's pick
+HOLD_S = 1.0  # the longest the GPU sleeps while the host queues a window's calls
+SLEEP_CYCLES_PER_S = 2e9  # GPU clocks are at most ~2 GHz: this many cycles sleep at least a second
+TIMER = "gpu time of back-to-back calls, 1"  # how candidates are timed (part of the cache key: change it with them)
+FORCE = "NANOTOST_AUTO"  # the environment variable that forces the pick
+FORCES = ("triton", "torch", "measure")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def forced():
+    """$NANOTOST_AUTO: "triton", "torch", "measure" (time anew), or None (unset: the cache, else timed)."""
+    value = os.environ.get(FORCE, "").strip().lower()
+    if value and value not in FORCES:
+        raise ConfigError(f"{FORCE} must be one of {', '.join(FORCES)} (or unset), got {value!r}")
+    return value or None
 
 
 def triton_refusal(device):
@@ -62,19 +92,46 @@ def triton_refusal(device):
 # timing the candidates at a call's shape
 
 
-def seconds(candidate, run, device, repeats=REPEATS):
-    """The median wall time of run() on device over `repeats` calls, after one that warms up
-    (compiles, builds kernels). candidate: "triton" or "reference" (what tests mock)."""
+def seconds(candidate, run, device, calls=CALLS, rounds=ROUNDS):
+    """The time of one run() on device: after one call that warms up (compiles, builds kernels),
+    the GPU time of `calls` calls queued back to back on a CUDA device (gpu_seconds); elsewhere
+    (the tests' CPU) their wall time; the median of `rounds` windows. candidate: "triton" or
+    "reference" (what tests mock)."""
     device = torch.device(device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
     run()
+    if device.type == "cuda":
+        return gpu_seconds(run, device, calls, rounds)
     times = []
-    for _ in range(repeats):
-        sync(device)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def gpu_seconds(run, device, calls, rounds):
+    """The GPU time of one run() on a CUDA device: CUDA events around `calls` calls queued back to
+    back with no synchronisation between them, the median of `rounds` such windows. Before each
+    window the GPU sleeps while the host queues the window's calls, so that inside it the GPU
+    never waits for the host, as in a compiled training step, which keeps the GPU's queue full:
+    the host's time (launches, allocations, Python) is not counted, only the GPU's."""
+    with torch.cuda.device(device):
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         run()
-        sync(device)
-        times.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        hold_s = min(HOLD_S, 2 * calls * (time.perf_counter() - t0))  # more than the host takes to queue them
+        times = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(int(hold_s * SLEEP_CYCLES_PER_S))  # (a kernel that spins for that many cycles)
+            start.record()
+            for _ in range(calls):
+                run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / calls)  # (elapsed_time: milliseconds)
     return statistics.median(times)
 
 
@@ -115,11 +172,13 @@ def measure(spec):
         name: reference if name == form else getattr(model, name) for name in model.TSSAOps._fields})}
     device = torch.device(spec["device"])
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
-        return {name: seconds(name, runner(spec, ops), device, spec["repeats"]) for name, ops in candidates.items()}
+        return {name: seconds(name, runner(spec, ops), device, spec["calls"], spec["rounds"])
+                for name, ops in candidates.items()}
 
 
 def measure_in_child(spec):
-    """measure(spec) in a child process (a compile cannot start inside torch.compile's trace)."""
+    """measure(spec) in a child process: inside torch.compile's trace a compile cannot start (in
+    the same process, Dynamo's second compile breaks the first's)."""
     code = "import json, sys; from kernels import auto; print(json.dumps(auto.measure(json.loads(sys.argv[1]))))"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=ROOT, env=env, capture_output=True,
@@ -149,43 +208,113 @@ def rounded_up(n):
 @torch.compiler.assume_constant_result  # asked once while Dynamo traces, then a constant of the graph
 def triton_picked(device, shape_class, shape, compiled):
     """Whether "auto" runs the Triton kernels for a call of this shape class on device (strings
-    and ints): checked on the device's first call, timed on the shape class's first. shape: the
-    call's own (B, H, T, p), or None inside torch.compile's trace (then the class's: B and T
-    rounded up to powers of two)."""
-    if device not in _REFUSALS:
+    and ints): checked on the device's first call, decided on the shape class's first (decide).
+    shape: the call's own (B, H, T, p), or None for the class's (B and T rounded up to powers of
+    two: inside torch.compile's trace, or decided before it)."""
+    key = (device, shape_class, compiled)
+    if key in _PICKS:  # (decided: the device checked, or the reference forced)
+        return _PICKS[key]
+    force = forced()
+    if force != "torch" and device not in _REFUSALS:
         cause = _REFUSALS[device] = triton_refusal(device)
         if cause:
             warnings.warn(f"tssa_impl='auto': {cause}; running model.py's reference maths", RuntimeWarning,
                           stacklevel=5)
-    if _REFUSALS[device] is not None:
+    if force != "torch" and _REFUSALS[device] is not None:
         return False
-    key = (device, shape_class, compiled)
-    if key not in _PICKS:
-        _PICKS[key] = faster_is_triton(device, shape_class, shape, compiled)
+    _PICKS[key] = decide(device, shape_class, shape, compiled, force)
     return _PICKS[key]
 
 
-def faster_is_triton(device, shape_class, shape, compiled):
-    """Time both candidates (measure) and say in one line which runs; the reference if the timing fails.
-    The line begins "tssa_impl=auto:", unlike a fallback's warning ("tssa_impl='auto':", which
-    bench.py's main job reports as one)."""
+def local_rank():
+    """(this process's rank on its node, the node's processes): torchrun's, else (0, 1)."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    except ValueError:
+        return 0, 1
+
+
+def say(line):
+    """Print one of auto's lines: on local rank 0 only (under torchrun the others run its pick)."""
+    if local_rank()[0] == 0:
+        print(line, flush=True)
+
+
+def decide(device, shape_class, shape, compiled, force):
+    """Whether the Triton kernels run this shape class, said in one line: as forced, else as kept
+    (kept_pick), else timed (measure: here, or in a child process inside torch.compile's trace)
+    and kept. The line begins "tssa_impl=auto:", unlike a fallback's warning ("tssa_impl='auto':",
+    which bench.py's main job reports as one)."""
     form, B, H, T, p, dtype, masked = shape_class
     spec = dict(device=device, form=form, shape=shape or (B, H, T, p), dtype=dtype, masked=masked,
-                compiled=compiled, backend=COMPILE_BACKEND, repeats=REPEATS)
+                compiled=compiled, backend=COMPILE_BACKEND, calls=CALLS, rounds=ROUNDS)
     B, H, T, p = spec["shape"]
     what = f"tssa_impl=auto: {form} at B={B} H={H} T={T} p={p} {dtype}{' masked' if masked else ''} on {device}"
     reference = "the compiled reference" if compiled else "the reference"
+    if force in ("triton", "torch"):
+        say(f"{what}: running {'Triton' if force == 'triton' else reference} ({FORCE}={force}: nothing timed)")
+        return force == "triton"
+    key = auto_cache.key(device, shape_class, compiled, COMPILE_BACKEND, TIMER)
+    path = auto_cache.path_of(key)
+    entry = kept_pick(path, key, force, what)
+    if entry is not None:
+        triton = entry["pick"] == "triton"
+        if entry.get("failed") is None:
+            times = dict(triton=entry["triton_s"], reference=entry["reference_s"])
+            say(told(what, form, times, reference, device, f"cached in {path}", triton))
+        return triton
     try:
-        times = measure_in_child(spec) if compiled else measure(spec)
+        times = measure_in_child(spec) if compiled and torch.compiler.is_compiling() else measure(spec)
     except Exception as e:  # noqa: BLE001 (out of memory, a timeout: the reference, and why)
-        print(f"{what}: the timing raised {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}; "
-              f"running {reference}", flush=True)
+        why = f"the timing raised {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+        say(f"{what}: {why}; running {reference}")
+        auto_cache.write(path, key, None, "reference", spec["shape"], failed=why, say=say)  # (for the other ranks)
         return False
     triton = times["triton"] < times["reference"]
-    step = "forward" if form == "causal_tssa_step" else "forward and backward"
-    print(f"{what}: Triton {1e3 * times['triton']:.3f} ms, {reference} {1e3 * times['reference']:.3f} ms "
-          f"({step}): running {'Triton' if triton else reference}", flush=True)
+    auto_cache.write(path, key, times, "triton" if triton else "reference", spec["shape"], say=say)
+    timed = f"{CALLS} calls back to back" + (f", kept in {path}" if path else "")
+    say(told(what, form, times, reference, device, timed, triton))
     return triton
+
+
+def kept_pick(path, key, force, what):
+    """The kept pick (auto_cache's entry) this process runs, or None: it times. The file's, unless
+    NANOTOST_AUTO=measure, and a failed timing only in the run that failed; on a torchrun rank
+    other than its node's local rank 0, the pick local rank 0 writes, waited for."""
+    entry = None if force == "measure" else auto_cache.read(path, key, say)
+    if entry is not None and not auto_cache.current(entry, fresh_only=False):
+        entry = None  # (a failed timing of an earlier run: timed again)
+    rank, ranks = local_rank()
+    if entry is None and path is not None and rank != 0 and ranks > 1:
+        entry = auto_cache.wait(path, key, fresh_only=force == "measure", timeout_s=WAIT_S)
+        if entry is None:
+            raise ConfigError(f"{what}: local rank 0 wrote no pick to {path} in {WAIT_S} s; set {FORCE}=triton or "
+                              f"{FORCE}=torch to run without timing")
+    return entry
+
+
+def told(what, form, times, reference, device, where, triton):
+    """The line that says a pick: the two times, what they are, where from, and what runs."""
+    figure = "GPU time" if torch.device(device).type == "cuda" else "wall time"
+    step = "forward" if form == "causal_tssa_step" else "forward and backward"
+    return (f"{what}: Triton {1e3 * times['triton']:.3f} ms, {reference} {1e3 * times['reference']:.3f} ms "
+            f"({figure} of {step}, {where}): running {'Triton' if triton else reference}")
+
+
+def decide_before_compile(module, B, T, dtype, compiled):
+    """kernels.use(module, "auto", timed_at=(B, T, dtype, compiled)): the pick of the shape class
+    that module's causal TSSAs will call (B sequences of T tokens in dtype, autocast's where it
+    runs), decided now, in this process: where the run compiles, the reference is compiled here
+    for the class, before the model's own torch.compile (whose trace would need a child process).
+    The non-causal form (its T is not the sequence's, a mask may come) is decided at its first call."""
+    if getattr(torch, dtype, None) not in FUSED_DTYPES:
+        return
+    for m in module.modules():
+        if isinstance(m, model.TSSA) and m.causal and m.operators is AUTO_OPS and m.pi_mode == "softmax":
+            H = m.n_head
+            p = m.w_proj.in_features // H
+            shape_class = ("causal_tssa", rounded_up(B), H, rounded_up(T), p, dtype, False)
+            triton_picked(str(m.temp.device), shape_class, None if compiled else (B, H, T, p), compiled)
 
 
 def uses_triton(form, w, masked=False, pi_mode="softmax"):

@@ -45,7 +45,7 @@ _c_lib_cache = []  # [lib or the KernelUnavailable error] once tried
 _c_lib_lock = threading.Lock()  # one build per process, even if two threads ask at once
 
 
-def _cache_dirs():
+def cache_dirs():
     """Where the compiled kernels may live, in order: $NANOTOST_CACHE, else
     $XDG_CACHE_HOME/nanotost or ~/.cache/nanotost; then a per-user folder in the temp dir
     (read-only home directories, containers). Only folders we can create and write to."""
@@ -95,7 +95,7 @@ def _build(path):
 
 def c_library():
     """The compiled C kernels (ctypes.CDLL); raises KernelUnavailable if no C compiler could
-    build them. Built once per process into the first writable folder of _cache_dirs(), keyed
+    build them. Built once per process into the first writable folder of cache_dirs(), keyed
     by source, flag sets, compiler and CPU; later processes load the cached file.
     NANOTOST_NO_C=1 skips the C kernels altogether."""
     if not _c_lib_cache:
@@ -118,7 +118,7 @@ def _load_c_library():
     key = (source + repr(C_FLAG_SETS + (C_COMMON,)) + os.environ.get("CC", "cc") + _cpu_signature()).encode()
     name = f"tssa_cpu_{hashlib.sha256(key).hexdigest()[:16]}.so"
     errors = []
-    for root in _cache_dirs():
+    for root in cache_dirs():
         path = os.path.join(root, name)
         try:
             if os.path.exists(path):

@@ -1,12 +1,15 @@
 """
 tests/test_scripts_auto.py's background job: tssa_impl=auto in the scripts' own flows, with the Triton
-kernels interpreted (TRITON_INTERPRET=1) and kernels.auto.CHECK_ON_CPU set, so that the first-call
-check runs where the scripts make their first TSSA call: train.py's estimate_loss under no_grad
-(eager; and compiled, under bfloat16 autocast: inside torch.compile's trace), sample.py's prefill
-and steps (no_grad, eval mode), evaluate.py (a no_grad main; and --tssa_impl=cpu), lm_inspect.py
-(its recorded forward), and a model called under inference_mode and autocast. The timer is mocked
-(the Triton kernels "faster"): each candidate still runs once at the call's shape, the compiled
-reference in its child process. Writes what each flow picked, said and warned as JSON.
+kernels interpreted (TRITON_INTERPRET=1) and kernels.auto.CHECK_ON_CPU set, so that the check
+and the pick run where the scripts ask for them: train.py's kernels.use(..., timed_at=...)
+before its model is compiled (eager; and compiled, under bfloat16 autocast), then the same
+command again with the first run's cache (read, not timed), sample.py's prefill and steps
+(no_grad, eval mode), evaluate.py (a no_grad main; and --tssa_impl=cpu), lm_inspect.py (its
+recorded forward), a model called under inference_mode and autocast, and a model whose first
+call is inside torch.compile's trace. The timer is mocked (the Triton kernels "faster"): each
+candidate still runs once at the call's shape, the compiled reference in this process or, inside
+a trace, in its child process. Each flow has a cache folder of its own (as a fresh machine),
+but "train again", which has train's. Writes what each flow picked, timed, said and warned as JSON.
 
     TRITON_INTERPRET=1 python tests/auto_in_scripts.py OUT.json
 """
@@ -18,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,9 +43,12 @@ FAKE_TIMES = {"triton": 1e-3, "reference": 2e-3}  # the mocked timer: the Triton
 LAUNCHED = []  # (what, H, p) of the flow's calls of the Triton kernels (the check's: H=3, p=6; the models': H=2, p=16)
 TIMING = [False]  # whether the calls now are the timing's (not counted)
 CHILD_TIMES = []  # what the real child process measured, the first time
+COUNTS = dict(timed=0, children=0, deciding_s=0.0)  # of the flow now: candidates timed, child processes, time in decide
+SCRATCH = []  # the folder of the flows' caches
 
 
-def fake_seconds(candidate, run, device, repeats):
+def fake_seconds(candidate, run, device, calls, rounds):
+    COUNTS["timed"] += 1
     TIMING[0] = True
     try:
         run()  # the candidate runs at the call's shape (its errors show), once
@@ -51,6 +58,7 @@ def fake_seconds(candidate, run, device, repeats):
 
 
 def fake_child(spec, real=auto.measure_in_child):
+    COUNTS["children"] += 1
     if not CHILD_TIMES:  # the child process compiles and runs both candidates (their errors show), once
         CHILD_TIMES.append(real(spec))
     return dict(FAKE_TIMES)
@@ -64,12 +72,23 @@ def counted(kind, launch):
     return classmethod(run)
 
 
-def flow(name, fn, results, fresh=True):
-    """Run fn as a fresh process would (fresh: no answer kept from an earlier flow) and record what
-    auto picked, printed and warned, and what fn returns (a dict of numbers, or None)."""
+def timed_decide(*args, real=auto.decide):
+    t0 = time.perf_counter()
+    try:
+        return real(*args)
+    finally:
+        COUNTS["deciding_s"] += time.perf_counter() - t0
+
+
+def flow(name, fn, results, fresh=True, cache=None):
+    """Run fn as a fresh process would (fresh: no answer kept from an earlier flow) with the cache
+    folder `cache` (None: a new one) and record what auto picked, timed, printed and warned, and
+    what fn returns (a dict of numbers, or None)."""
     if fresh:
         auto._REFUSALS.clear()
         auto._PICKS.clear()
+    os.environ["NANOTOST_CACHE"] = cache or tempfile.mkdtemp(prefix="cache-", dir=SCRATCH[0])
+    COUNTS.update(timed=0, children=0, deciding_s=0.0)
     out = io.StringIO()
     LAUNCHED.clear()
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
@@ -82,7 +101,8 @@ def flow(name, fn, results, fresh=True):
     said = [line for line in out.getvalue().splitlines() if line.startswith("tssa_impl=auto:")]
     results[name] = dict(error=error, numbers=numbers, refusals=dict(auto._REFUSALS), picks=picks, said=said,
                          failure=fused.failure_of("triton"), launched=sorted(set(LAUNCHED)),
-                         warned=[str(w.message) for w in caught if "tssa_impl" in str(w.message)])
+                         warned=[str(w.message) for w in caught if "tssa_impl" in str(w.message)],
+                         cache=os.environ["NANOTOST_CACHE"], **COUNTS)
 
 
 def a_model_eager_and_compiled():
@@ -106,8 +126,8 @@ def main(out_path):
     # the check's case at 43 tokens (3 chunks, a scan step each), p = 6 (two column blocks of 4)
     triton_tssa.BLOCK_T, triton_tssa.SCAN_CHUNKS, triton_tssa.FEATURE_BLOCK = 16, 1, 4
     auto.CHECK_ON_CPU, fused.PROBE_ON_CPU = True, True  # as on a CUDA GPU
-    auto.REPEATS, auto.COMPILE_BACKEND = 1, "aot_eager"  # the graph, without a C++ build
-    auto.seconds, auto.measure_in_child = fake_seconds, fake_child
+    auto.CALLS, auto.ROUNDS, auto.COMPILE_BACKEND = 1, 1, "aot_eager"  # the graph, without a C++ build
+    auto.seconds, auto.measure_in_child, auto.decide = fake_seconds, fake_child, timed_decide
     for kind in ("forward", "backward", "step"):
         setattr(triton_tssa.TritonKernels, kind, counted(kind, getattr(triton_tssa.TritonKernels, kind)))
     torch.compile = functools.partial(torch.compile, backend="aot_eager")  # train.py's --compile=True
@@ -119,6 +139,7 @@ def main(out_path):
         return {"loss": cli.run_cli(evaluate.main, argv)["loss"]}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
+        SCRATCH.append(tmp)
         text = os.path.join(tmp, "book.txt")
         with open(text, "w") as f:
             f.write("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300)))
@@ -130,6 +151,8 @@ def main(out_path):
                 "--tssa_impl=auto"]
         flow("train", lambda: run(train.main, [*tiny, f"--out_dir={out}", "--dtype=float32", "--compile=False"]),
              results)
+        flow("train again", lambda: run(train.main, [*tiny, f"--out_dir={out}-again", "--dtype=float32",
+                                                     "--compile=False"]), results, cache=results["train"]["cache"])
         flow("train compiled bf16", lambda: run(train.main, [*tiny, f"--out_dir={out}-c", "--dtype=bfloat16",
                                                              "--compile=True"]), results)
         flow("sample", lambda: run(sample.main, [f"--out_dir={out}", "--tssa_impl=auto", "--start=the quick",

@@ -1,8 +1,9 @@
 """
 tssa_impl="auto" in the scripts' own flows (issue 37): with the Triton kernels interpreted
-(TRITON_INTERPRET=1) and kernels.auto.CHECK_ON_CPU set, the first-call check and the timing run
-where each script makes its first TSSA call, and the Triton kernels are picked: train.py (its
-first call under no_grad in estimate_loss; eager, and compiled under bfloat16 autocast),
+(TRITON_INTERPRET=1) and kernels.auto.CHECK_ON_CPU set, the check and the timing run where each
+script asks for them, and the Triton kernels are picked: train.py (at kernels.use, before its
+model is compiled: eager, and compiled under bfloat16 autocast; run again, it reads the pick
+from the cache and times nothing),
 sample.py (prefill and steps, eval mode), evaluate.py (a no_grad main; and --tssa_impl=cpu),
 lm_inspect.py, a model under inference_mode and autocast. The flows run in one background
 process (tests/auto_in_scripts.py: Triton fixes interpreter mode at import), started when the
@@ -47,8 +48,9 @@ def flows():
 
 
 FLOWS = {  # flow -> the operators its calls ask for, (operator, compiled), each in one or more shape classes
-    "train": [["causal_tssa", False]],  # estimate_loss, under no_grad, first
-    "train compiled bf16": [["causal_tssa", True]],  # inside torch.compile's trace, under autocast
+    "train": [["causal_tssa", False]],  # at kernels.use (timed_at), then estimate_loss under no_grad
+    "train again": [["causal_tssa", False]],  # the same command: read from train's cache
+    "train compiled bf16": [["causal_tssa", True]],  # at kernels.use, before torch.compile, under autocast
     "sample": [["causal_tssa", False], ["causal_tssa_step", False]],  # the start's decoding check, the prompt's
     # prefill, steps: no_grad, eval mode
     "evaluate": [["causal_tssa", False]],  # a @torch.no_grad main
@@ -71,6 +73,28 @@ def test_auto_picks_the_triton_kernels_in_the_scripts_flows(flows, name):
         assert ["step", 2, 16] in r["launched"]
     if name.startswith("train"):
         assert ["backward", 2, 16] in r["launched"]
+
+
+def test_a_second_train_run_reads_the_pick_from_the_cache_and_times_nothing(flows):
+    """The same train.py command run again (another out_dir) on the same machine: its line says
+    "cached" and names the file the first run kept; no candidate was timed, no process started.
+    (What it spends on the pick, a file read and the key's digests, is printed, not asserted.)"""
+    first, again = flows["train"], flows["train again"]
+    (kept,), (cached,) = first["said"], again["said"]
+    assert first["timed"] == 2 and ", kept in " in kept  # the Triton kernels and the reference
+    path = kept.rsplit(" kept in ", 1)[1].split("): running")[0]
+    assert path.startswith(first["cache"]) and os.path.basename(os.path.dirname(path)) == "auto"
+    assert again["timed"] == 0 and again["children"] == 0
+    assert f"(wall time of forward and backward, cached in {path}): running Triton" in cached
+    assert cached.split(": Triton ")[0] == kept.split(": Triton ")[0]  # the same shape class, device
+    print(f"the second run decided in {again['deciding_s']:.3f} s (the first: {first['deciding_s']:.3f} s)")
+
+
+def test_a_compiled_train_run_times_the_compiled_reference_in_its_own_process(flows):
+    """train.py --compile=True decides before its torch.compile: no child process; a model whose
+    first call is inside the trace (no timed_at) times it in a child."""
+    assert flows["train compiled bf16"]["children"] == 0 and flows["train compiled bf16"]["timed"] == 2
+    assert flows["a model, eager and compiled"]["children"] == 1
 
 
 def test_evaluate_runs_with_the_c_kernels_under_its_no_grad_main_in_the_scripts_flows(flows):
