@@ -10,7 +10,8 @@ as one page a student opens in a browser.
 For any train.py checkpoint with TSSA blocks (the short convolution and the hybrid included: its
 softmax blocks are listed as skipped); a softmax or linear-attention run is refused. Writes into
 <out_dir>/inspect/ (--page_dir elsewhere) as one unit: the folder is swapped whole for the new set,
-so a reader sees an earlier inspection or this one, never a mix (cli.claim_set):
+so a reader sees an earlier inspection or this one, never a mix (cli.claim_set; only the files of
+an earlier inspection are replaced, and a folder holding anything else is refused before any work):
   index.html    one self-contained page (nothing loaded from anywhere): the text, each token
                 coloured by its dominant head in the chosen layer (a switch changes layers), the
                 full Pi of a token on hover or keyboard focus, a legend; per layer what each head
@@ -494,7 +495,7 @@ def main(argv):
     cli.require(set(chosen) <= set(tssa_layers), f"layers {C.layers!r}: this model's TSSA layers are "
                                                  f"{','.join(map(str, tssa_layers))}: choose among them")
     out = C.page_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "inspect")
-    outputs = claim_outputs(out, "--page_dir=<another folder>")  # one run at a time, a place that can be written
+    outputs = claim_outputs(out, "--page_dir=<another folder>", "lm_inspect.py")  # before any work
     if C.screenshot:
         cli.claim_output(C.screenshot, "--screenshot=<another file>")
     run = ckpt["config"]

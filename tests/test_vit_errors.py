@@ -439,7 +439,7 @@ def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path
     holder = None
     if fault == "another-run":
         holder = subprocess.Popen([sys.executable, "-c", "import sys, cli; cli.run_cli(lambda: (cli.claim_set(sys.argv[1], 'x', "
-                                   "('.png', '.json')), print('held', flush=True), sys.stdin.read()))", str(out)], cwd=REPO,
+                                   "'vit_inspect.py'), print('held', flush=True), sys.stdin.read()))", str(out)], cwd=REPO,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   preexec_fn=default_signals)
         assert holder.stdout.readline() == "held\n"
@@ -460,7 +460,7 @@ def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path
             f"nothing was replaced: {out} holds its earlier files, whole") in err, err
     if fault == "interrupt":  # then: the new set, whole, without pi_02.png (once: an inspection costs a second)
         assert call("vit_inspect.py", argv + ["--n_show=1"], capsys)[0] == 0
-        assert sorted(p.name for p in out.iterdir()) == ["cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]
+        assert sorted(p.name for p in out.iterdir()) == [cli.MANIFEST, "cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]
 
 
 def test_vit_inspect_writes_a_writable_folder_whose_parent_is_read_only(vit_run, tmp_path, monkeypatch, capsys):
@@ -471,7 +471,7 @@ def test_vit_inspect_writes_a_writable_folder_whose_parent_is_read_only(vit_run,
     assert call("vit_inspect.py", argv + ["--n_show=3"], capsys)[0] == 0
     real_mkdir = os.mkdir
     monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(PermissionError(
-        13, "Permission denied", p)) if ".new" in os.path.basename(p) else real_mkdir(p, *a))  # (as root: made so)
+        13, "Permission denied", p)) if ".tmp" in os.path.basename(p) else real_mkdir(p, *a))  # (as root: made so)
     code, stdout, err = call("vit_inspect.py", argv + ["--n_show=1"], capsys)
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]
+    assert sorted(p.name for p in out.iterdir()) == [cli.MANIFEST, "cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]
