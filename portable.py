@@ -19,7 +19,7 @@ library only (benchkit/keeper.py imports it in a process that must start in mill
   lead_group(), signal_group(pid), end_own_group(leader)
                         a process and all it starts, ended as one: a POSIX process group
                         (setsid, killpg), a process tree on Windows (taskkill /T)
-  load_average()        the 1, 5 and 15 minute load of the machine, or None where the OS has none
+  load_average()        the 1, 5 and 15 minute load of the machine (NaN where the OS keeps none)
 
 Tested on Linux, and with fcntl, renameat2 and more hidden as on Windows and macOS
 (tests/foreign_os/sitecustomize.py).
@@ -28,6 +28,7 @@ Tested on Linux, and with fcntl, renameat2 and more hidden as on Windows and mac
 import ctypes
 import errno
 import functools
+import math
 import os
 import re
 import signal
@@ -178,8 +179,9 @@ def end_own_group(leader):
 
 
 def load_average():
-    """(1, 5, 15 minute load) of the machine, or None where the OS keeps none (Windows)."""
+    """(1, 5, 15 minute load) of the machine; NaNs where the OS keeps none (Windows): a figure
+    not measured, printed as nan, and refused as such by a report's reader (cli.read_json)."""
     try:
         return os.getloadavg()
     except (AttributeError, OSError):
-        return None
+        return (math.nan,) * 3
