@@ -920,31 +920,55 @@ SEED_MAX = 2**32 - 1  # seeds: numpy's legacy seeding (np.random.seed) takes 0..
 MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # threads / processes: more only thrash (or crash torch)
 
 
+ITEMS = {str: "names", int: "whole numbers", float: "numbers"}  # how parse_list's messages name the items
+
+
+def parse_list(key, text, item=str, allowed=None, pairs=False, what=None):
+    """The one rule of every list-valued setting of every script: a comma-separated list ("op,
+    decode", "1,6", "op:200,decode:100"; a repeated option's values, given as a list), as a list
+    of its items, each parsed by `item` (str, int, float, or a function that raises ValueError),
+    each one of `allowed` where given, and each given once: an item twice (the same once parsed:
+    "1,01"; with pairs, the same key of key:value items, or two without a key) is one line, as
+    an empty list or item is. pairs: items are "value" or "key:value", returned as (key or None,
+    value). `what` names the items in messages (default: ITEMS[item])."""
+    what = what or ITEMS.get(item, "values")
+    parts = [p.strip() for p in (text if isinstance(text, list) else str(text).split(","))]
+    if isinstance(text, list):  # (a repeated option's values, shown as given)
+        text = " ".join(f"{key}={value}" for value in text)
+    choose = "" if allowed is None else f" (choose from {', '.join(map(str, allowed))})"
+    require(parts and all(parts), f"{key} must be {what} separated by commas{choose}, got {text!r}")
+    values, written = [], {}  # (written: each item as given, by what it parses to)
+    for part in parts:
+        name, sep, value = part.rpartition(":") if pairs else ("", "", part)
+        try:
+            parsed = item(value.strip())
+        except (ValueError, TypeError, OverflowError):
+            raise ConfigError(f"{key} must be {what} separated by commas: {part!r} is not one, got {text!r}") from None
+        values.append((name.strip() if sep else None, parsed) if pairs else parsed)
+        written.setdefault(values[-1][0] if pairs else parsed, (name.strip() if sep else "all") if pairs else part)
+    ids = [v[0] for v in values] if pairs else values
+    twice = [written[v] for v in dict.fromkeys(v for v in ids if ids.count(v) > 1)]
+    require(not twice, f"{key} names {', '.join(twice)} more than once: name each once, got {text!r}")
+    unknown = [v for v in ids if allowed is not None and v is not None and v not in allowed]
+    if unknown:
+        raise ConfigError(f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(map(str, allowed))}")
+    return values
+
+
+def name_list(key, text, allowed=None):
+    """A comma-separated list of names ("op,decode"), each once, each one of `allowed` where given
+    (parse_list)."""
+    return parse_list(key, text, allowed=allowed)
+
+
 def seed_list(key, text):
-    """A comma-separated list of seeds ("1337,1338") as ints, each a seed cli.check would accept
-    (whole, 0..SEED_MAX) and named once: the numbers inside a text setting get the same range."""
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"{key} must be whole numbers separated by commas, got {text!r}") from None
-    require(seeds and len(set(seeds)) == len(seeds), f"{key} must name each seed once, got {text!r}")
+    """A comma-separated list of seeds ("1337,1338") as ints, each named once (parse_list) and a
+    seed cli.check would accept (whole, 0..SEED_MAX): the numbers inside a text setting get the same range."""
+    seeds = parse_list(key, text, int)
     for s in seeds:
         require(0 <= s <= SEED_MAX, f"{key}: {s} is no seed: each must be a whole number in 0..{SEED_MAX} "
                                      f"(2**32 - 1, what numpy and torch take)")
     return seeds
-
-
-def name_list(key, text, allowed=None):
-    """A comma-separated list of names ("op,decode") as a list: each once (a name twice would run
-    and record the same thing twice), not empty, and each one of `allowed` where given."""
-    values = [v.strip() for v in text.split(",")]
-    require(text.strip() and all(values), f"{key} must be names separated by commas, got {text!r}")
-    twice = sorted({v for v in values if values.count(v) > 1})
-    require(not twice, f"{key} names {', '.join(twice)} more than once: name each once, got {text!r}")
-    unknown = [v for v in values if allowed is not None and v not in allowed]
-    if unknown:
-        raise ConfigError(f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
-    return values
 
 
 def writable_place(path, option):

@@ -491,7 +491,7 @@ def main(argv):
     C.device = tk.choose_device_dtype(C.device, "float32")[0]
     model, ckpt, path = load(C, C.device)
     tssa_layers = [i + 1 for i, b in enumerate(model.blocks) if isinstance(b.attn, TSSA)]
-    chosen = list(dict.fromkeys(layer_numbers(C.layers, "1,6"))) or tssa_layers  # the page opens at the first
+    chosen = layer_numbers(C.layers, "1,6") or tssa_layers  # the page opens at the first
     cli.require(set(chosen) <= set(tssa_layers), f"layers {C.layers!r}: this model's TSSA layers are "
                                                  f"{','.join(map(str, tssa_layers))}: choose among them")
     out = C.page_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "inspect")

@@ -57,10 +57,11 @@ def parser():
 
 
 def input_files(patterns):
-    """The files --input names (globs expanded, sorted, each once) and their kind: "text",
-    "json" or "parquet". Missing files, folders and mixed kinds are refused."""
+    """The files --input names (each given once, cli.parse_list; globs expanded, sorted, a file two
+    globs match taken once) and their kind: "text", "json" or "parquet". Missing files, folders
+    and mixed kinds are refused."""
     files = []
-    for pattern in patterns:
+    for pattern in cli.parse_list("--input", patterns, what="files or globs"):
         matched = sorted(glob.glob(pattern))
         if not matched and glob.has_magic(pattern):
             raise cli.UserError(f"--input={pattern} matches no file: check the pattern")

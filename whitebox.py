@@ -19,11 +19,9 @@ from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
 
 
 def layer_numbers(text, example="1,6,12"):
-    """"1,6,12" -> [1, 6, 12] ("" -> []); anything else is one line that shows the form."""
-    try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise cli.ConfigError(f"layers must be layer numbers like '{example}', got {text!r}") from None
+    """"1,6,12" -> [1, 6, 12] ("" -> []): layer numbers, each once (cli.parse_list); anything else
+    is one line that shows the form."""
+    return cli.parse_list("layers", text, int, what=f"layer numbers (like '{example}')") if text.strip() else []
 
 
 @torch.no_grad()

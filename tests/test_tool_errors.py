@@ -440,7 +440,7 @@ SETTINGS = {  # name -> (script, arguments, environment, what the refusal says)
                                    "is not a commit"),
     "NANOTOST_COMMIT short": ("bench.py", ["--report=1"], {"NANOTOST_COMMIT": HEAD[:10]}, "is not a commit"),
     "bench.py --sections twice": ("bench.py", ["--report=1", "--sections=op,op"], {}, "more than once"),
-    "bench.py --T twice": ("bench.py", ["--T=8,8"], {}, "each length once"),
+    "bench.py --T twice": ("bench.py", ["--T=8,8"], {}, "T names 8 more than once"),
     "lra/listops_runs.py --runs twice": ("lra/listops_runs.py", ["--runs=shared_tssa,shared_tssa"], {},
                                          "runs names shared_tssa more than once"),
     "compare/pydocs.py --models twice": ("compare/pydocs.py", ["--models=tost,tost"], {}, "more than once"),
