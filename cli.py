@@ -622,7 +622,7 @@ class OutputSet:
                 swapped = self._swap()
             if swapped:
                 shutil.rmtree(self.staging, ignore_errors=True)  # the earlier set, now under the temporary name
-                release_output(self.path)  # written: the next run may begin
+                self._written()
                 return
             temps = self._copy_in(temps)  # a mount point the claim could not see: in place after all
         stale = [os.path.join(self.real, n) for n in self.owned if n not in temps]
@@ -637,7 +637,13 @@ class OutputSet:
         except OSError as e:
             self._abandon({name: (None, tmp) for name, tmp in temps.items()})
             raise UserError(f"{os_error_line(e)}; {left_behind()}") from None
+        self._written()
+
+    def _written(self):
+        """The set is written: the claim ends (the next run may begin; a claim_set of this
+        process again claims it anew)."""
         release_output(self.path)
+        _sets.pop(self.real, None)
 
     def _swap(self):
         """The folder beside takes the folder's place (True), or not where the OS says the folder

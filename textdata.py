@@ -403,14 +403,16 @@ def check_destination(data_dir, name):
 
 def earlier_preparation(folder):
     """The files of a dataset prepared before sets had manifests: its meta.json and the split
-    files it names (nothing when there is no such meta.json)."""
+    files it names (none when there is no such meta.json), and the temporary files those
+    versions wrote in it (<split>.bin.tmp, which a killed run left)."""
+    left = {f"{name}.tmp" for name in SPLIT_FILES if name.endswith(".bin")}
     try:
         with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
             splits = json.load(f)["splits"]
     except (OSError, ValueError, TypeError, KeyError):
-        return set()
-    return {"meta.json"} | {f"{split}.bin" for split in splits if f"{split}.bin" in SPLIT_FILES} \
-        if isinstance(splits, dict) else set()
+        return left
+    return left | ({"meta.json"} | {f"{split}.bin" for split in splits if f"{split}.bin" in SPLIT_FILES}
+                   if isinstance(splits, dict) else set())
 
 
 _streams = {}  # the temp copy of a pipe -> the pipe's path as given (input_copy)

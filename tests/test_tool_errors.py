@@ -555,7 +555,7 @@ def test_local_files_are_prepared_under_a_datasets_cache_that_cannot_be_written(
     monkeypatch.chdir(tmp_path)
     assert call("prepare_openwebtext.py", "--input=a.txt", "--num_proc=1")[0] == 0
     assert sorted(os.listdir(tmp_path / "data")) == ["a"]  # its temp cache went with the run
-    assert sorted(os.listdir(tmp_path / "data" / "a")) == ["meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(tmp_path / "data" / "a")) == [cli.MANIFEST, "meta.json", "train.bin", "val.bin"]
 
 
 # -----------------------------------------------------------------------------
