@@ -15,28 +15,30 @@ the preparation scripts, bench.py, lra/, recall/), so that each script reads as 
   atomic_write  a file written whole or not at all (a temp file renamed over it; errors name it),
               keeping the mode and group of the file it replaces, through a symlink to it
   write_together  files that are one unit (a JSON and its figure): all replaced, or none
-  claim_set   a tool's folder of outputs (an inspection's page), claimed before any work and
-              replaced whole by one swap of folders (OutputSet): the earlier set or the new one
+  claim_set   a tool's folder of outputs (an inspection's page, a prepared dataset), claimed
+              before any work, with every precondition of its writing known then (OutputSet:
+              one swap of folders, or in place where no swap can be made); the tool replaces
+              only what its manifest lists, never the user's files
   claim_output  one writer per output (a file or a folder) at a time, claimed before any work;
               write_json / read_json / reading: the project's own JSON written whole, and read
               back as one line naming the file and the field when it is cut short or changed
               (or, for a table or a figure, holds a NaN or infinite number)
-  name_list   a comma-separated list of names, each once
+  parse_list  every list-valued setting (names, numbers, key:value pairs): one rule, each item once
   pyplot      matplotlib for files, text drawn as given (a `$` is a dollar sign)
 
     def main(argv):
         C, given = cli.configure(cli.config_defaults(globals()), argv)
         cli.check(C, at_least_1=("max_iters",), seed=("seed",), choices={"device": ...})
 
-and, under the script's __main__ guard, cli.run_cli(main, sys.argv[1:]).
+and, under the script's __main__ guard, cli.run_cli(main, sys.argv[1:]). What differs between
+Linux, macOS and Windows (locks, swaps, signals) is portable.py's.
 """
 
 import ast
-import ctypes
 import difflib
 import errno
-import fcntl
 import getpass
+import hashlib
 import json
 import math
 import os
@@ -51,6 +53,8 @@ import time
 import traceback
 from contextlib import ExitStack, contextmanager, suppress
 from types import SimpleNamespace
+
+import portable
 
 # -----------------------------------------------------------------------------
 # one error path
@@ -154,7 +158,8 @@ def run_cli(main, *args):
     name = script_name(sys.argv[0])
     if os.environ.get("NANOTOST_DEBUG"):
         return main(*args)
-    old = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (a scheduler, kill) ends as Ctrl-C
+    old = {s: signal.signal(s, signal.default_int_handler)  # SIGTERM (a scheduler, kill) ends as Ctrl-C
+           for s in INTERRUPTS if s != signal.SIGINT}
     _on_interrupt[0] = "nothing was saved"
     _said[0] = threading.Lock()
     try:
@@ -183,13 +188,14 @@ def run_cli(main, *args):
             print(f"{name}: interrupted; {_on_interrupt[0]}", file=sys.stderr)
         sys.exit(130)
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
         while _cleanups:  # the run is over, however it ended (e.g. trainkit's out_dir lock)
             _cleanups.pop()()
 
 
 INTERRUPT_GRACE_S = 2.0  # how long a main thread has to take an interrupt before interrupts_reach_c ends the process
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPTS = portable.INTERRUPTS  # Ctrl-C, SIGTERM (and Ctrl-Break on Windows): what ends a run as an interrupt
 _watched = [False]  # whether interrupts_reach_c's helper thread reads this process's signals now
 
 
@@ -203,7 +209,8 @@ def _unwatch_in_child():
             signal.set_wakeup_fd(-1)
 
 
-os.register_at_fork(after_in_child=_unwatch_in_child)
+if hasattr(os, "register_at_fork"):  # (Windows has no fork)
+    os.register_at_fork(after_in_child=_unwatch_in_child)
 
 
 @contextmanager
@@ -277,9 +284,10 @@ def atomic_write(path, mode="wb"):
     disk and renamed over path only if the block ends normally; otherwise the temp file goes
     and path is untouched. Temp files of dead processes (kill -9) are removed first. What the
     user set on the file it replaces stays: its mode and group (where allowed), and a symlink
-    stays a symlink (the file it points to is the one replaced, its temp file beside it)."""
+    stays a symlink (the file it points to is the one replaced, its temp file beside it). Text
+    ("w") is UTF-8 on every OS (not the locale's code page)."""
     with staged(path) as (tmp, real):
-        with open(tmp, mode) as f:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             settle(f, real)
         os.replace(tmp, real)
@@ -293,8 +301,9 @@ def staged(path):
     real = os.path.realpath(path)  # (a symlink's target: the link itself is the user's)
     folder, name = os.path.split(real)
     os.makedirs(folder, exist_ok=True)
-    remove_dead_temps(folder, f".{name}.tmp")
-    tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
+    prefix = temp_name(folder, name, "tmp")
+    remove_dead_temps(folder, prefix)
+    tmp = os.path.join(folder, f"{prefix}{os.getpid()}")
     try:
         yield tmp, real
     except BaseException as e:
@@ -305,6 +314,21 @@ def staged(path):
         raise
 
 
+def temp_name(folder, name, tag):
+    """The start of the name of a temporary entry for `name` in `folder`: .<name>.<tag>, which
+    a pid completes (remove_dead_temps finds it by it). Within the longest name the folder's file
+    system takes: a name near that length is cut, a hash of the whole of it after (two long
+    names stay apart), so that a legal name never fails for its temporary one."""
+    prefix = f".{name}.{tag}"
+    room = portable.name_max(folder if os.path.isdir(folder) else os.path.dirname(folder)) - 10  # (a pid's digits)
+    if len(os.fsencode(prefix)) <= room:
+        return prefix
+    digest = hashlib.sha1(os.fsencode(name)).hexdigest()[:10]
+    while name and len(os.fsencode(f".{name}~{digest}.{tag}")) > room:
+        name = name[:-1]
+    return f".{name}~{digest}.{tag}"
+
+
 def settle(f, old):
     """An open temp file made ready to replace the file `old`: flushed, given old's mode and
     group (keep_owner_and_mode), on disk (a full disk shows here, before anything is replaced)."""
@@ -313,26 +337,32 @@ def settle(f, old):
     os.fsync(f.fileno())
 
 
-def remove_dead_temps(folder, prefix):
-    """Remove the entries of folder named <prefix><pid> whose process is dead (a kill -9 left them)."""
+def dead_temps(folder, prefix):
+    """The entries of folder named <prefix><pid> whose process is dead (a kill -9 left them)."""
     for entry in os.listdir(folder):
         head, pid = entry[:len(prefix)], entry[len(prefix):]
         if head == prefix and pid.isdigit() and not pid_alive(int(pid)):
-            full = os.path.join(folder, entry)
-            with suppress(OSError):
-                shutil.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.remove(full)
+            yield os.path.join(folder, entry)
+
+
+def remove_dead_temps(folder, prefix):
+    """Remove the entries of folder named <prefix><pid> whose process is dead (a kill -9 left them)."""
+    for full in list(dead_temps(folder, prefix)):
+        with suppress(OSError):
+            shutil.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.remove(full)
 
 
 def keep_owner_and_mode(fd, old):
     """Give the open file fd the permission bits and group of the file `old` it will replace (if
     there is one): a shared run stays readable by those it was shared with. The group only where
-    the OS allows it (a group the user belongs to)."""
+    the OS allows it (a group the user belongs to); neither on Windows, which has no such bits."""
     try:
         st = os.stat(old)
     except OSError:  # a new file: the umask's mode, as any new file
         return
-    os.fchmod(fd, stat.S_IMODE(st.st_mode))
-    with suppress(OSError):
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    with suppress(OSError, AttributeError):
         if os.fstat(fd).st_gid != st.st_gid:
             os.fchown(fd, -1, st.st_gid)
 
@@ -406,24 +436,24 @@ def json_number(value, field, positive=False):
 
 
 _claimed = {}  # absolute output path -> (its lock file or None for a folder, the locked descriptor, folders made)
+FOLDER_LOCK = ".lock"  # the lock file inside a claimed folder, where the OS cannot lock a folder itself (Windows)
 
 
 def claim_output(path, elsewhere, folder=False):
     """Claim the output `path` (a file, or a folder with folder=True) for this process until
     run_cli ends: a second writer, in another process, is refused in one line naming
-    `elsewhere` (how to write elsewhere, e.g. "--out=<new file>"), before any work. flock, so
-    the OS frees it when the process ends, however it ends. A folder is locked itself; a file
-    through .<name>.lock beside it (atomic_write replaces the file, so its own inode cannot
-    hold a lock). Creating the lock is also the check that the place can be written; the
-    folders it creates for it go again at the release if the run left them empty."""
+    `elsewhere` (how to write elsewhere, e.g. "--out=<new file>"), before any work. A lock the
+    OS frees when the process ends, however it ends (portable.lock). A folder is locked itself
+    (or, where the OS cannot lock a folder, through .lock in it); a file through .<name>.lock
+    beside it (atomic_write replaces the file, so its own inode cannot hold a lock). Creating
+    the lock is also the check that the place can be written; the folders it creates for it go
+    again at the release if the run left them empty."""
     key = os.path.abspath(path)
     if key in _claimed:  # this process holds it already
         return
-    for _ in range(10):  # (a lock file removed by its last holder between our open and flock: again)
+    for _ in range(10):  # (a lock file removed by its last holder between our open and lock: again)
         fd, lock, made = _open_lock(path, folder)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not portable.lock(fd):
             os.close(fd)
             _remove_empty(made)
             raise UserError(f"{path} is in use by another run: wait for it to end, or write this run elsewhere "
@@ -436,7 +466,7 @@ def claim_output(path, elsewhere, folder=False):
 
 
 def _open_lock(path, folder):
-    """(a descriptor to flock, the lock file or None, the folders created) for claim_output; an
+    """(a descriptor to lock, the lock file or None, the folders created) for claim_output; an
     error names `path`."""
     real = os.path.realpath(path)  # a file through a symlink: locked beside the file it points to
     target = path if folder else os.path.dirname(real)  # (an out_dir as given: errors name it so)
@@ -444,12 +474,15 @@ def _open_lock(path, folder):
     while up and not os.path.lexists(up):
         made.append(up)
         up = os.path.dirname(up)
-    lock = None if folder else os.path.join(target, f".{os.path.basename(real)}.lock")
+    if folder:
+        lock = None if portable.LOCKS_FOLDERS else os.path.join(path, FOLDER_LOCK)
+    else:
+        lock = os.path.join(target, temp_name(up or ".", os.path.basename(real), "lock"))
     try:
         os.makedirs(target, exist_ok=True)
-        if folder:
+        if lock is None:
             return os.open(path, os.O_RDONLY), None, []  # (the run's own folder: kept)
-        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644), lock, made
+        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644), lock, [] if folder else made
     except OSError as e:
         _remove_empty(made)
         if e.filename is not None and e.filename != lock:  # a folder on the way: named as it is
@@ -462,10 +495,15 @@ def release_output(path):
     lock, fd, made = _claimed.pop(os.path.abspath(path), (None, None, []))
     if fd is None:
         return
-    if lock:
+    removed = False
+    if lock:  # before the unlock: a waiting process then sees a new file, and checks that
         with suppress(OSError):
-            os.remove(lock)  # before the unlock: a waiting process then sees a new file, and checks that
+            os.remove(lock)
+            removed = True
     os.close(fd)
+    if lock and not removed:  # (Windows removes no open file: after the close, then)
+        with suppress(OSError):
+            os.remove(lock)
     _remove_empty(made)
 
 
@@ -476,200 +514,333 @@ def _remove_empty(folders):
             os.rmdir(folder)
 
 
-class OutputSet:
-    """A folder of outputs replaced as one unit (lm_inspect.py's page, vit_inspect.py's pictures):
-    a reader of the folder sees the earlier set whole or the new set whole, never a mix. Made by
-    claim_set before any work; replace(files) at the end writes the new set into a folder beside
-    it (.<name>.new<pid>) and swaps the two folders in one step, so files of the earlier set that
-    the new one lacks go with it. An error or an interrupt before the swap leaves the earlier set
-    as it was, and says so; the swap itself is not interrupted (signals wait until it is done).
-    A folder whose parent cannot be written (no folder can be made beside it) is replaced in
-    place (in_place): every new file on disk first, then the renames and the removal of the
-    earlier set's other files in a row that signals wait for; a fault before leaves the earlier
-    set whole, but a reader during those milliseconds may see a mix."""
+MANIFEST = ".manifest.json"  # what an OutputSet wrote: {"tool": who, "files": [names]}, in the folder with them
 
-    def __init__(self, path, real):
-        self.path, self.real, self.in_place = path, real, False
+
+class OutputSet:
+    """A folder of outputs replaced as one unit (lm_inspect.py's page, vit_inspect.py's pictures,
+    a prepared dataset): a reader sees the earlier set whole or the new set whole, never a mix.
+    Made by claim_set before any work, which knows then how the new set will go in:
+
+      a swap (the usual way): the new set is written into a folder beside it (.<name>.tmp<pid>),
+        which takes its place in one step (swap_folders), the earlier set going with it; the
+        claim's lock is beside the folder, so the swap carries nothing across;
+      in place (in_place), where no folder can be made beside it or swapped with it (a parent
+        that cannot be written, a read-only mount around a writable one, a mount point): each
+        new file written beside its old one, then all renamed in a row, the earlier set's other
+        files removed with them; a reader during those milliseconds may see a mix.
+
+    Either way the set's manifest (MANIFEST: who wrote it, its files) goes with it: the next
+    claim replaces only what it lists. An error or an interrupt before the last step leaves the
+    earlier set as it was, and says so; that step is not cut by an interrupt (signals wait)."""
+
+    def __init__(self, path, real, tool, owned, in_place, manifest=True):
+        self.path, self.real, self.tool, self.owned, self.in_place = path, real, tool, owned, in_place
+        self.manifest = manifest  # False: the set names itself (a JSON of its own files that the claim reads)
         parent, name = os.path.split(real)
-        self.staging = os.path.join(parent, f".{name}.new{os.getpid()}")
+        self.staging, self.aside = (os.path.join(parent, temp_name(parent, name, tag) + str(os.getpid()))
+                                    for tag in ("tmp", "old"))
 
     def replace(self, files):
-        """files ({name: bytes or str}) become the whole folder; each keeps the mode of the file
-        of the same name it replaces. Returns whether there was an earlier set."""
-        earlier = any(n != SET_LOCK for n in os.listdir(self.real))
-        if self.in_place:
-            return self._replace_in_place(files, earlier)
-        try:
-            os.mkdir(self.staging)
+        """files ({name: bytes, or str written as UTF-8}) become the whole folder; each keeps the
+        mode of the file of the same name it replaces. Returns whether there was an earlier set."""
+        with self.writing() as create:
             for name, data in files.items():
-                self._write(name, data)
-            os.link(os.path.join(self.real, SET_LOCK), os.path.join(self.staging, SET_LOCK))  # the claim goes along
-            shutil.copymode(self.real, self.staging)
-            fd = os.open(self.staging, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+                create(name).write(data.encode("utf-8") if isinstance(data, str) else data)
+        return bool(self.owned)
+
+    @contextmanager
+    def writing(self):
+        """with outputs.writing() as create: create(name) gives an open binary file of the new set
+        for the block to write (a dataset's tokens, streamed). When the block ends normally the
+        new set (those files, each on disk, and its manifest) replaces the earlier whole; an error
+        or an interrupt before leaves the earlier set as it was, an OSError as one line naming
+        the file meant."""
+        opened = {}  # name -> (its open file, its temporary path)
+
+        def create(name):
+            assert name == os.path.basename(name) and name not in ("", ".", "..", MANIFEST, FOLDER_LOCK) \
+                and name not in opened, f"{name!r} is no new file name of the set"  # (a bug of the tool)
+            opened[name] = self._open(name)
+            return opened[name][0]
+        try:
+            if not self.in_place:
+                os.mkdir(self.staging)
+            yield create
+            if self.manifest:
+                files = sorted(opened)
+                opened[MANIFEST] = self._open(MANIFEST)
+                opened[MANIFEST][0].write((json.dumps({"tool": self.tool, "files": files}, indent=1) + "\n").encode())
+            for name, (f, tmp) in opened.items():
+                try:
+                    settle(f, os.path.join(self.real, name))
+                    f.close()
+                except OSError as e:  # (a write's error names no file: this one)
+                    raise OSError(e.errno, e.strerror or str(e), e.filename or tmp) from e
+            if not self.in_place:
+                if os.path.isdir(self.real):
+                    shutil.copymode(self.real, self.staging)
+                portable.sync_folder(self.staging)
         except BaseException as e:
+            self._abandon(opened)
+            if isinstance(e, OSError):
+                raise UserError(f"{os_error_line(self._meant(e, opened))}; {left_behind()}") from None
+            raise
+        self._commit({name: tmp for name, (_, tmp) in opened.items()})
+
+    def _open(self, name):
+        """(an open binary file, its path): in the folder beside this one, or in place beside the
+        file it will replace (.<name>.tmp<pid>)."""
+        if self.in_place:
+            tmp = os.path.join(self.real, temp_name(self.real, name, "tmp") + str(os.getpid()))
+        else:
+            tmp = os.path.join(self.staging, name)
+        return open(tmp, "wb"), tmp
+
+    def _abandon(self, opened):
+        """The new set's files ({name: (open file or None, path)}), closed and removed: nothing
+        of it is left."""
+        for f, tmp in opened.values():
+            if f is not None:
+                f.close()
+            if self.in_place:
+                with suppress(OSError):
+                    os.remove(tmp)
+        if not self.in_place:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def _meant(self, e, opened):
+        """The OSError e, naming the output meant instead of its temporary path."""
+        meant = {tmp: os.path.join(self.path, name) for name, (_, tmp) in opened.items()}
+        name = meant.get(e.filename, e.filename)
+        if not name or str(name).startswith(self.staging):
+            name = self.path
+        return OSError(e.errno, e.strerror or str(e), name)
+
+    def _commit(self, temps):
+        """The new set ({name: its temporary path}, all on disk) takes the earlier one's place."""
+        if not self.in_place:
+            with signals_held():  # (an interrupt now is delivered once all is done)
+                swapped = self._swap()
+            if swapped:
+                shutil.rmtree(self.staging, ignore_errors=True)  # the earlier set, now under the temporary name
+                self._written()
+                return
+            temps = self._copy_in(temps)  # a mount point the claim could not see: in place after all
+        stale = [os.path.join(self.real, n) for n in self.owned if n not in temps]
+        try:
+            with signals_held():
+                for name, tmp in temps.items():
+                    os.replace(tmp, os.path.join(self.real, name))
+                for path in stale:
+                    with suppress(FileNotFoundError):
+                        os.remove(path)
+                on_interrupt(f"{self.path} holds the new set, whole")
+        except OSError as e:
+            self._abandon({name: (None, tmp) for name, tmp in temps.items()})
+            raise UserError(f"{os_error_line(e)}; {left_behind()}") from None
+        self._written()
+
+    def _written(self):
+        """The set is written: the claim ends (the next run may begin; a claim_set of this
+        process again claims it anew)."""
+        release_output(self.path)
+        _sets.pop(self.real, None)
+
+    def _swap(self):
+        """The folder beside takes the folder's place (True), or not where the OS says the folder
+        cannot be moved (False: a mount point os.path.ismount cannot see, e.g. a bind mount)."""
+        try:
+            self._unchanged()
+            if os.path.isdir(self.real):
+                swap_folders(self.staging, self.real, self.aside)
+            else:
+                os.rename(self.staging, self.real)
+        except OSError as e:
+            if e.errno in (errno.EXDEV, errno.EBUSY):
+                return False
+            shutil.rmtree(self.staging, ignore_errors=True)
+            raise UserError(f"{os_error_line(OSError(e.errno, e.strerror, self.path))}; {left_behind()}") from None
+        except UserError:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            raise
+        on_interrupt(f"{self.path} holds the new set, whole")
+        return True
+
+    def _unchanged(self):
+        """Refuse to swap away a file the user put in the folder while this run worked."""
+        new = sorted(set(os.listdir(self.real)) - set(self.owned) - {FOLDER_LOCK}) if os.path.isdir(self.real) else []
+        if new:
+            raise UserError(f"{self.path} now holds files {self.tool} did not write ({', '.join(new[:3])}), put "
+                            f"there while this run worked: nothing was replaced; move them, and run again")
+
+    def _copy_in(self, temps):
+        """The new set's files, copied from the folder beside into temporary files in the folder
+        (each on disk): {name: its temporary path there}. The folder beside goes."""
+        self.in_place, copies = True, {}
+        try:
+            for name, tmp in temps.items():
+                f, copy = self._open(name)
+                copies[name] = (f, copy)
+                with open(tmp, "rb") as source:
+                    shutil.copyfileobj(source, f, 1 << 20)
+                settle(f, os.path.join(self.real, name))
+                f.close()
+        except BaseException as e:
+            self._abandon(copies)
             shutil.rmtree(self.staging, ignore_errors=True)
             if isinstance(e, OSError):
-                named = os.path.join(self.path, os.path.relpath(e.filename, self.staging)) if e.filename else self.path
-                e = OSError(e.errno, e.strerror or str(e), named)
-                raise UserError(f"{os_error_line(e)}; {left_behind()}") from None
+                raise UserError(f"{os_error_line(self._meant(e, copies))}; {left_behind()}") from None
             raise
-        with signals_held():  # (an interrupt now is delivered once all is done)
-            try:
-                swap_folders(self.staging, self.real)
-            except OSError as e:
-                if e.errno != errno.EXDEV:
-                    raise
-                shutil.rmtree(self.staging, ignore_errors=True)  # the folder is a mount point: in place, then
-                self.in_place = True
-                return self.replace(files)
-            on_interrupt(f"{self.path} holds the new set, whole")
-            shutil.rmtree(self.staging, ignore_errors=True)  # the earlier set, now under the temporary name
-            _release_set(self.real)  # written: the next run may begin
-        return earlier
-
-    def _replace_in_place(self, files, earlier):
-        stale = [os.path.join(self.real, n) for n in os.listdir(self.real) if n != SET_LOCK and n not in files]
-
-        def finish():  # (with the renames, while signals wait)
-            for path in stale:
-                os.remove(path)
-            on_interrupt(f"{self.path} holds the new set, whole")
-            _release_set(self.real)
-        try:
-            write_together({os.path.join(self.real, n): data for n, data in files.items()}, then=finish)
-        except OSError as e:
-            raise UserError(f"{os_error_line(e)}; {left_behind()}") from None
-        return earlier
-
-    def _write(self, name, data):
-        path = os.path.join(self.staging, name)
-        try:
-            with open(path, "w" if isinstance(data, str) else "wb") as f:
-                f.write(data)
-                settle(f, os.path.join(self.real, name))
-        except OSError as e:  # (a write's error names no file: this one)
-            raise OSError(e.errno, e.strerror or str(e), e.filename or path) from e
+        shutil.rmtree(self.staging, ignore_errors=True)
+        return {name: copy for name, (_, copy) in copies.items()}
 
 
-SET_LOCK = ".lock"  # the file an OutputSet's claim flocks, inside the folder, carried by every swap
+_sets = {}  # folder claimed by claim_set -> its OutputSet
 
 
-def claim_set(path, elsewhere, kinds):
-    """Claim the folder `path` for a set of outputs (OutputSet) before any work: one writer at a
-    time (a flock on <path>/.lock, freed when the process ends), a folder this tool may replace
-    (new, empty, or holding only files ending in `kinds`, e.g. (".png", ".json"): an earlier set;
-    never a folder of the user's other files) and a place that can be written (the folder, where
-    the lock goes; its parent for the one-step swap, else OutputSet.in_place; checked by making
-    them). A symlink to the folder stays a symlink:
-    the folder it points to is the one replaced. Each refusal is one line naming `elsewhere`."""
+def claim_set(path, elsewhere, tool, legacy=(), manifest=True):
+    """Claim the folder `path` for a set of outputs of `tool` (its name in messages and in the
+    set's manifest: "lm_inspect.py") before any work, every precondition of the writing known
+    then (OutputSet): one writer at a time (claim_output: a lock beside the folder, or in it
+    where no swap can be made), a place that can be written, and which way the new set goes in
+    (a swap, or in place: a mount point, a parent that cannot be written). The folder may be
+    new, empty, or hold an earlier set of this tool: the files its manifest lists, or, for a set
+    written before manifests, those legacy names (names, or a function of the folder that
+    returns them: those a tool's own JSON lists). manifest=False writes no manifest, for a set
+    that must hold its own files alone (export.py's folder for the Hub): its legacy function
+    always knows it. Anything else in it is the user's: refused in one line naming `elsewhere`,
+    and never deleted. What killed runs left (temporary files and
+    folders of dead processes) is undone first. A symlink to the folder stays a symlink: the
+    folder it points to is the one replaced."""
     real = os.path.realpath(path)
     if os.path.exists(real) and not os.path.isdir(real):
         raise UserError(f"{path} is a file, not a folder: write elsewhere with {elsewhere}")
-    made, up = [], real
-    while up and not os.path.lexists(up):
-        made.append(up)
-        up = os.path.dirname(up)
     if real in _sets:  # this process holds it already (a script's main called again)
-        return OutputSet(path, real)
-    for _ in range(10):  # (a lock removed by its last holder between our open and flock: again)
-        fd = _locked_set(path, real, made, elsewhere)
-        with suppress(OSError):
-            if os.stat(os.path.join(real, SET_LOCK)).st_ino == os.fstat(fd).st_ino:
-                break
-        os.close(fd)
-    _sets[real] = fd, made
-    at_end(lambda: _release_set(real))
+        return _sets[real]
+    in_place = _cannot_swap(real)
+    claim_output(path, elsewhere, folder=in_place)
     try:
-        out = _settable(path, real, kinds, elsewhere)
+        _undo_killed(real)
+        if in_place:
+            _check_writable(path, real)
+        owned = _owned(path, real, tool, legacy(real) if callable(legacy) else legacy, elsewhere)
     except BaseException:
-        _release_set(real)  # refused: the folder as it was (no lock file left in it)
+        release_output(path)  # refused: the folder as it was
         raise
-    if any(n != SET_LOCK for n in os.listdir(real)):
+    _sets[real] = OutputSet(path, real, tool, owned, in_place, manifest)
+    at_end(lambda: _sets.pop(real, None))
+    if owned:
         on_interrupt(f"nothing was replaced: {path} holds its earlier files, whole")
-    return out
+    return _sets[real]
 
 
-def _settable(path, real, kinds, elsewhere):
-    """The OutputSet of the claimed folder `real` (in place where its parent, where the new set
-    is made and swapped in, cannot be written), or one line: it holds what this tool did not write."""
-    for entry in os.listdir(real):  # what a killed run wrote in place left behind (temp files of dead processes)
-        head, sep, pid = entry.rpartition(".tmp")
-        if sep and head.startswith(".") and pid.isdigit() and not pid_alive(int(pid)):
-            with suppress(OSError):
-                os.remove(os.path.join(real, entry))
-    others = sorted(n for n in os.listdir(real) if n != SET_LOCK and (
-        os.path.isdir(os.path.join(real, n)) or not n.endswith(tuple(kinds))))
+def _cannot_swap(real):
+    """Whether no new set can be made beside the folder `real` and swapped with it: the folder
+    is a mount point (portable.is_mount_point), or no folder can be made in its parent
+    (permissions, a read-only mount around a writable one; found by making one). A folder not
+    made yet is made by the swap."""
+    if not os.path.isdir(real):
+        return False
+    if portable.is_mount_point(real):
+        return True
+    parent, name = os.path.split(real)
+    probe = os.path.join(parent, temp_name(parent, name, "tmp") + str(os.getpid()))
+    try:
+        os.mkdir(probe)
+    except FileExistsError:  # (this process's own, from a call that failed)
+        return False
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return True
+        raise
+    os.rmdir(probe)
+    return False
+
+
+def _check_writable(path, real):
+    """Refuse, in one line naming `path`, a folder whose files cannot be written (found by
+    writing the manifest's temporary file, which the set then writes for real)."""
+    probe = os.path.join(real, temp_name(real, MANIFEST, "tmp") + str(os.getpid()))
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o644))
+        os.remove(probe)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from None
+
+
+def _undo_killed(real):
+    """Undo what killed runs left (kill -9, a power cut): a new set's folder beside the folder
+    goes; an earlier set a swap by two renames had set aside (.<name>.old<pid>) comes back if
+    the new one had not taken its place, and goes if it had; temporary files in the folder go."""
+    parent, name = os.path.split(real)
+    with suppress(OSError):  # (a parent that cannot be listed: nothing of ours to clean there)
+        remove_dead_temps(parent, temp_name(parent, name, "tmp"))
+        for aside in list(dead_temps(parent, temp_name(parent, name, "old"))):
+            if os.path.lexists(real):
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.rename(aside, real)
+    if os.path.isdir(real):
+        for entry in os.listdir(real):
+            head, sep, pid = entry.rpartition(".tmp")
+            if sep and head.startswith(".") and pid.isdigit() and not pid_alive(int(pid)):
+                with suppress(OSError):
+                    os.remove(os.path.join(real, entry))
+
+
+def _owned(path, real, tool, legacy, elsewhere):
+    """The names in the folder that are this tool's earlier set, or one line refusing a folder
+    that holds anything else (claim_set)."""
+    if not os.path.isdir(real):
+        return set()
+    entries = set(os.listdir(real)) - {FOLDER_LOCK}
+    manifest = _manifest(real)
+    if manifest and manifest["tool"] != tool:
+        raise UserError(f"{path} holds the outputs of {manifest['tool']}, which {tool} does not replace: write "
+                        f"elsewhere with {elsewhere}")
+    listed = set(manifest["files"]) | {MANIFEST} if manifest else set(legacy)
+    owned = {n for n in entries & listed if os.path.isfile(os.path.join(real, n))}
+    others = sorted(entries - owned)
     if others:
-        raise UserError(f"{path} holds files this tool did not write ({', '.join(others[:3])}"
+        raise UserError(f"{path} holds files {tool} did not write ({', '.join(others[:3])}"
                         f"{', ...' if len(others) > 3 else ''}), and its outputs replace the whole folder: "
                         f"give a new or empty folder with {elsewhere}")
-    out = OutputSet(path, real)
-    parent = os.path.dirname(real)
-    with suppress(OSError):  # (a parent that cannot be listed: nothing of ours to clean there)
-        remove_dead_temps(parent, f".{os.path.basename(real)}.new")
+    return owned
+
+
+def _manifest(real):
+    """The folder's manifest ({"tool", "files"}), or None: none, or one this code did not write."""
     try:
-        os.mkdir(out.staging)
-        os.rmdir(out.staging)
-    except OSError:  # a parent that cannot be written (permissions, a read-only mount around a writable one)
-        out.in_place = True  # (the folder itself can be: its lock is in it)
-    return out
+        with open(os.path.join(real, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+        tool, files = manifest["tool"], manifest["files"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(tool, str) or not isinstance(files, list) or not all(isinstance(n, str) for n in files):
+        return None
+    return manifest
 
 
-def _locked_set(path, real, made, elsewhere):
-    """A descriptor of <real>/.lock, flocked by this process; one line if another holds it."""
-    try:
-        os.makedirs(real, exist_ok=True)
-        fd = os.open(os.path.join(real, SET_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        _remove_empty(made)
-        raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise UserError(f"{path} is in use by another run: wait for it to end, or write elsewhere with "
-                        f"{elsewhere}") from None
-    return fd
-
-
-_sets = {}  # folder claimed by claim_set -> (the flocked descriptor, the folders the claim made)
-
-
-def _release_set(real):
-    """Give up a claim_set (once written, or when the script ends): the lock file goes (before the
-    unlock: a process that opened it first then finds it gone, and tries again), then the
-    folders the claim made if nothing was written."""
-    if real not in _sets:
+def swap_folders(a, b, aside=None):
+    """Exchange folders a and b: in one step where the OS can (portable.exchange: Linux's
+    renameat2); elsewhere two renames through `aside` (b set aside, a in its place, then aside
+    to a): between them b is absent for a moment, never a mix of two sets, and a run killed
+    there leaves aside, which the next claim_set puts back."""
+    if portable.exchange(a, b):
         return
-    fd, made = _sets.pop(real)
-    with suppress(OSError):
-        os.remove(os.path.join(real, SET_LOCK))
-    os.close(fd)
-    _remove_empty([real] + made)
-
-
-def swap_folders(a, b):
-    """Exchange folders a and b in one step where the OS can (Linux renameat2 RENAME_EXCHANGE);
-    elsewhere two renames (between them b is absent for a moment, never a mix of two sets)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    exchange = getattr(libc, "renameat2", None)
-    if exchange is not None:
-        AT_FDCWD, RENAME_EXCHANGE = -100, 2
-        if exchange(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
-            return
-        if ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):  # not a file system that cannot exchange
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), b)
-    aside = f"{a}.old"
+    aside = aside or f"{a}.old"
     os.rename(b, aside)
-    os.rename(a, b)
+    try:
+        os.rename(a, b)
+    except BaseException:
+        os.rename(aside, b)
+        raise
     os.rename(aside, a)
 
 
 class HeldSignals:
-    """Ctrl-C and SIGTERM held back from hold() to release(), then delivered to the handlers the
+    """Ctrl-C and SIGTERM (INTERRUPTS) held back from hold() to release(), then delivered to the handlers the
     script had: a step that must not be cut in two (a swap, the renames of files replaced
     together). Python-level handlers, swapped for ones that only note the signal (a thread's
     signal mask would not do: the OS may hand the signal to another thread, e.g. torch's)."""
@@ -679,7 +850,7 @@ class HeldSignals:
 
     def hold(self):
         if threading.current_thread() is threading.main_thread():  # (handlers belong to the main thread)
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in INTERRUPTS:
                 self.old[sig] = signal.signal(sig, lambda number, frame: self.pending.append(number))
 
     def release(self):
@@ -705,14 +876,14 @@ def write_together(files, then=None):
     """files ({path: bytes or str}) that are one unit but not one folder (a JSON and the figure
     drawn from it, documents and their figure): every file written whole to its temp file and
     on disk first, then all renamed in a row that Ctrl-C and SIGTERM wait for. An error before
-    the renames (a full disk, an interrupt) leaves every file as it was. then(): more to do in
-    the same row (OutputSet: the earlier set's other files removed)."""
+    the renames (a full disk, an interrupt) leaves every file as it was. Text is written as
+    UTF-8. then(): more to do in the same row."""
     with ExitStack() as stack:
         ready = []
         for path, data in files.items():
             tmp, real = stack.enter_context(staged(path))
-            with open(tmp, "w" if isinstance(data, str) else "wb") as f:
-                f.write(data)
+            with open(tmp, "wb") as f:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
                 settle(f, real)
             ready.append((tmp, real))
         with signals_held():
@@ -735,14 +906,8 @@ def pyplot():
 
 
 def pid_alive(pid):
-    """Whether process `pid` is alive (signal 0 sends nothing: it only asks)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
+    """Whether process `pid` is alive (portable.pid_alive)."""
+    return portable.pid_alive(pid)
 
 
 def require(condition, message):
@@ -765,31 +930,55 @@ SEED_MAX = 2**32 - 1  # seeds: numpy's legacy seeding (np.random.seed) takes 0..
 MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # threads / processes: more only thrash (or crash torch)
 
 
+ITEMS = {str: "names", int: "whole numbers", float: "numbers"}  # how parse_list's messages name the items
+
+
+def parse_list(key, text, item=str, allowed=None, pairs=False, what=None):
+    """The one rule of every list-valued setting of every script: a comma-separated list ("op,
+    decode", "1,6", "op:200,decode:100"; a repeated option's values, given as a list), as a list
+    of its items, each parsed by `item` (str, int, float, or a function that raises ValueError),
+    each one of `allowed` where given, and each given once: an item twice (the same once parsed:
+    "1,01"; with pairs, the same key of key:value items, or two without a key) is one line, as
+    an empty list or item is. pairs: items are "value" or "key:value", returned as (key or None,
+    value). `what` names the items in messages (default: ITEMS[item])."""
+    what = what or ITEMS.get(item, "values")
+    parts = [p.strip() for p in (text if isinstance(text, list) else str(text).split(","))]
+    if isinstance(text, list):  # (a repeated option's values, shown as given)
+        text = " ".join(f"{key}={value}" for value in text)
+    choose = "" if allowed is None else f" (choose from {', '.join(map(str, allowed))})"
+    require(parts and all(parts), f"{key} must be {what} separated by commas{choose}, got {text!r}")
+    values, written = [], {}  # (written: each item as given, by what it parses to)
+    for part in parts:
+        name, sep, value = part.rpartition(":") if pairs else ("", "", part)
+        try:
+            parsed = item(value.strip())
+        except (ValueError, TypeError, OverflowError):
+            raise ConfigError(f"{key} must be {what} separated by commas: {part!r} is not one, got {text!r}") from None
+        values.append((name.strip() if sep else None, parsed) if pairs else parsed)
+        written.setdefault(values[-1][0] if pairs else parsed, (name.strip() if sep else "all") if pairs else part)
+    ids = [v[0] for v in values] if pairs else values
+    twice = [written[v] for v in dict.fromkeys(v for v in ids if ids.count(v) > 1)]
+    require(not twice, f"{key} names {', '.join(twice)} more than once: name each once, got {text!r}")
+    unknown = [v for v in ids if allowed is not None and v is not None and v not in allowed]
+    if unknown:
+        raise ConfigError(f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(map(str, allowed))}")
+    return values
+
+
+def name_list(key, text, allowed=None):
+    """A comma-separated list of names ("op,decode"), each once, each one of `allowed` where given
+    (parse_list)."""
+    return parse_list(key, text, allowed=allowed)
+
+
 def seed_list(key, text):
-    """A comma-separated list of seeds ("1337,1338") as ints, each a seed cli.check would accept
-    (whole, 0..SEED_MAX) and named once: the numbers inside a text setting get the same range."""
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"{key} must be whole numbers separated by commas, got {text!r}") from None
-    require(seeds and len(set(seeds)) == len(seeds), f"{key} must name each seed once, got {text!r}")
+    """A comma-separated list of seeds ("1337,1338") as ints, each named once (parse_list) and a
+    seed cli.check would accept (whole, 0..SEED_MAX): the numbers inside a text setting get the same range."""
+    seeds = parse_list(key, text, int)
     for s in seeds:
         require(0 <= s <= SEED_MAX, f"{key}: {s} is no seed: each must be a whole number in 0..{SEED_MAX} "
                                      f"(2**32 - 1, what numpy and torch take)")
     return seeds
-
-
-def name_list(key, text, allowed=None):
-    """A comma-separated list of names ("op,decode") as a list: each once (a name twice would run
-    and record the same thing twice), not empty, and each one of `allowed` where given."""
-    values = [v.strip() for v in text.split(",")]
-    require(text.strip() and all(values), f"{key} must be names separated by commas, got {text!r}")
-    twice = sorted({v for v in values if values.count(v) > 1})
-    require(not twice, f"{key} names {', '.join(twice)} more than once: name each once, got {text!r}")
-    unknown = [v for v in values if allowed is not None and v not in allowed]
-    if unknown:
-        raise ConfigError(f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}")
-    return values
 
 
 def writable_place(path, option):

@@ -34,7 +34,9 @@ def main(argv):
     C, _ = cli.configure(cli.config_defaults(globals()), argv)
     cli.check(C, choices={"dtype": hub.DTYPES})
     cli.require(C.out_dir and C.to, "give the run and the folder to write: --out_dir=<run> --to=<folder>")
-    outputs = cli.claim_set(C.to, "--to=<another folder>", tuple(hub.FILES))  # before any work: one writer, ours only
+    # before any work: one writer, and only an earlier export replaced (known by its config.json: no manifest beside
+    # the three files, which go to the Hub as they are)
+    outputs = cli.claim_set(C.to, "--to=<another folder>", "export.py", legacy=hub.exported_files, manifest=False)
 
     # the run's model and checkpoint, read as every reader reads them
     kind = hub.checkpoint_kind(C.out_dir)

@@ -53,6 +53,17 @@ HOW = "python export.py --out_dir=<run> --to=<folder>"  # how a model's folder i
 # writing a folder (export.py)
 
 
+def exported_files(folder):
+    """The files of an earlier export in `folder` (FILES, known by its config.json: a nanoToST
+    model's), or none: what export.py may replace there (cli.claim_set)."""
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            own = json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        own = False
+    return FILES if own else ()
+
+
 def checkpoint_kind(path):
     """The kind a checkpoint says it is ("language", "vit", "lra"), read without its tensors
     (memory-mapped); "language" where it cannot say (the loader then names what is wrong)."""

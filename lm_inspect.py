@@ -12,7 +12,8 @@ For any train.py checkpoint with TSSA blocks (the short convolution and the hybr
 softmax blocks are listed as skipped); a softmax or linear-attention run is refused. Writes into
 <out_dir>/inspect/ (with --init_from: <folder>-inspect beside the model's folder, or <name>-inspect
 here for a Hub id; --page_dir elsewhere) as one unit: the folder is swapped whole for the new set,
-so a reader sees an earlier inspection or this one, never a mix (cli.claim_set):
+so a reader sees an earlier inspection or this one, never a mix (cli.claim_set; only the files of
+an earlier inspection are replaced, and a folder holding anything else is refused before any work):
   index.html    one self-contained page (nothing loaded from anywhere): the text, each token
                 coloured by its dominant head in the chosen layer (a switch changes layers), the
                 full Pi of a token on hover or keyboard focus, a legend; per layer what each head
@@ -493,12 +494,12 @@ def main(argv):
     C.device = tk.choose_device_dtype(C.device, "float32")[0]
     model, ckpt, path = load(C, C.device, given)
     tssa_layers = [i + 1 for i, b in enumerate(model.blocks) if isinstance(b.attn, TSSA)]
-    chosen = list(dict.fromkeys(layer_numbers(C.layers, "1,6"))) or tssa_layers  # the page opens at the first
+    chosen = layer_numbers(C.layers, "1,6") or tssa_layers  # the page opens at the first
     cli.require(set(chosen) <= set(tssa_layers), f"layers {C.layers!r}: this model's TSSA layers are "
                                                  f"{','.join(map(str, tssa_layers))}: choose among them")
     out = C.page_dir or (hub.beside(C.init_from, "inspect") if C.init_from else
                          os.path.join(os.path.dirname(os.path.abspath(path)), "inspect"))
-    outputs = claim_outputs(out, "--page_dir=<another folder>")  # one run at a time, a place that can be written
+    outputs = claim_outputs(out, "--page_dir=<another folder>", "lm_inspect.py")  # before any work
     if C.screenshot:
         cli.claim_output(C.screenshot, "--screenshot=<another file>")
     run = ckpt["config"]

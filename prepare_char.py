@@ -70,7 +70,8 @@ def parser():
 
 
 def check_settings(args):
-    """Every option, checked before any work (a refusal writes nothing). Returns (out_dir, source)."""
+    """Every option, checked before any work (a refusal writes nothing). Returns (the claimed
+    dataset folder, source)."""
     cli.require(0 < args.val_fraction < 1, f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
     cli.check(args, fraction=("val_fraction",), dashes=True)  # (cli.check: every number has a range)
     cli.require(args.input != "", "--input must name a text file (leave it out for the embedded corpus)")
@@ -80,13 +81,13 @@ def check_settings(args):
         args.name = os.path.splitext(os.path.basename(args.input))[0] + "_char" if args.input else "pydocs_char"
     if args.input and not td.is_pipe(args.input):
         td.check_text_file(args.input)
-    out_dir = td.check_destination(args.data_dir, args.name)  # (claimed: one writer at a time)
+    outputs = td.check_destination(args.data_dir, args.name)  # (claimed: one writer at a time)
     if args.input and td.is_pipe(args.input):
         args.input = td.input_copy(args.input)  # a pipe (<(zcat book.gz)): read once, into a temp file
         td.check_text_file(args.input)
     source = (td.file_source(args.input) if args.input
               else dict(stdlib=sysconfig.get_paths()["stdlib"], python=sys.version.split()[0]))
-    return out_dir, source
+    return outputs, source
 
 
 def read_text(path, val_fraction):
@@ -103,8 +104,8 @@ def read_text(path, val_fraction):
 
 def main(argv):
     args = parser().parse_args(argv)
-    out_dir, source = check_settings(args)
-    if td.already_prepared(out_dir, source, args.force):
+    outputs, source = check_settings(args)
+    if td.already_prepared(outputs, source, args.force):
         return
     if args.input:
         texts = read_text(args.input, args.val_fraction)
@@ -126,7 +127,7 @@ def main(argv):
     counts = {k: len(c) for k, c in codes.items()}
     meta = dict(dataset=args.name, tokenizer="char", vocab_size=len(vocab), chars="".join(map(chr, vocab)),
                 source=source, command=td.command_line("prepare_char.py", argv))
-    td.write_splits(out_dir, counts, fill, meta)
+    td.write_splits(outputs, counts, fill, meta)
 
 
 if __name__ == "__main__":

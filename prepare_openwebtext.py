@@ -57,10 +57,11 @@ def parser():
 
 
 def input_files(patterns):
-    """The files --input names (globs expanded, sorted, each once) and their kind: "text",
-    "json" or "parquet". Missing files, folders and mixed kinds are refused."""
+    """The files --input names (each given once, cli.parse_list; globs expanded, sorted, a file two
+    globs match taken once) and their kind: "text", "json" or "parquet". Missing files, folders
+    and mixed kinds are refused."""
     files = []
-    for pattern in patterns:
+    for pattern in cli.parse_list("--input", patterns, what="files or globs"):
         matched = sorted(glob.glob(pattern))
         if not matched and glob.has_magic(pattern):
             raise cli.UserError(f"--input={pattern} matches no file: check the pattern")
@@ -80,7 +81,7 @@ def input_files(patterns):
 
 def check_settings(args):
     """Every option, checked before any work (a refusal writes nothing). Resolves the defaults
-    that depend on others; returns (out_dir, files, kind, source)."""
+    that depend on others; returns (the claimed dataset folder, files, kind, source)."""
     if args.dataset is not None and args.dataset not in td.HUB:
         raise cli.UserError(f"unknown --dataset {args.dataset!r}: this script prepares {', '.join(td.HUB)}; "
                             f"your own files go with --input=<files> --name={args.dataset} "
@@ -103,13 +104,13 @@ def check_settings(args):
                                                                 "give --name=<dataset>")
     if args.name is None:
         args.name = os.path.splitext(os.path.basename(files[0]))[0] if files else args.dataset
-    out_dir = td.check_destination(args.data_dir, args.name)
+    outputs = td.check_destination(args.data_dir, args.name)
     if files:
         source = [td.file_source(f) for f in files]
     else:
         spec = td.HUB[args.dataset]
         source = dict(hub=spec["path"], config=spec["config"], split=spec["split"], revision=spec.get("revision"))
-    return out_dir, files, kind, source
+    return outputs, files, kind, source
 
 
 def check_input_files(files, kind):
@@ -241,8 +242,8 @@ def load_rows(args, files, kind):
 
 def main(argv):
     args = parser().parse_args(argv)
-    out_dir, files, kind, source = check_settings(args)
-    if td.already_prepared(out_dir, source, args.force):
+    outputs, files, kind, source = check_settings(args)
+    if td.already_prepared(outputs, source, args.force):
         return
     check_input_files(files, kind)
     ds, field, join = load_rows(args, files, kind)  # the data first: its errors say how to use local files
@@ -297,7 +298,7 @@ def main(argv):
 
     meta = dict(dataset=args.name, tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token=enc.eot_token, source=source,
                 command=td.command_line("prepare_openwebtext.py", argv))
-    td.write_splits(out_dir, counts, fill, meta)
+    td.write_splits(outputs, counts, fill, meta)
 
 
 if __name__ == "__main__":

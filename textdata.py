@@ -26,7 +26,6 @@ Writing:   ArgumentParser, command_line, check_destination, input_copy (a pipe r
 
 import argparse
 import codecs
-import errno
 import json
 import os
 import re
@@ -395,10 +394,15 @@ def command_line(script, argv):
     return shlex.join(["python", script] + [arg for arg in argv if arg != "--force"])
 
 
+ELSEWHERE = "--name=<other> or --data_dir=<folder>"  # how a preparation writes elsewhere
+
+
 def check_destination(data_dir, name):
     """Refuse, before any work, a name that is not one folder name, a data_dir that is (or lies
-    under) a file, a target that is a file or holds files a preparation does not write, and a
-    place that cannot be written. Returns <data_dir>/<name>."""
+    under) a file, a target that is a file or holds files a preparation did not write, and a
+    place that cannot be written. Returns the dataset folder <data_dir>/<name>, claimed: one
+    writer at a time, and the way the new data will replace the old known now (cli.claim_set:
+    a swap of folders, or in place where none can be made, e.g. a mount point)."""
     cli.require(name and name not in (".", "..") and os.sep not in name and "/" not in name
                 and not name.startswith("."), f"--name must be a plain folder name (no '/', not starting "
                                               f"with '.'), got {name!r}")
@@ -406,13 +410,7 @@ def check_destination(data_dir, name):
     out_dir = os.path.join(data_dir, name)
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise cli.UserError(f"{out_dir} is a file, not a dataset folder: move it, or write elsewhere with "
-                            "--name=<other> or --data_dir=<folder>")
-    if os.path.isdir(out_dir):
-        foreign = sorted(f for f in os.listdir(out_dir) if f not in SPLIT_FILES and not f.endswith(".tmp"))
-        if foreign:  # replacing the folder would delete them
-            raise cli.UserError(f"{out_dir} holds files a preparation does not write ({', '.join(foreign[:3])}"
-                                f"{', ...' if len(foreign) > 3 else ''}): write elsewhere with --name=<other> "
-                                "or --data_dir=<folder>")
+                            f"{ELSEWHERE}")
     existing = os.path.abspath(data_dir)
     while not os.path.lexists(existing):  # the first part of the path that exists
         existing = os.path.dirname(existing)
@@ -422,8 +420,21 @@ def check_destination(data_dir, name):
     if not os.access(existing, os.W_OK | os.X_OK):
         raise cli.UserError(f"{existing} is not writable (permission denied): choose another --data_dir "
                             "or change its permissions")
-    cli.claim_output(out_dir, "--name=<other> or --data_dir=<folder>")  # (the name: the folder itself is swapped)
-    return out_dir
+    return cli.claim_set(out_dir, ELSEWHERE, "a preparation", legacy=earlier_preparation)
+
+
+def earlier_preparation(folder):
+    """The files of a dataset prepared before sets had manifests: its meta.json and the split
+    files it names (none when there is no such meta.json), and the temporary files those
+    versions wrote in it (<split>.bin.tmp, which a killed run left)."""
+    left = {f"{name}.tmp" for name in SPLIT_FILES if name.endswith(".bin")}
+    try:
+        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
+            splits = json.load(f)["splits"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return left
+    return left | ({"meta.json"} | {f"{split}.bin" for split in splits if f"{split}.bin" in SPLIT_FILES}
+                   if isinstance(splits, dict) else set())
 
 
 _streams = {}  # the temp copy of a pipe -> the pipe's path as given (input_copy)
@@ -520,11 +531,11 @@ def file_source(path):
     return dict(path=os.path.abspath(path), bytes=st.st_size, mtime=int(st.st_mtime))
 
 
-def already_prepared(out_dir, source, force):
-    """True when out_dir holds a complete preparation of `source` (said in one line). Removes
-    what killed runs left beside it first. A preparation of other input, or a damaged one, is
-    refused (without --force: that prepares again)."""
-    remove_stale(out_dir)
+def already_prepared(outputs, source, force):
+    """True when the claimed dataset folder (check_destination) holds a complete preparation of
+    `source` (said in one line). A preparation of other input, or a damaged one, is refused
+    (without --force: that prepares again)."""
+    out_dir = outputs.path
     path = os.path.join(out_dir, "meta.json")
     if force or not os.path.isfile(path):
         return False
@@ -547,87 +558,27 @@ def already_prepared(out_dir, source, force):
     return True
 
 
-def _debris(out_dir):
-    """The .<name>.tmp<pid> / .<name>.old<pid> folders beside out_dir: [(path, tag, pid)]."""
-    parent, name = os.path.split(os.path.abspath(out_dir))
-    found = []
-    for entry in os.listdir(parent) if os.path.isdir(parent) else []:
-        rest = entry[len(name) + 2:] if entry.startswith(f".{name}.") else ""
-        if rest[:3] in ("tmp", "old") and rest[3:].isdigit():
-            found.append((os.path.join(parent, entry), rest[:3], int(rest[3:])))
-    return found
-
-
-def remove_stale(out_dir):
-    """Undo what a killed run left: its temp folder goes; the old data it had set aside for a
-    swap comes back if the swap did not happen (a kill -9 between the two renames)."""
-    for path, tag, pid in _debris(out_dir):
-        if pid == os.getpid() or cli.pid_alive(pid):
-            continue
-        if tag == "old" and not os.path.lexists(out_dir):
-            os.rename(path, out_dir)
-        else:
-            shutil.rmtree(path)
-
-
 def write_tokens(f, ids):
     """Append token ids to a split file as uint16."""
     f.write(np.ascontiguousarray(ids, dtype=np.uint16).tobytes())
 
 
-def write_splits(out_dir, counts, fill, meta):
-    """Write <out_dir>/{split}.bin ({split: token count}) and meta.json, all or nothing: into a
-    temp folder beside out_dir, which then takes out_dir's place in one swap (cli.swap_folders;
-    the old data, then under the temp name, is deleted after). A symlink at out_dir stays one (the
+def write_splits(outputs, counts, fill, meta):
+    """Write <split>.bin ({split: token count}) and meta.json into the claimed dataset folder
+    (check_destination), all or nothing (cli.OutputSet: the new data replaces the old whole,
+    a failed or killed run leaves the old as it was). A symlink to the folder stays one (the
     folder it points to is replaced), and each file keeps the mode and group of the one it
-    replaces, the folder its own. fill(write) writes the tokens, each split in order: write(split, ids)."""
-    real = os.path.realpath(out_dir)  # (a symlink's target: the link is the user's)
-    parent, name = os.path.split(real)
-    made, folder = [], parent  # the folders this call creates, removed again on failure
-    while not os.path.isdir(folder):
-        made.insert(0, folder)
-        folder = os.path.dirname(folder)
-    tmp, old = (os.path.join(parent, f".{name}.{tag}{os.getpid()}") for tag in ("tmp", "old"))
-    cli.on_interrupt(f"{out_dir} was left as it was" if os.path.lexists(out_dir) else "nothing was written")
-    where = os.path.dirname(out_dir) or "."  # what an error names: the folder written into, then out_dir
-    try:
-        os.makedirs(parent, exist_ok=True)
-        os.mkdir(tmp)
-        where = out_dir
-        files = {split: open(os.path.join(tmp, f"{split}.bin"), "wb") for split in counts}
-        try:
-            fill(lambda split, ids: write_tokens(files[split], ids))
-            for split, f in files.items():
-                cli.settle(f, os.path.join(real, f"{split}.bin"))  # on disk, with the replaced file's mode
-                if f.tell() != 2 * counts[split]:  # a bug in fill, not the user's doing: a traceback
-                    raise RuntimeError(f"{split}.bin: {f.tell() // 2} tokens written, {counts[split]} counted")
-        finally:
-            for f in files.values():
-                f.close()
+    replaces. fill(write) writes the tokens, each split in order: write(split, ids)."""
+    out_dir = outputs.path
+    cli.on_interrupt(f"{out_dir} was left as it was" if outputs.owned else "nothing was written")
+    with outputs.writing() as create:
+        files = {split: create(f"{split}.bin") for split in counts}
+        fill(lambda split, ids: write_tokens(files[split], ids))
+        for split, f in files.items():
+            if f.tell() != 2 * counts[split]:  # a bug in fill, not the user's doing: a traceback
+                raise RuntimeError(f"{split}.bin: {f.tell() // 2} tokens written, {counts[split]} counted")
         meta["splits"] = dict(counts)
-        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=1, ensure_ascii=False)
-            cli.settle(f, os.path.join(real, "meta.json"))
-        with cli.signals_held():  # (Ctrl-C waits for the swap)
-            if os.path.isdir(real):
-                shutil.copymode(real, tmp)
-                cli.swap_folders(tmp, real)  # tmp now holds the old data
-                old = tmp
-            else:
-                os.rename(tmp, real)
-            cli.on_interrupt(f"{out_dir} holds the new data, whole")
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if os.path.lexists(old) and not os.path.lexists(real):
-            os.rename(old, real)
-        for folder in reversed(made):
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass
-        if isinstance(e, OSError) and (not e.filename or str(e.filename).startswith(tmp)):  # not the temp path
-            raise OSError(e.errno, e.strerror or os.strerror(e.errno or errno.EIO), where) from e
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        create("meta.json").write(json.dumps(meta, indent=1, ensure_ascii=False).encode("utf-8"))
+    cli.on_interrupt(f"{out_dir} holds the new data, whole")
     print(f"prepared {out_dir}: " + ", ".join(f"{s}.bin {n:,} tokens" for s, n in counts.items())
           + f" ({meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']:,})")

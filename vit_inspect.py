@@ -7,7 +7,8 @@ Seeing inside a trained ToST-ViT (the paper's white-box pictures, MATH.md §7), 
 
 Writes out_dir (default <checkpoint folder>/inspect; with --init_from, <folder>-inspect beside the
 model's folder, or <name>-inspect here for a Hub id) as one unit, swapped whole for an earlier set
-(whose pictures this run does not draw go with it; cli.claim_set):
+(whose pictures this run does not draw go with it; a folder holding anything but an earlier set
+is refused before any work; cli.claim_set):
   pi_XX.png        image XX, then Pi of each head on the patch grid, one row per chosen layer
                    (colour scale 0..1; 1/H everywhere would mean no grouping)
   cls_attn_XX.png  image XX, then the class token's attention over the patches, per head, in
@@ -149,7 +150,7 @@ def main(argv):
                 f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
     if not C.init_from and not os.path.isfile(path):
         raise cli.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
-    outputs = claim_outputs(out, "--out_dir=<another folder>")  # one run at a time, a place that can be written
+    outputs = claim_outputs(out, "--out_dir=<another folder>", "vit_inspect.py")  # before any work
     model, ck = (hub.from_pretrained(path, dev, kind="vit") if C.init_from else
                  vit_data.load_vit_model(path, device=dev))
     model.eval()

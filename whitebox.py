@@ -19,11 +19,9 @@ from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
 
 
 def layer_numbers(text, example="1,6,12"):
-    """"1,6,12" -> [1, 6, 12] ("" -> []); anything else is one line that shows the form."""
-    try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise cli.ConfigError(f"layers must be layer numbers like '{example}', got {text!r}") from None
+    """"1,6,12" -> [1, 6, 12] ("" -> []): layer numbers, each once (cli.parse_list); anything else
+    is one line that shows the form."""
+    return cli.parse_list("layers", text, int, what=f"layer numbers (like '{example}')") if text.strip() else []
 
 
 @torch.no_grad()
@@ -66,13 +64,22 @@ def rvar_figure(rvar, layers, over, title):
     return png_bytes(fig)
 
 
-KINDS = (".png", ".html", ".json")  # what an inspection folder holds: the files of an earlier one
-
-
-def claim_outputs(out, elsewhere):
+def claim_outputs(out, elsewhere, tool):
     """The inspection folder, claimed before any work (cli.claim_set): one run at a time, a folder
-    of earlier inspections or a new one, and a place where the new set can replace the old."""
-    return cli.claim_set(out, elsewhere, KINDS)
+    of this tool's earlier inspection or a new one (never one of the user's files), and a place
+    where the new set can replace the old."""
+    return cli.claim_set(out, elsewhere, tool, legacy=earlier_inspection)
+
+
+def earlier_inspection(folder):
+    """The files of an inspection written before sets had manifests: those its inspect.json
+    lists, and inspect.json itself (nothing when there is no such inspect.json)."""
+    try:
+        with open(os.path.join(folder, "inspect.json"), encoding="utf-8") as f:
+            files = json.load(f)["files"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return set()
+    return {"inspect.json", *files} if isinstance(files, list) and all(isinstance(n, str) for n in files) else set()
 
 
 def write_outputs(outputs, files, report):

@@ -34,7 +34,7 @@ from benchkit.main_job import section_main_job
 from benchkit.meta import given_commit, section_meta
 from benchkit.op import section_op
 from benchkit.part import Section
-from benchkit.settings import check_settings, quick_defaults, section_limits
+from benchkit.settings import check_settings, chosen_sections, quick_defaults, section_limits
 from benchkit.train_step import section_train
 
 BUDGET_S = 540  # the default deadline of the whole command
@@ -92,7 +92,7 @@ def run(C, given):
     given_commit()  # NANOTOST_COMMIT's form, before any work (meta records it)
     report.check_out(C)
     limits = section_limits(C, HEADLINE)
-    chosen = list(HEADLINE) if C.sections == "all" else ["meta"] + C.sections.split(",")
+    chosen = list(HEADLINE) if C.sections == "all" else ["meta"] + chosen_sections(C, HEADLINE)
     C.triton_interpret = C.quick and C.device == "cpu"  # the rehearsal: each section runs the Triton rows interpreted
 
     slot = {}

@@ -12,14 +12,15 @@ leaving the section's children running; a thread of the section cannot run while
 holds the GIL in a long call, and dies with it. Standard library only: it starts in
 milliseconds.
 
-    start(report_pid)   # in the section, once it leads its own process group (os.setsid)
+    start(report_pid)   # in the section, once it leads its own process group (portable.lead_group)
 """
 
 import os
-import signal
 import subprocess
 import sys
 import time
+
+import portable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLL_S = 0.2  # how often the keeper looks at the report and the section
@@ -33,14 +34,8 @@ def is_running(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-    except OSError:  # (no /proc: whether the pid exists)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # (another user's process now holds the pid: not the report)
-            return False
-        return True
+    except OSError:  # (no /proc: macOS, Windows)
+        return portable.pid_alive(pid)
 
 
 def start(report_pid):
@@ -56,4 +51,4 @@ def keep(report_pid, section_pid):
     parent), the section's whole process group is killed, this process with it."""
     while is_running(report_pid) and os.getppid() == section_pid:
         time.sleep(POLL_S)
-    os.killpg(0, signal.SIGKILL)
+    portable.end_own_group(section_pid)

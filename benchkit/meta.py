@@ -22,6 +22,7 @@ import sys
 import torch
 
 import cli
+import portable
 from benchkit.part import now_iso
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,7 +153,7 @@ def collect_meta(C):
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         **name_commit(ROOT, digest), source_sha256=digest, cpu=cpu, cpu_threads=torch.get_num_threads(),
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
-        load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
+        load_average=list(portable.load_average()))
     if cuda:
         props = torch.cuda.get_device_properties(C.device)
         driver = _run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])

@@ -22,7 +22,6 @@ import contextlib
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from functools import partial
 import torch
 
 import cli
+import portable
 import trainkit as tk
 from benchkit import keeper
 from benchkit.decode import section_decode
@@ -40,7 +40,7 @@ from benchkit.main_job import section_main_job
 from benchkit.meta import given_commit, section_meta
 from benchkit.op import section_op
 from benchkit.part import Part, Section, now_iso, row_key, write_results
-from benchkit.settings import check_settings, quick_defaults, section_limits
+from benchkit.settings import check_settings, chosen_sections, quick_defaults, section_limits
 from benchkit.train_step import section_train
 
 REPORT_SCHEMA = "nanotost-bench-report/1"
@@ -86,7 +86,7 @@ def run_section(name, fn, C, path, limit_s, hang=None, previous=None, command_pi
     """The body of one section's process: its own process group (the parent ends the whole group
     at the limit, children such as train.py included, and the group's keeper ends it when the
     command or the section is gone: benchkit/keeper.py), then the section, then the part's status."""
-    os.setsid()
+    portable.lead_group()
     keeper.start(command_pid or os.getppid())
     C.device, C.dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.threads:
@@ -165,10 +165,10 @@ def run_child(ctx, name, fn, C, tmp, limit_s, previous=None, on_rows=None):
         interrupted = True
     timed_out = p.is_alive() and not interrupted
     if p.pid is not None and p.is_alive():  # its whole process group: train.py, gpu_check, compile workers too
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for force in (False, True):
             try:
-                os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):  # (no group: it had not called setsid yet)
+                portable.signal_group(p.pid, force)
+            except (ProcessLookupError, PermissionError):  # (no group: it had not led one yet)
                 if p.is_alive():
                     p.kill()
             p.join(5)
@@ -297,8 +297,11 @@ def execute(C, sections, chosen, schedule, fresh, keep_done):
     done (is_done) is not run again (--report with sections=all). Returns the report, its path,
     this call's record in its runs, and the meta section's part."""
     C.device, _ = tk.choose_device_dtype(C.device, "float32")  # checks the device; no CUDA here (the sections')
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["benchkit.report", "benchkit.headline"])
+    if "forkserver" in multiprocessing.get_all_start_methods():  # (Linux, macOS; Windows spawns each section)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["benchkit.report", "benchkit.headline"])
+    else:
+        ctx = multiprocessing.get_context("spawn")
     t_start = time.time()
     tmp = tempfile.mkdtemp(prefix="nanotost-report-")
     try:
@@ -402,7 +405,7 @@ def run(C, given):
     check_settings(C, SECTIONS)
     given_commit()  # NANOTOST_COMMIT's form, before any work (meta records it)
     check_out(C)
-    chosen = list(SECTIONS) if C.sections == "all" else C.sections.split(",")
+    chosen = chosen_sections(C, SECTIONS)
     limits = section_limits(C, SECTIONS)
 
     def schedule(name, t_start):  # its own limit, cut to what budget_s leaves (10 s kept for the writes)

@@ -24,23 +24,25 @@ PRESETS = {"tost": "tost-base", "gpt2": "gpt2"}
 
 
 def lengths(key, text):
-    """A comma-separated list of positive integers ("4096", "1024,4096"), as a list."""
-    try:
-        values = [int(t) for t in text.split(",")]
-    except ValueError:
-        values = []
-    cli.require(values and min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
-    cli.require(len(set(values)) == len(values), f"{key} must name each length once, got {text!r}")
+    """A comma-separated list of positive integers ("4096", "1024,4096"), each once (cli.parse_list)."""
+    values = cli.parse_list(key, text, int, what="positive integers")
+    cli.require(min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
     return values
 
 
 def names(key, text, allowed):
-    """A comma-separated list of names, each once and one of `allowed`, as a list."""
-    return cli.name_list(key, text, allowed)
+    """A comma-separated list of names, each once and one of `allowed`, as a list (cli.parse_list)."""
+    return cli.parse_list(key, text, allowed=allowed)
+
+
+def chosen_sections(C, sections):
+    """The sections --sections names (each once: check_settings), or all of `sections`."""
+    return list(sections) if C.sections == "all" else cli.parse_list("sections", C.sections)
 
 
 def plan_lengths(text, fallback):
-    return fallback if text == "auto" else [int(t) for t in text.split(",")]
+    """The lengths of a setting check_settings accepted ("auto": fallback)."""
+    return fallback if text == "auto" else cli.parse_list("lengths", text, int)
 
 
 def quick_defaults(C, given):
@@ -66,7 +68,7 @@ def row_reserve_s(C):
 def check_measurable(C, sections):
     """Refuse settings under which a section would run and record nothing (sections: the
     report's or the headline's): a main job all warm-up, a section's limit all reserve."""
-    chosen = list(sections) if C.sections == "all" else C.sections.split(",")
+    chosen = chosen_sections(C, sections)
     if "main_job" in chosen:
         skip = main_warmup(C)
         cli.require(C.main_iters > skip, f"main_iters={C.main_iters} leaves the main job no iteration to measure: "
@@ -101,9 +103,10 @@ def check_settings(C, sections=None):
                 model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
                 decode_T=None if C.decode_T == "auto" else lengths("decode_T", C.decode_T))
     cli.require(C.out, "out must name the results file, e.g. --out=bench_results.json")
+    if C.sections != "all":  # (the lists' rule in every mode, the names where the mode has sections)
+        names("sections", C.sections, None if sections is None else tuple(sections))
+    section_seconds(C, sections)
     if sections is not None:
-        if C.sections != "all":
-            names("sections", C.sections, tuple(sections))
         check_measurable(C, sections)
     report = C.report or C.headline
     into_folder = C.out == "auto" or (report and C.out.endswith(("/", os.sep)))  # a report: <gpu>.json in it
@@ -120,18 +123,19 @@ def section_limits(C, sections):
     """Each section's time limit in seconds: its own (sections: {name: Section}), or section_s
     ("300" for all, "op:200,decode:100" for some)."""
     limits = {n: float(s.limit_s) for n, s in sections.items()}
-    text = C.section_s.strip()
-    if not text:
-        return limits
-    for part in text.split(","):
-        key, sep, value = part.strip().rpartition(":")
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = -1.0
-        cli.require(0 < seconds < 10 ** 7 and (not sep or key in sections), f"section_s must be seconds ('300') or "
-                                                                    f"section:seconds pairs ('op:200,decode:100'), got "
-                                                                    f"{C.section_s!r}")
-        for n in ([key] if sep else limits):
+    for key, seconds in sorted(section_seconds(C, sections), key=lambda pair: pair[0] is not None):
+        for n in ([key] if key else limits):  # (a section's own over the one for all)
             limits[n] = seconds
     return limits
+
+
+def section_seconds(C, sections=None):
+    """section_s as [(section or None for all, seconds)], each section once (cli.parse_list) and
+    one of `sections` where given."""
+    if not C.section_s.strip():
+        return []
+    pairs = cli.parse_list("section_s", C.section_s, float, allowed=None if sections is None else tuple(sections),
+                           pairs=True, what="seconds ('300') or section:seconds pairs ('op:200,decode:100')")
+    cli.require(all(0 < seconds < 10 ** 7 for _, seconds in pairs), f"section_s must be seconds ('300') or "
+                f"section:seconds pairs ('op:200,decode:100'), each in (0, 10**7), got {C.section_s!r}")
+    return pairs

@@ -7,14 +7,13 @@ ratios the targets are stated in, and their JSON (bench_results.json, or --out).
     python bench.py --suites=op --impls=torch,cpu,sdpa --T=16384 --modes=fwdbwd --threads=2
 """
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 import cli
 import kernels
 import model
+import portable
 import trainkit as tk
 from benchkit.part import fallback_note, write_results
 from benchkit.settings import check_settings
@@ -327,7 +326,7 @@ def run(C, given):
         print("\n" + "\n".join(lines))
     meta = dict(device=name, dtype=C.dtype, copy_gbps=bw, torch=torch.__version__,
                 config={k: v for k, v in vars(C).items() if k != "argv"},
-                load_average=os.getloadavg() if hasattr(os, "getloadavg") else None)
+                load_average=list(portable.load_average()))
     write_results(C.out, dict(meta=meta, results=results, summary=lines))
     print(f"\nwrote {C.out}")
     if not any(r.get("ms") is not None for r in results):  # nothing was measured: not a success

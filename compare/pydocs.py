@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
 
 import cli  # noqa: E402
+import portable  # noqa: E402
 import textdata as td  # noqa: E402
 import trainkit as tk  # noqa: E402
 from results import pydocs_tables  # noqa: E402
@@ -199,9 +200,9 @@ def train_and_score(name, seed, n, C, words):
     evaluate = ["evaluate.py", f"--out_dir={run_dir}", f"--data_dir={C.data_dir}", f"--dataset={C.dataset}",
                 "--num_threads=1", *(QUICK_EVAL if C.quick else [])]
     sample = ["sample.py", f"--out_dir={run_dir}", *([f"--max_new_tokens={QUICK_SAMPLE_TOKENS}"] if C.quick else [])]
-    load_before, t0 = os.getloadavg(), time.time()
+    load_before, t0 = portable.load_average(), time.time()
     run(train, log_path, f"training {name} (seed {seed}, {n} iterations)")
-    wall_s, load_after = time.time() - t0, os.getloadavg()
+    wall_s, load_after = time.time() - t0, portable.load_average()
     run(evaluate, log_path, f"evaluating {name}")
     with open(os.path.join(run_dir, "eval.jsonl"), encoding="utf-8") as f:
         scored = json.loads(f.read().splitlines()[-1])
@@ -244,9 +245,9 @@ def calibrate_models(names, C):
                     os.remove(os.path.join(run_dir, f))
             args = ["train.py", *recipe(name, C), *length_args(C.calib_iters), "--log_interval=1",
                     f"--out_dir={run_dir}", "--init_from=scratch"]
-            before = os.getloadavg()
+            before = portable.load_average()
             run(args, run_dir + ".out", f"the calibration run of {name}")
-            loads.append(dict(model=name, round=r, load=[round(x, 2) for x in before + os.getloadavg()]))
+            loads.append(dict(model=name, round=r, load=[round(x, 2) for x in before + portable.load_average()]))
             step_s, _ = step_seconds(run_dir, C.calib_skip)
             times[name] += step_s
             per_round[name].append(round(float(np.median(step_s)), 5))
@@ -349,7 +350,7 @@ def take_calibration(C):
     names = list(dict.fromkeys(C.names + [C.time_ref]))
     kept = calibrations_kept(C, names)
     print(f"calibrating {', '.join(names)}: {C.calib_rounds} round(s) of {C.calib_iters} iterations "
-          f"(load {os.getloadavg()[0]:.2f})", flush=True)
+          f"(load {portable.load_average()[0]:.2f})", flush=True)
     models_cal, loads = calibrate_models(names, C)
     date = time.strftime("%Y-%m-%d %H:%M")
     for entry in models_cal.values():
@@ -431,7 +432,7 @@ def run_all(todo, C, words):
     for i, (name, seed, n) in enumerate(todo):
         key = f"{name}_s{seed}_i{n}_{recipe_id(name, C)}"
         if key not in done:
-            print(f"[{i + 1}/{len(todo)}] {name}, seed {seed}, {n} iterations (load {os.getloadavg()[0]:.2f})",
+            print(f"[{i + 1}/{len(todo)}] {name}, seed {seed}, {n} iterations (load {portable.load_average()[0]:.2f})",
                   flush=True)
             done[key] = r = train_and_score(name, seed, n, C, words)
             cli.write_json(done_path, done, saved=f"the finished runs are in {done_path}; the same command continues")

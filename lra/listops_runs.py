@@ -36,6 +36,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cli
+import portable
 import trainkit as tk
 from lra.data import load_split
 
@@ -128,7 +129,7 @@ def one_run(name, config, extra, seed, path, C):
         argv = [config, *extra, f"--seed={seed}"] + ([f"--max_iters={C.max_iters}"] if C.max_iters else [])
         command = [sys.executable, "lra/train.py", *argv, f"--data_dir={C.data_dir}", f"--out_dir={tmp}/run",
                    "--num_threads=1"]
-        load, t0 = os.getloadavg(), time.time()
+        load, t0 = portable.load_average(), time.time()
         done = subprocess.run(command, cwd=REPO, env=environment(path), capture_output=True, text=True)
         wall = time.time() - t0
         cli.require(done.returncode == 0, f"run {name} seed {seed} ({path}) failed: {done.stdout[-500:]}"
@@ -209,7 +210,7 @@ def main(argv):
                     cli.write_json(out, results, saved=f"{C.out} holds the {len(record['runs'])} run(s) that "
                                                        f"ended, grid {g} marked incomplete (the same command runs "
                                                        "that grid again)")
-        record.update(complete=True, wall_s=round(time.time() - t0), load_average_after=list(os.getloadavg()))
+        record.update(complete=True, wall_s=round(time.time() - t0), load_average_after=list(portable.load_average()))
         cli.write_json(out, results)
         print(f"{g}: {len(record['runs'])} runs in {record['wall_s']} s; wrote {C.out}", flush=True)
     return results

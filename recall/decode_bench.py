@@ -28,6 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cli
+import portable
 from model import GPT, GPTConfig, KVCache
 
 # -----------------------------------------------------------------------------
@@ -92,11 +93,8 @@ def measure(name, T_, C):
 def main(argv):
     C, _ = cli.configure(SETTINGS, argv)
     cli.check(C, at_least_1=("steps", "repeats", "batch_size"), non_negative=("num_threads",))
-    try:
-        lengths = [int(t) for t in C.T.split(",") if t.strip()]
-    except ValueError:
-        raise cli.ConfigError(f"T must be integers separated by commas, got {C.T!r}") from None
-    cli.require(lengths and min(lengths) >= 1, f"T must be positive lengths, got {C.T!r}")
+    lengths = cli.parse_list("T", C.T, int)
+    cli.require(min(lengths) >= 1, f"T must be positive lengths, got {C.T!r}")
     cli.require(not os.path.isdir(C.out), f"out is a folder ({C.out}); give a file name (\"\" for none)")
     if C.out:  # one writer at a time, and a place that can be written, before anything is measured
         cli.claim_output(C.out, "--out=<another file>")
@@ -110,7 +108,7 @@ def main(argv):
             rows.append(r)
             print(f"{name:<14}{T_:>6}{r['ms_per_token']:>10.3f}{r['state_bytes_per_sequence']:>14,}{r['params']:>10,}",
                   flush=True)
-    load = os.getloadavg()
+    load = portable.load_average()
     if C.out:
         cli.write_json(C.out, dict(settings=vars(C), rows=rows, loadavg=load, torch=torch.__version__, labels=LABELS))
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -44,6 +44,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cli
+import portable
 import trainkit as tk
 from model import GPT, GPTConfig
 from recall import tasks as gen
@@ -131,28 +132,15 @@ VAL_SEED, TEST_SEED = 10 ** 9, 2 * 10 ** 9  # held-out batches are seeded from h
 Job = namedtuple("Job", "recipe model task lr seed")  # one training run
 
 
-def parse_list(text):
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
 def names(C, key, known):
-    """The names of setting `key`, each one of `known`, at least one."""
-    chosen = parse_list(getattr(C, key))
-    cli.require(chosen, f"{key} is empty; give at least one of {', '.join(known)}")
-    for name in chosen:
-        cli.require(name in known, f"unknown name {name!r} in {key}; choose from {', '.join(known)}")
-    cli.require(len(set(chosen)) == len(chosen), f"{key} names one twice: {getattr(C, key)!r}")
-    return chosen
+    """The names of setting `key`, each once and one of `known`, at least one (cli.parse_list)."""
+    return cli.parse_list(key, getattr(C, key), allowed=known)
 
 
 def rates(C):
-    try:
-        lrs = [float(s) for s in parse_list(C.learning_rates)]
-    except ValueError:
-        raise cli.ConfigError(f"learning_rates must be numbers separated by commas, got {C.learning_rates!r}") from None
-    cli.require(lrs and all(0 < lr < 1 for lr in lrs),
+    lrs = cli.parse_list("learning_rates", C.learning_rates, float)
+    cli.require(all(0 < lr < 1 for lr in lrs),
                 f"learning_rates must be one or more rates in (0, 1), got {C.learning_rates!r}")
-    cli.require(len(set(lrs)) == len(lrs), f"learning_rates names one twice: {C.learning_rates!r}")
     return sorted(lrs)
 
 
@@ -171,11 +159,8 @@ def check_settings(C):
     cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     cli.require(C.mqar_pairs <= min(C.mqar_keys, C.mqar_values),
                 f"mqar_pairs ({C.mqar_pairs}) must not exceed mqar_keys and mqar_values (distinct pairs)")
-    try:
-        lengths = [int(n) for n in parse_list(C.niah_lengths)]
-    except ValueError:
-        raise cli.ConfigError(f"niah_lengths must be integers separated by commas, got {C.niah_lengths!r}") from None
-    cli.require(lengths and min(lengths) >= 4, f"niah_lengths must be at least 4 each, got {C.niah_lengths!r}")
+    lengths = cli.parse_list("niah_lengths", C.niah_lengths, int)
+    cli.require(min(lengths) >= 4, f"niah_lengths must be at least 4 each, got {C.niah_lengths!r}")
     for key in ("out_json", "figure"):
         path = getattr(C, key)
         cli.require(not path or not os.path.isdir(path), f"{key} is a folder ({path}); give a file name")
@@ -210,7 +195,7 @@ class Task:
         else:
             n_tokens = C.niah_tokens
             self.vocab_size = gen.niah_layout(n_tokens).vocab_size
-            self.lengths = sorted(int(n) for n in parse_list(C.niah_lengths))
+            self.lengths = sorted(cli.parse_list("niah_lengths", C.niah_lengths, int))
             self.make = lambda B, seed, T: gen.niah(B, T, n_tokens, seed=seed)
             self.chance = gen.chance("niah", n_tokens=n_tokens)
             self.setting = dict(lengths=self.lengths, n_tokens=n_tokens)
@@ -321,7 +306,7 @@ def train_one(job, C, say=None):
     train_s = time.time() - t0
     acc = {str(T): accuracy(model, task, C.eval_examples, T, TEST_SEED, C.device) for T in task.lengths}
     return dict(job._asdict(), acc=acc, val_acc=round(val, 4), steps=step, train_s=round(train_s, 1),
-                load=round(os.getloadavg()[0], 2), curve=curve, params=model.get_num_params(),
+                load=round(portable.load_average()[0], 2), curve=curve, params=model.get_num_params(),
                 state_bytes_per_layer=state_bytes_per_layer(model, task))
 
 
@@ -473,7 +458,8 @@ def main(argv):
     C.device, _ = tk.choose_device_dtype(C.device, "float32")
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
-    model_list, recipe_list, task_list = parse_list(C.models), parse_list(C.recipes), parse_list(C.tasks)
+    model_list, recipe_list = names(C, "models", MODELS), names(C, "recipes", RECIPES)
+    task_list = names(C, "tasks", TASKS)
     swept, lrs = task_list[0], rates(C)
     for path, key in ((C.out_json, "--out_json"), (C.figure, "--figure")):  # one writer each, before any run
         if path:
@@ -483,7 +469,7 @@ def main(argv):
         cli.on_interrupt(f"the runs that ended are in {C.out_json}: the same command continues from them")
     cli.require(data.get("swept", swept) == swept,
                 f"{C.out_json} holds a sweep of {data.get('swept')}: --tasks must start with it")
-    t0, load0 = time.time(), os.getloadavg()
+    t0, load0 = time.time(), portable.load_average()
     print(f"{C.device}, {C.workers} process(es) of {C.num_threads} thread(s); load average {load0[0]:.2f}",
           flush=True)
     for recipe in recipe_list:  # one recipe after the other: an interrupted suite has whole recipes first
@@ -497,7 +483,7 @@ def main(argv):
     save_results(C, data, swept, C.figure)  # the figure drawn from the JSON beside it: both or neither
     for name in recall_tables.SUITE_TABLES:
         print(f"\n{name}:\n{recall_tables.TABLES[name][1](data)}")
-    load1 = os.getloadavg()
+    load1 = portable.load_average()
     print(f"\n{time.time() - t0:.0f}s; load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end; "
           f"runs in {C.out_json}")
     if C.figure:

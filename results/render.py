@@ -212,7 +212,8 @@ def main(argv):
     tables, awaited, figures = registry()
     cache = {}
     if C.show:
-        chosen = [n for n in tables if any(fnmatch.fnmatchcase(n, p) for p in C.show.split(","))]
+        patterns = cli.parse_list("show", C.show, what="table names or patterns")
+        chosen = [n for n in tables if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
         cli.require(chosen, f"show: no table matches {C.show!r}; the tables: {', '.join(sorted(tables))}")
         data = None
         if C.json_path:

@@ -142,8 +142,8 @@ def script(*args):
 @pytest.mark.parametrize("bad, message", [
     (["--models=tost,gpt"], "models: unknown 'gpt'; choose from tost, tost_conv, softmax, linear, hybrid_conv"),
     (["--models=tost,tost"], "models names tost more than once: name each once"),
-    (["--seeds=1,x"], "seeds must be whole numbers separated by commas, got '1,x'"),
-    (["--seeds=1,1"], "seeds must name each seed once, got '1,1'"),
+    (["--seeds=1,x"], "seeds must be whole numbers separated by commas: 'x' is not one, got '1,x'"),
+    (["--seeds=1,1"], "seeds names 1 more than once: name each once, got '1,1'"),
     (["--conditions=speed"], "conditions: unknown 'speed'; choose from iters, time"),
     (["--calib_skip=60"], "calib_skip (60) must be below calib_iters (60): some steps must be timed"),
     (["--out=table.md"], "out must be a .json file (the figure goes beside it), got 'table.md'"),

@@ -207,7 +207,7 @@ def test_the_files_and_the_skipped_softmax_block(run):
 
     for folder, report in (("page", val), ("given", given)):
         names = sorted(os.listdir(root / folder))
-        assert names == ["index.html", "inspect.json", "pi_tokens.png", "rvar.png"]  # (no temporary file left)
+        assert names == [cli.MANIFEST, "index.html", "inspect.json", "pi_tokens.png", "rvar.png"]  # (no temp left)
         with open(root / folder / "inspect.json") as f:
             assert json.load(f) == json.loads(json.dumps(report))  # every number drawn, as returned
         for name in ("pi_tokens.png", "rvar.png"):
@@ -440,6 +440,6 @@ def test_a_path_from_the_user_is_text_in_the_figures_and_the_page(run, tmp_path,
     report = lm_inspect.main([f"--out_dir={tmp_path / name}", f"--data_dir={root}/data", f"--page_dir={page}",
                               "--text=If a, b: see x!", "--n_windows=2", "--batch_size=2", "--num_threads=1"])
     assert name in report["description"]
-    assert sorted(os.listdir(page)) == ["index.html", "inspect.json", "pi_tokens.png", "rvar.png"]
+    assert sorted(os.listdir(page)) == [cli.MANIFEST, "index.html", "inspect.json", "pi_tokens.png", "rvar.png"]
     html_text = (page / "index.html").read_text()
     assert html.escape(name) in html_text and (name == html.escape(name) or name not in html_text)

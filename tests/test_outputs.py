@@ -17,6 +17,7 @@ The faults a root user cannot meet (permissions) are made by failing the call th
 """
 
 import errno
+import json
 import os
 import signal
 import stat
@@ -35,8 +36,9 @@ import cli  # noqa: E402
 import trainkit as tk  # noqa: E402
 from helpers_signals import default_signals  # noqa: E402
 
-KINDS = (".png", ".json", ".html")
+TOOL = "inspect.py"  # who writes the sets of these tests (an OutputSet's manifest names it)
 EARLIER = {"a.png": b"earlier a", "b.png": b"earlier b", "inspect.json": b'{"earlier": 1}\n'}
+MANIFEST = {cli.MANIFEST: (json.dumps({"tool": TOOL, "files": sorted(EARLIER)}, indent=1) + "\n").encode()}
 
 
 def contents(folder):
@@ -46,11 +48,21 @@ def contents(folder):
 
 
 def earlier_set(tmp_path):
+    """An earlier set of TOOL's, with the manifest it wrote."""
     out = tmp_path / "inspect"
     out.mkdir()
-    for name, data in EARLIER.items():
+    for name, data in {**EARLIER, **MANIFEST}.items():
         (out / name).write_bytes(data)
     return str(out)
+
+
+def new_set(folder):
+    """{name: bytes} of a set written by an OutputSet, after checking that its manifest lists
+    exactly its other files."""
+    files = contents(folder)
+    manifest = json.loads(files.pop(cli.MANIFEST))
+    assert manifest == {"tool": TOOL, "files": sorted(files)}
+    return files
 
 
 @pytest.fixture(autouse=True)
@@ -68,10 +80,10 @@ def fresh_claims():
 def test_a_new_set_replaces_the_earlier_whole(tmp_path):
     """Files of the earlier set that the new one lacks go with it; nothing else is left beside."""
     out = earlier_set(tmp_path)
-    outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
+    outputs = cli.claim_set(out, "--out_dir=<x>", TOOL)
     assert outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"}) is True
-    assert contents(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}  # (b.png gone, the lock released)
-    assert sorted(os.listdir(tmp_path)) == ["inspect"]  # no temporary folder beside it
+    assert new_set(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}  # (b.png gone)
+    assert sorted(os.listdir(tmp_path)) == ["inspect"]  # no temporary folder beside it, the lock released
     assert cli.left_behind() == f"{out} holds the new set, whole"
 
 
@@ -95,12 +107,12 @@ def fail_at_second_file(fault, at=2):
 ], ids=["interrupt", "disk-full", "quota", "io-error"])
 def test_a_fault_while_writing_leaves_the_earlier_set_whole(tmp_path, monkeypatch, fault, says):
     out = earlier_set(tmp_path)
-    outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
+    outputs = cli.claim_set(out, "--out_dir=<x>", TOOL)
     monkeypatch.setattr(cli, "keep_owner_and_mode", fail_at_second_file(fault))
     with pytest.raises(type(fault) if says is None else cli.UserError) as e:
         outputs.replace({"a.png": b"new a", "c.png": b"new c", "inspect.json": "{}\n"})
-    assert contents(out) == {".lock": b"", **EARLIER}  # (still claimed: the run has not ended)
-    assert sorted(os.listdir(tmp_path)) == ["inspect"]
+    assert contents(out) == {**EARLIER, **MANIFEST}
+    assert sorted(os.listdir(tmp_path)) == [".inspect.lock", "inspect"]  # (still claimed: the run has not ended)
     assert cli.left_behind() == f"nothing was replaced: {out} holds its earlier files, whole"
     if says:
         assert str(e.value).count("\n") == 0 and says in str(e.value) and str(e.value).endswith(cli.left_behind())
@@ -110,21 +122,33 @@ def test_a_fault_while_writing_leaves_the_earlier_set_whole(tmp_path, monkeypatc
 def test_the_swap_cannot_be_cut_by_an_interrupt(tmp_path, monkeypatch):
     """A SIGINT that arrives during the swap waits for it: the new set is whole, then the interrupt."""
     out = earlier_set(tmp_path)
-    outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
+    outputs = cli.claim_set(out, "--out_dir=<x>", TOOL)
     swap = cli.swap_folders
     old = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, whatever pytest inherited
 
-    def interrupted_swap(a, b):
+    def interrupted_swap(*folders):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)  # (were it not held, the KeyboardInterrupt would land here, before the swap)
-        swap(a, b)
+        swap(*folders)
     monkeypatch.setattr(cli, "swap_folders", interrupted_swap)
     try:
         with pytest.raises(KeyboardInterrupt):
             outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"})
     finally:
         signal.signal(signal.SIGINT, old)
-    assert contents(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}
+    assert new_set(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}
+
+
+HOLDER = ("import sys, cli; cli.run_cli(lambda: (cli.claim_set(sys.argv[1], 'x', sys.argv[2]), print('held', "
+          "flush=True), sys.stdin.read()))")
+
+
+def holding(out, tool=TOOL):
+    """Another process that holds the claim of the set `out` until its stdin closes."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, out, tool], cwd=REPO, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    assert holder.stdout.readline() == "held\n"
+    return holder
 
 
 @pytest.mark.parametrize("case", ["holder", "file", "foreign-file", "subfolder", "folder-read-only"])
@@ -133,11 +157,7 @@ def test_a_folder_that_cannot_take_the_set_is_refused_before_any_work(tmp_path, 
     out = earlier_set(tmp_path)
     holder = None
     if case == "holder":  # another run holds it
-        holder = subprocess.Popen([sys.executable, "-c", "import sys, cli; cli.run_cli(lambda: (cli.claim_set(sys.argv[1], 'x', "
-                                   "('.png', '.json')), print('held', flush=True), sys.stdin.read()))", out], cwd=REPO,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  preexec_fn=default_signals)
-        assert holder.stdout.readline() == "held\n"
+        holder = holding(out)
     elif case == "file":
         out = str(tmp_path / "a-file.png")
         open(out, "w").close()
@@ -145,14 +165,16 @@ def test_a_folder_that_cannot_take_the_set_is_refused_before_any_work(tmp_path, 
         (tmp_path / "inspect" / "notes.txt").write_text("mine")
     elif case == "subfolder":
         (tmp_path / "inspect" / "more.png").mkdir()
-    elif case == "folder-read-only":
+    elif case == "folder-read-only":  # (and its parent: the set would go in place, so the folder's files must)
+        parent_cannot_take(monkeypatch, errno.EACCES)
         real_open = os.open
         monkeypatch.setattr(os, "open", lambda p, *a: (_ for _ in ()).throw(PermissionError(
-            errno.EACCES, "Permission denied", p)) if str(p).endswith(cli.SET_LOCK) else real_open(p, *a))
-    before = {n: d for n, d in contents(tmp_path / "inspect").items() if n != cli.SET_LOCK}  # (the holder's)
+            errno.EACCES, "Permission denied", p)) if str(p).startswith(out) and os.path.basename(p).startswith(
+            ".") else real_open(p, *a))
+    before = contents(tmp_path / "inspect")
     try:
         with pytest.raises((cli.UserError, OSError)) as e:
-            cli.claim_set(out, "--out_dir=<another folder>", KINDS)
+            cli.claim_set(out, "--out_dir=<another folder>", TOOL)
     finally:
         if holder:
             holder.stdin.close()
@@ -170,12 +192,12 @@ def parent_cannot_take(monkeypatch, how):
     is not writable (EACCES), is a read-only mount around a writable one (EROFS), or the output is
     a mount point of its own (EXDEV: the swap fails, after the new set was made)."""
     if how == errno.EXDEV:
-        monkeypatch.setattr(cli, "swap_folders", lambda a, b: (_ for _ in ()).throw(OSError(how, "Invalid "
-                                                                                               "cross-device link", b)))
+        monkeypatch.setattr(cli, "swap_folders", lambda a, b, aside: (_ for _ in ()).throw(OSError(
+            how, "Invalid cross-device link", b)))
         return
     real_mkdir = os.mkdir
     monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(OSError(
-        how, os.strerror(how), p)) if ".new" in os.path.basename(p) else real_mkdir(p, *a))
+        how, os.strerror(how), p)) if ".tmp" in os.path.basename(p) else real_mkdir(p, *a))
 
 
 @pytest.mark.parametrize("how", [errno.EACCES, errno.EROFS, errno.EXDEV], ids=["EACCES", "EROFS", "EXDEV"])
@@ -187,17 +209,17 @@ def test_a_writable_folder_in_a_read_only_parent_is_replaced_in_place(tmp_path, 
     before the renames leaves it whole."""
     out = earlier_set(tmp_path)
     parent_cannot_take(monkeypatch, how)
-    outputs = cli.claim_set(out, "--out_dir=<x>", KINDS)
+    outputs = cli.claim_set(out, "--out_dir=<x>", TOOL)
     assert outputs.in_place == (how != errno.EXDEV)
     if fault is not None:
         monkeypatch.setattr(cli, "keep_owner_and_mode", fail_at_second_file(fault))
         with pytest.raises(type(fault) if isinstance(fault, KeyboardInterrupt) else cli.UserError):
             outputs.replace({"a.png": b"new a", "c.png": b"new c", "inspect.json": "{}\n"})
-        assert contents(out) == {".lock": b"", **EARLIER}
+        assert contents(out) == {**EARLIER, **MANIFEST} | ({} if outputs.in_place else {})
         assert cli.left_behind() == f"nothing was replaced: {out} holds its earlier files, whole"
         return
     assert outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"}) is True
-    assert contents(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}  # (b.png gone, the lock released)
+    assert new_set(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}  # (b.png gone)
     assert sorted(os.listdir(tmp_path)) == ["inspect"]
 
 
@@ -208,32 +230,40 @@ def test_what_a_killed_run_left_in_the_folder_is_cleared_not_refused(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     debris = os.path.join(out, f".a.png.tmp{int(dead.stdout)}")
     open(debris, "wb").close()
-    cli.claim_set(out, "x", KINDS).replace({"inspect.json": "{}\n"})
-    assert contents(out) == {"inspect.json": b"{}\n"}
+    cli.claim_set(out, "x", TOOL).replace({"inspect.json": "{}\n"})
+    assert new_set(out) == {"inspect.json": b"{}\n"}
 
 
 def test_a_symlinked_folder_stays_a_symlink(tmp_path):
     target = earlier_set(tmp_path)
     link = tmp_path / "link"
     link.symlink_to(target)
-    cli.claim_set(str(link), "--out_dir=<x>", KINDS).replace({"inspect.json": "{}\n"})
-    assert os.path.islink(link) and contents(target) == {"inspect.json": b"{}\n"}
+    cli.claim_set(str(link), "--out_dir=<x>", TOOL).replace({"inspect.json": "{}\n"})
+    assert os.path.islink(link) and new_set(target) == {"inspect.json": b"{}\n"}
 
 
-def test_the_claim_goes_with_the_set_and_ends_with_the_run(tmp_path):
-    """The swap carries the lock (a second run is still refused after it), and a run that wrote
+def test_the_claim_holds_until_the_set_is_written_and_ends_with_the_run(tmp_path):
+    """The lock is beside the folder (no swap carries it, no hard link is made): a second run is
+    refused while the set is written and swapped, and may begin once it is; a run that wrote
     nothing leaves no folder behind."""
     out = earlier_set(tmp_path)
-    outputs = cli.claim_set(out, "x", KINDS)
-    outputs._write = lambda name, data: None  # (nothing written: the lock is what the swap carries)
-    os.mkdir(outputs.staging)
-    os.link(os.path.join(out, cli.SET_LOCK), os.path.join(outputs.staging, cli.SET_LOCK))
-    cli.swap_folders(outputs.staging, out)
-    probe = "import sys, cli\ntry:\n    cli.claim_set(sys.argv[1], 'x', ('.png', '.json'))\nexcept cli.UserError as e:\n    print(e)"
-    run = subprocess.run([sys.executable, "-c", probe, out], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert "in use by another run" in run.stdout
+    outputs = cli.claim_set(out, "x", TOOL)
+    probe = ("import sys, cli\ntry:\n    cli.claim_set(sys.argv[1], 'x', sys.argv[2])\n"
+             "except cli.UserError as e:\n    print(e)")
+
+    def second_run():
+        return subprocess.run([sys.executable, "-c", probe, out, TOOL], cwd=REPO, capture_output=True, text=True,
+                              timeout=60).stdout
+    swap = cli.swap_folders
+    during = []
+    cli.swap_folders = lambda *folders: (swap(*folders), during.append(second_run()))
+    try:
+        outputs.replace({"inspect.json": "{}\n"})
+    finally:
+        cli.swap_folders = swap
+    assert "in use by another run" in during[0] and second_run() == ""
     empty = str(tmp_path / "new" / "deeper")
-    cli.claim_set(empty, "x", KINDS)
+    cli.claim_set(empty, "x", TOOL)
     while cli._cleanups:
         cli._cleanups.pop()()
     assert not os.path.exists(tmp_path / "new")
@@ -254,7 +284,8 @@ def write_with(writer, path, tmp_path):
     elif writer == "write_together":
         cli.write_together({path: b"new", str(tmp_path / "other.png"): b"other"})
     elif writer == "output_set":
-        cli.claim_set(os.path.dirname(path), "x", (os.path.splitext(path)[1],)).replace({os.path.basename(path): b"new"})
+        folder, name = os.path.split(path)  # (a file of an earlier set, written before manifests)
+        cli.claim_set(folder, "x", TOOL, legacy=(name,)).replace({name: b"new"})
 
 
 WRITERS = ["atomic_write", "write_json", "save_checkpoint", "write_together", "output_set"]

@@ -231,7 +231,7 @@ def make_place(case, work):
     if case == "dataset folder holds other files":
         (w / "data" / "poem").mkdir(parents=True)
         (w / "data" / "poem" / "notes.txt").write_text("mine")
-        return ["--data_dir=data", "--name=poem"], "holds files a preparation does not write (notes.txt)"
+        return ["--data_dir=data", "--name=poem"], "holds files a preparation did not write (notes.txt)"
     if case == "read-only folder":
         if os.geteuid() == 0:
             pytest.skip("running as root: chmod does not stop root from writing (the file-in-the-way "
@@ -331,8 +331,8 @@ def test_a_failed_write_leaves_nothing_and_names_the_path(script, fault, work, t
         argv, path = tiny_bench_args() + ["--out=results.json"], "'results.json'"
     else:
         argv = [f"--input={work['inputs'] / 'docs.jsonl'}", "--data_dir=data/new", "--name=docs", "--num_proc=1"]
-        # the first folder that cannot be made (data, under work), or the dataset's folder
-        path = "work/data'" if fault == "no permission to create the folder" else "'data/new/docs'"
+        # the first folder that cannot be made (data, under work), or the dataset's folder (or its file)
+        path = "work/data'" if fault == "no permission to create the folder" else "'data/new/docs"
         if script == "prepare_char.py":
             argv = argv[:3]
         else:
@@ -370,20 +370,21 @@ def ctrl_c_in_fill(monkeypatch):
 
 def swap_fails(monkeypatch):
     """The new folder cannot take the old one's place, whichever way the OS swaps them (one
-    exchange, cli.swap_folders; or renames, where a step fails after the old was set aside)."""
+    exchange, cli.swap_folders; or renames, where a step fails after the old was set aside),
+    for a reason other than a mount point (which the set then writes in place: test_output_sets.py)."""
     real = os.rename
 
     def rename(src, dst):
         if os.path.basename(str(src)).startswith(".poem_char.tmp"):
-            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src)
+            raise OSError(errno.EIO, os.strerror(errno.EIO), src)
         real(src, dst)
     monkeypatch.setattr(os, "rename", rename)
-    monkeypatch.setattr(cli, "swap_folders", lambda src, dst: rename(src, dst))
+    monkeypatch.setattr(cli, "swap_folders", lambda src, dst, aside: rename(src, dst))
 
 
 FORCE_FAULTS = {"a crash midway": (crash_in_fill, None),
                 "Ctrl-C midway": (ctrl_c_in_fill, "interrupted; data/poem_char was left as it was"),
-                "disk full at fsync": (enospc_at_fsync, "No space left on device: 'data/poem_char'"),
+                "disk full at fsync": (enospc_at_fsync, "No space left on device: 'data/poem_char/train.bin'"),
                 "the swap fails": (swap_fails, "'data/poem_char'")}
 
 

@@ -440,7 +440,7 @@ SETTINGS = {  # name -> (script, arguments, environment, what the refusal says)
                                    "is not a commit"),
     "NANOTOST_COMMIT short": ("bench.py", ["--report=1"], {"NANOTOST_COMMIT": HEAD[:10]}, "is not a commit"),
     "bench.py --sections twice": ("bench.py", ["--report=1", "--sections=op,op"], {}, "more than once"),
-    "bench.py --T twice": ("bench.py", ["--T=8,8"], {}, "each length once"),
+    "bench.py --T twice": ("bench.py", ["--T=8,8"], {}, "T names 8 more than once"),
     "lra/listops_runs.py --runs twice": ("lra/listops_runs.py", ["--runs=shared_tssa,shared_tssa"], {},
                                          "runs names shared_tssa more than once"),
     "compare/pydocs.py --models twice": ("compare/pydocs.py", ["--models=tost,tost"], {}, "more than once"),
@@ -555,7 +555,7 @@ def test_local_files_are_prepared_under_a_datasets_cache_that_cannot_be_written(
     monkeypatch.chdir(tmp_path)
     assert call("prepare_openwebtext.py", "--input=a.txt", "--num_proc=1")[0] == 0
     assert sorted(os.listdir(tmp_path / "data")) == ["a"]  # its temp cache went with the run
-    assert sorted(os.listdir(tmp_path / "data" / "a")) == ["meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(tmp_path / "data" / "a")) == [cli.MANIFEST, "meta.json", "train.bin", "val.bin"]
 
 
 # -----------------------------------------------------------------------------

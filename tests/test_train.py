@@ -692,7 +692,7 @@ def test_preparation_removes_temp_files_of_a_killed_run(tmp_path):
     folder.mkdir()
     (folder / "train.bin.tmp").write_bytes(bytes(1000))  # what kill -9 mid-write leaves
     prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
-    assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(folder)) == [cli.MANIFEST, "meta.json", "train.bin", "val.bin"]
 
 
 def test_configs_list_only_what_differs_and_the_base_recipe_is_the_released_one():

@@ -318,13 +318,13 @@ def test_suite_state_bytes_per_layer_follow_the_formulas():
 
 
 @pytest.mark.parametrize("bad, says", [
-    ("--models=", "models is empty; give at least one of softmax"),
-    ("--tasks=", "tasks is empty; give at least one of mqar"),
-    ("--recipes= ,", "recipes is empty"),
-    ("--models=softmax,performer", "unknown name 'performer' in models"),
-    ("--tasks=mqar,bogus", "unknown name 'bogus' in tasks"),
-    ("--models=tost,tost", "models names one twice"),
-    ("--learning_rates=", "learning_rates must be one or more rates"),
+    ("--models=", "models must be names separated by commas"),
+    ("--tasks=", "tasks must be names separated by commas"),
+    ("--recipes= ,", "recipes must be names separated by commas"),
+    ("--models=softmax,performer", "models: unknown 'performer'; choose from softmax"),
+    ("--tasks=mqar,bogus", "tasks: unknown 'bogus'"),
+    ("--models=tost,tost", "models names tost more than once"),
+    ("--learning_rates=", "learning_rates must be numbers separated by commas"),
     ("--learning_rates=1e-3,fast", "learning_rates must be numbers"),
     ("--learning_rates=0,1e-3", "learning_rates must be one or more rates in \\(0, 1\\)"),
     ("--seeds=0", "seeds must be at least 1"),
@@ -341,8 +341,9 @@ def test_suite_empty_models_is_one_line_from_the_command_line(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(REPO, "recall", "suite.py"), "--models=",
                            f"--out_json={tmp_path / 'r.json'}"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == ["recall/suite.py: models is empty; give at least one of softmax, linear, "
-                                                "tost, tost_uniform, tost_conv, hybrid, hybrid_conv"]
+    assert proc.stderr.strip().splitlines() == [
+        "recall/suite.py: models must be names separated by commas (choose from softmax, linear, tost, tost_uniform, "
+        "tost_conv, hybrid, hybrid_conv), got ''"]
 
 
 def test_suite_refuses_a_file_of_other_settings(tmp_path):

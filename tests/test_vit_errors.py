@@ -182,7 +182,7 @@ def test_vit_train_refuses_bad_settings(setting, words, tmp_path, capsys):
     ("--n_rvar=-3", "n_rvar must be at least 1"),
     ("--batch_size=0", "batch_size must be at least 1"),
     ("--num_threads=-1", "num_threads must be in 0.."),
-    ("--layers=1;2", "layers must be layer numbers like '1,6,12', got '1;2'"),
+    ("--layers=1;2", "layers must be layer numbers (like '1,6,12') separated by commas: '1;2' is not one"),
     ("--layers=9", "layers [9] out of range: this model has layers 1..2"),
     ("--device=gpu", "device must be auto, cpu, cuda, cuda:N or mps"),
     ("--images=FILE", "is not a folder: give --images="),
@@ -426,6 +426,9 @@ def test_interrupt_names_the_checkpoint_and_a_second_run_refuses_the_locked_out_
     assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == saved + 1
 
 
+ONE_SET = [cli.MANIFEST, "cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]  # an inspection of one image
+
+
 @pytest.mark.parametrize("fault", ["interrupt", "disk-full", "another-run"])
 def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path, monkeypatch, capsys, fault):
     """The pictures are one set (cli.claim_set): an interrupt or a full disk while the new set is
@@ -439,7 +442,7 @@ def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path
     holder = None
     if fault == "another-run":
         holder = subprocess.Popen([sys.executable, "-c", "import sys, cli; cli.run_cli(lambda: (cli.claim_set(sys.argv[1], 'x', "
-                                   "('.png', '.json')), print('held', flush=True), sys.stdin.read()))", str(out)], cwd=REPO,
+                                   "'vit_inspect.py'), print('held', flush=True), sys.stdin.read()))", str(out)], cwd=REPO,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   preexec_fn=default_signals)
         assert holder.stdout.readline() == "held\n"
@@ -460,7 +463,7 @@ def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path
             f"nothing was replaced: {out} holds its earlier files, whole") in err, err
     if fault == "interrupt":  # then: the new set, whole, without pi_02.png (once: an inspection costs a second)
         assert call("vit_inspect.py", argv + ["--n_show=1"], capsys)[0] == 0
-        assert sorted(p.name for p in out.iterdir()) == ["cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]
+        assert sorted(p.name for p in out.iterdir()) == ONE_SET
 
 
 def test_vit_inspect_writes_a_writable_folder_whose_parent_is_read_only(vit_run, tmp_path, monkeypatch, capsys):
@@ -471,7 +474,7 @@ def test_vit_inspect_writes_a_writable_folder_whose_parent_is_read_only(vit_run,
     assert call("vit_inspect.py", argv + ["--n_show=3"], capsys)[0] == 0
     real_mkdir = os.mkdir
     monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(PermissionError(
-        13, "Permission denied", p)) if ".new" in os.path.basename(p) else real_mkdir(p, *a))  # (as root: made so)
+        13, "Permission denied", p)) if ".tmp" in os.path.basename(p) else real_mkdir(p, *a))  # (as root: made so)
     code, stdout, err = call("vit_inspect.py", argv + ["--n_show=1"], capsys)
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]
+    assert sorted(p.name for p in out.iterdir()) == ONE_SET
