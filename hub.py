@@ -17,7 +17,7 @@ whole, or this one):
 
 Writing:  FILES, checkpoint_kind, describe (config.json), weights_bytes, model_card
 Reading:  resolve (a folder here, else a Hub id fetched into the Hugging Face cache), read_config
-          (its fields, model_args through trainkit.model_config), load_weights (names, shapes and
+          (its fields, model_args through checkpoints.model_config), load_weights (names, shapes and
           dtypes against the model's own, before any is loaded), from_pretrained, beside
 """
 
@@ -31,6 +31,7 @@ import tempfile
 
 import torch
 
+import checkpoints
 import cli
 import kernels
 import plaindata
@@ -303,7 +304,7 @@ def resolve(source, kind=None):
 def read_config(folder, source, kind=None):
     """config.json of a model's folder, checked: a nanoToST model's, of a kind this version knows
     (`kind`, where the reader needs one), its sections there, and model_args every field of the
-    model's config and nothing else, by the rules a checkpoint's are (trainkit.model_config).
+    model's config and nothing else, by the rules a checkpoint's are (checkpoints.model_config).
     Returns (config, the model's config dataclass)."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
@@ -333,7 +334,7 @@ def read_config(folder, source, kind=None):
         if missing:
             raise cli.UserError(f"{path} lacks model_args {', '.join(missing)} (every field of {config_cls.__name__} "
                                 f"is written by export.py): {fix}")
-        model_config = tk.model_config(config_cls, {"model_args": args}, path)
+        model_config = checkpoints.model_config(config_cls, {"model_args": args}, path)
         check_section(found, own, model_config)
         cli.json_number(config["training"]["iterations"], "training.iterations")
         if not isinstance(config["training"]["dataset"], str):

@@ -503,7 +503,8 @@ def main(argv):
     if C.screenshot:
         cli.claim_output(C.screenshot, "--screenshot=<another file>")
     run = ckpt["config"]
-    dataset, T, H = run["dataset"], model.config.block_size, model.config.n_head
+    dataset, T, H = run.get("dataset") or ckpt["tokenizer"].get("dataset"), model.config.block_size, model.config.n_head
+    cli.require(dataset, f"{path} does not say what it was trained on: inspect a run of train.py (--out_dir=<run>)")
     folder, meta = td.open_dataset(C.data_dir or run.get("data_dir", "data"), dataset, ("train", "val"), T)
     td.check_tokenizer(ckpt, meta, path, dataset, "inspect it with the data it was trained on (--data_dir)")
     encode, decode = td.load_tokenizer(ckpt["tokenizer"])

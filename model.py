@@ -655,7 +655,7 @@ class ViTConfig:
     drop_path: float = 0.0  # stochastic depth rate of every ToST block (released: T 0, S 0.05, M 0.15)
     cls_drop_path: float = 0.0  # of the class-attention blocks (XCiT, and so the release: 0)
     ln_eps: float = 1e-6  # LayerNorm epsilon everywhere in the ViT (as released)
-    layer_scale_init: float = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (MATH.md §5.3)
+    layer_scale_init: float | None = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (MATH.md §5.3); None: none
     attn: str = "tssa"  # a name of ATTENTIONS ("softmax", "linear": ViT baselines at the same size)
     pi: str = "softmax"
     bias: bool = True  # biases in the blocks' Linear and LayerNorm layers (as released)

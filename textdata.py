@@ -39,6 +39,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+import checkpoints
 import cli
 import hub
 import kernels
@@ -243,7 +244,7 @@ def load_language_model(path, device, tssa_impl="torch", exported=False):
         return gpt, info
     ckpt = tk.load_checkpoint(path, "language")
     check_tokenizer_named(ckpt["tokenizer"], path)
-    gpt = GPT(tk.model_config(GPTConfig, ckpt, path))
+    gpt = GPT(checkpoints.model_config(GPTConfig, ckpt, path))
     tk.load_weights(gpt, ckpt.pop("model"), path)
     ckpt.pop("optimizer", None)
     if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)

@@ -18,6 +18,7 @@ Data: <data_dir>/<dataset>/{train,val}.bin (uint16 token ids) + meta.json, writt
 prepare_openwebtext.py (GPT-2 BPE) or prepare_char.py (characters). Batches are a pure function
 of (seed, iteration, micro-batch index), so init_from="resume" continues exactly: the same
 losses as an uninterrupted run, and a resume needs no --dataset (the checkpoint's is read).
+init_from="finetune" --finetune_from=<ckpt.pt> starts a new run from a checkpoint's weights alone.
 out_dir/ckpt.pt is written atomically; evaluations and training losses go to out_dir/log.jsonl.
 Scoring a checkpoint on a whole split: evaluate.py; sampling from it: sample.py.
 """
@@ -34,11 +35,12 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoints
 import cli
 import kernels
 import textdata as td
 import trainkit as tk
-from model import ATTENTIONS, GPT, GPTConfig
+from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: ToST-Base on OpenWebText, the released recipe (config/tost_owt.py says
@@ -49,7 +51,8 @@ eval_interval = 2000  # evaluate and checkpoint every this many iterations
 log_interval = 1  # print (and log) the training loss every this many iterations
 eval_iters = 200  # batches per split for the loss estimate
 always_save_checkpoint = True  # else only when the val loss improves
-init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt), "resume", or "auto" (either)
+init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt), "resume", "auto" (either), "finetune"
+finetune_from = ""  # init_from="finetune": a new run from this checkpoint's weights (its architecture, a new optimizer)
 # logging
 wandb_log = False
 wandb_project = "nanotost"
@@ -102,18 +105,17 @@ TRAIN, EVAL = 0, 1  # seed tags: training batches and evaluation batches never c
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is built."""
-    cli.check(C, at_least_1=("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
-                             "block_size", "n_layer", "n_head", "n_embd"),
-              non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
-                            "max_time", "layer_scale_init", "short_conv", "hybrid_every"),
-              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
-              workers=("num_threads",), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
-              choices={"init_from": ("scratch", "resume", "auto"), "attn": tuple(ATTENTIONS),
-                       "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
-                       "lr_schedule": ("cosine", "linear", "constant", "invsqrt")})
+    cli.check(C, **checkpoints.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
+        at_least_1=("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps"),
+        non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip", "max_time"),
+        positive=("learning_rate",), fraction=("beta1", "beta2"), seed=("seed",), workers=("num_threads",),
+        between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
+        choices={"init_from": ("scratch", "resume", "auto", "finetune"), "tssa_impl": kernels.IMPLS,
+                 "lr_schedule": ("cosine", "linear", "constant", "invsqrt")}))
     cli.build(GPTConfig, **{k: getattr(C, k) for k in MODEL_KEYS})  # the model's own rules between settings
     cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     cli.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
+    cli.require(C.init_from != "finetune" or C.finetune_from, "init_from='finetune' needs --finetune_from=<a ckpt.pt>")
 
 
 @torch.no_grad()
@@ -150,12 +152,14 @@ def main(argv):
 
     # -------------------------------------------------------------------------
     # the checkpoint to continue, read before the data: a resumed run is the checkpoint's run, so
-    # its architecture, dataset and seed win (settings given that differ are refused)
-    ckpt = None
-    if C.init_from == "resume":
-        ckpt = tk.load_checkpoint(ckpt_path, "language")
-        tk.resume_settings(ckpt, C, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path)
-        if ckpt["iter_num"] >= C.max_iters:
+    # its architecture, dataset and seed win (settings given that differ are refused); a fine-tuned
+    # one starts from its weights and keeps its architecture
+    ckpt, from_path = None, {"resume": ckpt_path, "finetune": C.finetune_from}.get(C.init_from)
+    if from_path:
+        ckpt = tk.load_checkpoint(from_path, "language", "resume" if C.init_from == "resume" else "weights")
+        tk.take_settings(ckpt, C, given, MODEL_KEYS + (("dataset", "seed") if C.init_from == "resume" else ()),
+                         from_path, check_settings)
+        if C.init_from == "resume" and ckpt["iter_num"] >= C.max_iters:
             print(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
                   f"raise --max_iters to train it further, or sample from it: python sample.py --out_dir={C.out_dir}")
             return None
@@ -165,8 +169,7 @@ def main(argv):
     # split is one line that says how to prepare it again
     folder, meta = td.open_dataset(C.data_dir, C.dataset, ("train", "val"), C.block_size)
     if ckpt is not None:
-        td.check_tokenizer(ckpt, meta, ckpt_path, C.dataset,
-                           "resume it on its own dataset, or start a new run with --out_dir=<new folder>")
+        td.check_tokenizer(ckpt, meta, from_path, C.dataset, "train it on data prepared with its tokenizer")
     T = C.block_size
 
     def get_batch(split, *key):
@@ -214,9 +217,10 @@ def main(argv):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss = 0, float("inf")
         if ckpt is not None:
-            tk.load_weights(model, ckpt["model"], ckpt_path)
+            tk.load_weights(model, ckpt["model"], from_path)
+        if C.init_from == "resume":
             optimizer.load_state_dict(ckpt["optimizer"])
-            if ckpt["scaler"]:  # (empty when the run that saved it had no float16 scaler)
+            if ckpt.get("scaler"):  # (empty when the run that saved it had no float16 scaler)
                 scaler.load_state_dict(ckpt["scaler"])
             iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
             tk.restore_rng(ckpt["rng"], d, say)
@@ -236,15 +240,9 @@ def main(argv):
         # ---------------------------------------------------------------------
         # logging: log.jsonl is what plots and tests read (a scratch run starts it afresh, a resumed one
         # keeps what came before its checkpoint); wandb optionally; and an interrupt says what it leaves
-        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch",
+        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from != "resume",
                                 resume_at=iter_num if C.init_from == "resume" else None)
-        wandb = None
-        if C.wandb_log and d.is_master:
-            try:
-                import wandb
-            except ImportError:
-                raise cli.UserError("wandb_log=True needs wandb: pip install wandb (or --wandb_log=False)") from None
-            wandb.init(project=C.wandb_project, name=C.wandb_run_name, config=vars(C), resume="allow")
+        wandb = tk.start_wandb(C.wandb_project, C.wandb_run_name, vars(C)) if C.wandb_log and d.is_master else None
         tokens_per_iter = C.gradient_accumulation_steps * C.batch_size * T
         say(f"{C.attn} model: {raw_model.get_num_params() / 1e6:.2f}M parameters, {C.dataset} ({meta['tokenizer']} "
             f"tokenizer, vocabulary {meta['vocab_size']}), {d.world_size} process(es) on {device}, {dtype}, "

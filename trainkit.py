@@ -9,14 +9,14 @@ the settings of every script are cli.py's.
   files, checkpoints   claim_out_dir (a lock that run_cli releases; no scratch run over a
                        checkpoint), save_checkpoint (through cli.atomic_write: a full
                        disk is an OSError naming it) / load_checkpoint (plain data alone, read with
-                       weights_only: nothing in a file runs) / load_weights, JsonlLogger
-                       (a resumed run's log holds each iteration once)
-  training             init_from_auto, resume_settings, get_lr, non_finite, gather_rng_states /
-                       restore_rng
+                       weights_only: nothing in a file runs; a file of another format named for what
+                       it is; what it holds checked by checkpoints.py before any use) / load_weights,
+                       JsonlLogger (a resumed run's log holds each iteration once)
+  training             init_from_auto, take_settings (a resumed or fine-tuned run's settings from its
+                       checkpoint), get_lr, non_finite, gather_rng_states / restore_rng
   MFU                  flops_per_token, estimate_mfu (against the GPU's peak, PEAK_FLOPS)
 """
 
-import dataclasses
 import errno
 import gc
 import json
@@ -36,10 +36,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import checkpoints
 import cli
 import model
 import plaindata
 import ranks
+from checkpoints import KIND_MAKER
 from cli import UserError, atomic_write, require
 
 # -----------------------------------------------------------------------------
@@ -200,20 +202,39 @@ def save_checkpoint(obj, path):
         raise
 
 
-KIND_MAKER = {"language": "train.py", "vit": "vit_train.py", "lra": "lra/train.py"}
-CKPT_FIELDS = ("kind", "model", "model_args", "config", "iter_num")  # what every checkpoint of this version holds
-KIND_FIELDS = {"language": ("tokenizer",), "vit": (), "lra": ()}
-
-
-def load_checkpoint(path, kind):
-    """A checkpoint of `kind`, loaded onto the CPU as plain data (plaindata.read). A missing, damaged
-    or other-kind file, one that holds code or objects, or one without the fields this version
-    writes, is a UserError naming it."""
+def load_checkpoint(path, kind, use="weights"):
+    """A checkpoint of `kind` (a file, or the folder of its ckpt.pt), loaded onto the CPU as plain
+    data (plaindata.read) and checked for `use` (checkpoints.check): "weights" (scoring, sampling,
+    inspecting, fine-tuning) or "resume". Anything else is a UserError naming the file: missing,
+    damaged, a file of another format (named for what it is), code or objects, another kind, a
+    field missing or not what it must be."""
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
+    maker, folder = KIND_MAKER[kind], os.path.dirname(path) or "."
+    if not os.path.isfile(path) and os.path.isfile(os.path.join(folder, "model.safetensors")):
+        raise UserError(f"{folder} holds model.safetensors and no ckpt.pt: a model exported to share, not a "
+                        f"training run; {plaindata.HUB_FOLDER}")
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}: give the folder or file of a checkpoint that "
-                        f"{KIND_MAKER[kind]} wrote, or train one first")
+        raise UserError(f"no checkpoint at {path}: give the folder or file of a checkpoint that {maker} wrote, "
+                        "or train one first")
+    other = plaindata.other_format(path)
+    if other:
+        raise UserError(f"{path} is {other[0]}, not a checkpoint (the ckpt.pt that {maker} writes): "
+                        f"{other[1] or f'give a checkpoint that {maker} wrote'}")
+    ckpt = read_plain(path, maker)
+    if not isinstance(ckpt, dict):  # torch.save of a bare tensor, a list: no checkpoint's fields
+        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint (a dict of kind, model, model_args, "
+                        f"config, iter_num): give a checkpoint that {maker} wrote")
+    if plaindata.weights_alone(ckpt):
+        raise UserError(f"{path} holds weights alone ({len(ckpt)} tensors: a bare state_dict, as "
+                        "torch.save(model.state_dict()) writes), and nothing says which model they fit: give the "
+                        f"ckpt.pt that {maker} wrote (its weights with model_args and the run's settings)")
+    checkpoints.check(ckpt, kind, use, path, optimizer_for=lambda module: configure_adamw(module, 0.0, 1.0, (0.9, 0.9)))
+    return ckpt
+
+
+def read_plain(path, maker):
+    """plaindata.read(path), or one line: a damaged file, or one that holds code or objects."""
     try:
         ckpt, stray = plaindata.read(path), None
     except pickle.UnpicklingError as e:  # weights_only refused a global (a function, a class) or what needs one
@@ -225,36 +246,16 @@ def load_checkpoint(path, kind):
     stray = stray or plaindata.not_plain(ckpt)  # (an array outside an earlier version's RNG states, say)
     if stray:
         raise UserError(f"{path} holds code or objects that no checkpoint of this version holds ({stray}): it was "
-                        f"refused, nothing in it was run; give a checkpoint that {KIND_MAKER[kind]} wrote")
-    if not isinstance(ckpt, dict):  # torch.save of a bare tensor, a model, a list: no checkpoint's fields
-        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint (a dict of {', '.join(CKPT_FIELDS)}): "
-                        f"give a checkpoint that {KIND_MAKER[kind]} wrote")
-    fields = set(ckpt)
-    found = ckpt.get("kind")
-    if found in KIND_MAKER and found != kind:
-        raise UserError(f"{path} is a {found} checkpoint (written by {KIND_MAKER[found]}), not "
-                        f"{'an' if kind == 'lra' else 'a'} {kind} one: give a checkpoint that {KIND_MAKER[kind]} wrote")
-    missing = [f for f in CKPT_FIELDS + KIND_FIELDS[kind] if f not in fields]
-    if missing:
-        raise UserError(f"{path} was not written by this version of {KIND_MAKER[kind]} (it lacks "
-                        f"{', '.join(missing)}): train a new one with {KIND_MAKER[kind]}")
+                        f"refused, nothing in it was run; give a checkpoint that {maker} wrote")
     return ckpt
-
-
-# parameters renamed since checkpoints were first written: (pattern of the old name, the new name)
-RENAMED = ((r"(^|\.)c_in\.", r"\1w_proj."), (r"(^|\.)ls_1\.gamma$", r"\1attn_scale.weight"),
-           (r"(^|\.)ls_2\.gamma$", r"\1mlp_scale.weight"))
 
 
 def load_weights(module, state, path):
     """module.load_state_dict(state), the weights of an earlier version under their new names
-    (RENAMED), or one line when the checkpoint's weights are not this version's (other names or
-    shapes: written by another version of nanoToST)."""
-    own = module.state_dict()
-    for old, new in RENAMED:
-        state = {(key if key in own else re.sub(old, new, key)): value for key, value in state.items()}
+    (checkpoints.RENAMED), or one line when the checkpoint's weights are not this version's (other
+    names or shapes: written by another version of nanoToST)."""
     try:
-        module.load_state_dict(state)
+        module.load_state_dict(checkpoints.renamed(state, module.state_dict()))
     except RuntimeError as e:
         detail = " ".join(str(e).split())
         raise UserError(f"{path} holds weights this version's {type(module).__name__} does not have "
@@ -262,32 +263,14 @@ def load_weights(module, state, path):
                         "nanoToST; train a new one") from None
 
 
-def model_config(config_cls, ckpt, path):
-    """config_cls(**ckpt["model_args"]), or one line that names the field when the checkpoint's
-    architecture is not this version's: a field it does not have, an attention or a Pi it does
-    not know (a fork's, a later version's), a value its rules refuse. Never a guess."""
-    args = ckpt["model_args"]
-    if not isinstance(args, dict):
-        raise UserError(f"{path} holds model_args of type {type(args).__name__}, not the settings of a model: "
-                        "give a checkpoint that this version wrote")
-    known = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(args) - known)
-    if unknown:
-        raise UserError(f"{path} was written by another version of nanoToST (model_args {', '.join(unknown)} are "
-                        f"not {config_cls.__name__} fields): train a new one with this version")
-    if "attn" in args and args["attn"] not in model.ATTENTIONS:
-        raise UserError(f"{path} names attn={args['attn']!r}, an attention this version does not know "
-                        f"({', '.join(model.ATTENTIONS)}): register its class in model.ATTENTIONS (MATH.md §9), "
-                        "or use the version of nanoToST that wrote it")
-    if "pi" in args and args["pi"] not in model.PI_MODES:
-        raise UserError(f"{path} names pi={args['pi']!r}, a Pi this version does not know "
-                        f"({', '.join(model.PI_MODES)}): add it to model.pi_from_logits and model.PI_MODES, or use the "
-                        "version of nanoToST that wrote it")
+def start_wandb(project, name, config):
+    """A wandb run (train.py's wandb_log=True; a resumed run continues its own), or one line without wandb."""
     try:
-        return config_cls(**args)
-    except (TypeError, ValueError) as e:  # GPTConfig's rules between settings
-        raise UserError(f"{path} holds model_args this version refuses ({e}): use the version of nanoToST "
-                        "that wrote it") from e
+        import wandb
+    except ImportError:
+        raise UserError("wandb_log=True needs wandb: pip install wandb (or --wandb_log=False)") from None
+    wandb.init(project=project, name=name, config=config, resume="allow")
+    return wandb
 
 
 class JsonlLogger:
@@ -339,27 +322,34 @@ def init_from_auto(C, ckpt_path):
     return again
 
 
-def check_resume(ckpt, C, given, keys, path):
-    """A resumed run keeps the checkpoint's architecture: refuse settings given on the command
-    line or in a config file that differ from it (the `keys` of ckpt["config"])."""
+def take_settings(ckpt, C, given, keys, path, check):
+    """A resumed run is the checkpoint's run, a fine-tuned one (C.init_from="finetune") keeps its
+    architecture: the settings `keys` of ckpt["config"] replace C's. Refused in one line: settings
+    given on the command line or in a config file that differ from them, a key the checkpoint
+    lacks, or a value the trainer would refuse (of another type than its setting, or by check(C))."""
     old = ckpt["config"]
     differ = [k for k in keys if k in given and k in old and getattr(C, k) != old[k]]
     if differ:
         pairs = ", ".join(f"{k}={getattr(C, k)!r} (checkpoint: {old[k]!r})" for k in differ)
-        raise UserError(f"{path} was trained with other settings: {pairs}; drop them to resume it, "
-                        "or start a new run with --out_dir=<new folder>")
-
-
-def resume_settings(ckpt, C, given, keys, path):
-    """A resumed run is the checkpoint's run: refuse settings given that differ from it
-    (check_resume), then take the checkpoint's values of `keys` (architecture, seed, data)."""
-    check_resume(ckpt, C, given, keys, path)
-    missing = [k for k in keys if k not in ckpt["config"]]
+        advice = ("fine-tuning keeps its architecture: drop them" if C.init_from == "finetune" else
+                  "drop them to resume it, or start a new run with --out_dir=<new folder>")
+        raise UserError(f"{path} was trained with other settings: {pairs}; {advice}")
+    missing = [k for k in keys if k not in old]
     if missing:
         raise UserError(f"{path} was written by another version of nanoToST (its settings lack "
                         f"{', '.join(missing)}): start a new run with --out_dir=<new folder>")
     for key in keys:
-        setattr(C, key, ckpt["config"][key])
+        mine = type(getattr(C, key))
+        if not (type(old[key]) is mine or (mine is float and type(old[key]) is int)):
+            raise UserError(f"{path} holds config['{key}'] = {old[key]!r} ({type(old[key]).__name__}), where the "
+                            f"setting {key} takes {mine.__name__} values: the file was damaged or written by another "
+                            "program; start a new run with --out_dir=<new folder>")
+        setattr(C, key, mine(old[key]))
+    try:
+        check(C)
+    except UserError as e:
+        raise UserError(f"{path} holds settings this version refuses ({e}): use the version of nanoToST that "
+                        "wrote it") from None
 
 
 NO_DECAY = ("pos_bias", "cls_token")  # model.py's parameters of 2+ dimensions that are not weight matrices

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+import checkpoints
 import cli
 import kernels
 import trainkit as tk
@@ -470,7 +471,7 @@ def load_vit_model(path, device="cpu", tssa_impl="torch", **overrides):
     architecture (with `overrides`, e.g. img_size or dropout: nothing they change is a weight),
     its weights, TSSA run by `tssa_impl`, on `device`. Anything else is one line (trainkit)."""
     ckpt = tk.load_checkpoint(path, "vit")
-    config = dataclasses.replace(tk.model_config(ViTConfig, ckpt, path), **overrides)
+    config = dataclasses.replace(checkpoints.model_config(ViTConfig, ckpt, path), **overrides)
     model = ToSTViT(config)
     tk.load_weights(model, ckpt["model"], path)
     if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)

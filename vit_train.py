@@ -37,11 +37,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoints
 import cli
 import kernels
 import trainkit as tk
 import vit_data
-from model import ATTENTIONS, ToSTViT, ViTConfig
+from model import ToSTViT, ViTConfig
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: a small ToST-ViT on the built-in shapes; config/vit_*.py list only what they change.
@@ -119,21 +120,18 @@ FINETUNE_OWN = ("img_size", "dropout", "drop_path")  # what a fine-tuning run se
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is built."""
-    cli.check(C, at_least_1=("eval_interval", "log_interval", "img_size", "shapes_train_size", "shapes_val_size",
-                             "shapes_source_size", "repeated_aug", "n_layer", "n_head", "n_embd", "patch_size",
-                             "n_cls_layers", "batch_size", "gradient_accumulation_steps"),
-              non_negative=("eval_max_images", "mixup", "cutmix", "layer_scale_init", "max_iters", "min_lr",
-                            "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "max_time"),
-              positive=("mlp_ratio", "learning_rate", "eval_crop_pct"), seed=("seed", "shapes_seed"),
-              fraction=("val_fraction", "label_smoothing", "dropout", "drop_path", "beta1", "beta2"),
-              workers=("num_workers", "num_threads"),
-              between={"mix_prob": (0.0, 1.0), "random_erasing": (0.0, 1.0), "eval_crop_pct": (0.0, 1.0),
-                       "shapes_num_classes": (2, len(vit_data.SHAPES)),
-                       "ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
-              choices={"init_from": ("scratch", "resume", "auto", "finetune"),
-                       "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
-                       "attn": tuple(ATTENTIONS), "pi": ("softmax", "uniform"), "tssa_impl": kernels.IMPLS,
-                       "lr_schedule": ("cosine", "linear", "constant")})
+    cli.check(C, **checkpoints.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
+        at_least_1=("eval_interval", "log_interval", "shapes_train_size", "shapes_val_size", "shapes_source_size",
+                    "repeated_aug", "batch_size", "gradient_accumulation_steps"),
+        non_negative=("eval_max_images", "mixup", "cutmix", "max_iters", "min_lr", "warmup_iters", "lr_decay_iters",
+                      "weight_decay", "grad_clip", "max_time"),
+        positive=("learning_rate", "eval_crop_pct"), seed=("seed", "shapes_seed"),
+        fraction=("val_fraction", "label_smoothing", "beta1", "beta2"), workers=("num_workers", "num_threads"),
+        between={"mix_prob": (0.0, 1.0), "random_erasing": (0.0, 1.0), "eval_crop_pct": (0.0, 1.0),
+                 "shapes_num_classes": (2, len(vit_data.SHAPES)), "ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
+        choices={"init_from": ("scratch", "resume", "auto", "finetune"),
+                 "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
+                 "tssa_impl": kernels.IMPLS, "lr_schedule": ("cosine", "linear", "constant")}))
     low_high = C.crop_scale
     cli.require(len(low_high) == 2 and all(type(v) in (int, float) for v in low_high)
                 and 0 < low_high[0] <= low_high[1] <= 1,
@@ -194,21 +192,13 @@ def main(argv):
     # architecture, this run's img_size, dropout and drop_path)
     ckpt = None
     if C.init_from == "resume":
-        ckpt = tk.load_checkpoint(ckpt_path, "vit")
-        tk.resume_settings(ckpt, C, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path)
+        ckpt = tk.load_checkpoint(ckpt_path, "vit", "resume")
+        tk.take_settings(ckpt, C, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path, check_settings)
     elif C.init_from == "finetune":
-        if not os.path.exists(C.finetune_from):
-            raise cli.UserError(f"finetune_from={C.finetune_from!r} does not exist: give the ckpt.pt of a "
-                                "vit_train.py run")
         pretrained, ckpt = vit_data.load_vit_model(C.finetune_from, tssa_impl=C.tssa_impl,
                                                    **{k: getattr(C, k) for k in FINETUNE_OWN})
-        body = [k for k in MODEL_KEYS if k not in FINETUNE_OWN]
-        differ = [k for k in body if k in given and getattr(C, k) != ckpt["config"][k]]
-        if differ:
-            raise cli.UserError(f"fine-tuning keeps the architecture of {C.finetune_from}: drop " + ", ".join(
-                f"--{k}={getattr(C, k)!r} (checkpoint: {ckpt['config'][k]!r})" for k in differ))
-        for key in body:
-            setattr(C, key, ckpt["config"][key])
+        body = tuple(k for k in MODEL_KEYS if k not in FINETUNE_OWN)
+        tk.take_settings(ckpt, C, given, body, C.finetune_from, check_settings)
 
     # -------------------------------------------------------------------------
     # the data, read and checked before anything is written to out_dir
@@ -269,7 +259,7 @@ def main(argv):
         if C.init_from == "resume":
             tk.load_weights(model, ckpt["model"], ckpt_path)
             optimizer.load_state_dict(ckpt["optimizer"])
-            if ckpt.get("scaler"):
+            if ckpt.get("scaler"):  # (empty when the run that saved it had no float16 scaler)
                 scaler.load_state_dict(ckpt["scaler"])
             iter_num, best_val_loss, best_val_acc = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_val_acc"]
             tk.restore_rng(ckpt["rng"], d, say)

@@ -16,7 +16,8 @@ model, with the baseline's MLP sized so both models have the same parameter coun
 batch_size and gradient_accumulation_steps mean what they mean in train.py: examples per
 process per micro-step, and micro-steps per optimizer step over all processes together, so a
 step sees batch_size x gradient_accumulation_steps examples whatever the number of processes.
-The policies are train.py's: init_from scratch | resume | auto, one run per out_dir (a lock),
+The policies are train.py's: init_from scratch | resume | auto | finetune (a new run from the
+weights of finetune_from, its architecture and task), one run per out_dir (a lock),
 a resume keeps the checkpoint's architecture and task (given settings that differ are
 refused), a finished run says so, a non-finite training loss stops before the update.
 Every eval_interval steps: loss and accuracy on val (and test accuracy whenever val improves),
@@ -39,12 +40,12 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import checkpoints
 import cli
 import kernels
 import trainkit as tk
 from lra.data import TASKS, get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
-from model import ATTENTIONS
 
 # -----------------------------------------------------------------------------
 # settings
@@ -89,7 +90,8 @@ eval_interval = 500  # evaluate and checkpoint every this many iterations
 eval_batch_size = 0  # 0: batch_size
 log_interval = 50
 out_dir = "out-lra"
-init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt), "resume", or "auto" (either)
+init_from = "scratch"  # "scratch" (refuses an out_dir that holds a ckpt.pt), "resume", "auto" (either), "finetune"
+finetune_from = ""  # init_from="finetune": a new run from this checkpoint's weights (its model and task)
 eval_only = False  # val and test accuracy of out_dir/ckpt.pt, no training
 seed = 1337
 # system
@@ -106,21 +108,23 @@ TASK_KEYS = ("task", "max_len")  # what a checkpoint's position table and head w
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or written."""
-    cli.check(C, at_least_1=("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "n_layer",
-                             "n_head", "n_embd", "mlp_hidden", "pad_multiple", "load_workers"),
-              non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip",
-                            "max_len", "eval_batch_size", "n_train", "n_eval", "layer_scale_init"),
-              positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
-              workers=("load_workers", "num_threads"), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
-              choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": tuple(ATTENTIONS),
-                       "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
-                       "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
+    cli.check(C, **checkpoints.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
+        at_least_1=("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "pad_multiple",
+                    "load_workers"),
+        non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip", "max_len",
+                      "eval_batch_size", "n_train", "n_eval"),
+        positive=("learning_rate",), fraction=("beta1", "beta2"), seed=("seed",),
+        workers=("load_workers", "num_threads"), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
+        choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto", "finetune"),
+                 "tssa_impl": kernels.IMPLS, "lr_schedule": ("linear", "cosine", "invsqrt", "constant")}))
     cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     cli.require(C.norm == "post" or int(C.mlp_hidden / C.n_embd * C.n_embd) == C.mlp_hidden,
                 f"mlp_hidden ({C.mlp_hidden}) / n_embd ({C.n_embd}) is not a ratio model.Block (norm='pre') can "
                 "turn back into mlp_hidden: pick another --mlp_hidden, or --norm=post")
     cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     cli.require(C.out_dir and C.data_dir, "out_dir and data_dir must not be empty")
+    cli.require(C.init_from != "finetune" or C.finetune_from, "init_from='finetune' needs --finetune_from=<a ckpt.pt>")
+    cli.require(not (C.eval_only and C.init_from == "finetune"), "eval_only scores out_dir/ckpt.pt: drop --init_from")
     top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
     while not os.path.exists(top):
         top = os.path.dirname(top)
@@ -201,7 +205,8 @@ def main(argv):
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
     resume_cmd = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if any; the command that does
-    resume = C.init_from == "resume" or C.eval_only
+    resume = C.init_from == "resume" and not C.eval_only  # (eval_only: out_dir's weights, no optimizer)
+    from_path = ckpt_path if resume or C.eval_only else C.finetune_from if C.init_from == "finetune" else None
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
@@ -216,15 +221,15 @@ def main(argv):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
         # ---------------------------------------------------------------------
-        # the run to continue: its architecture, task and seed win
-        ckpt, stamp = None, None
-        if resume:
-            ckpt = tk.load_checkpoint(ckpt_path, "lra")
-            stamp = (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns)  # a save renames a new file in
-            tk.check_resume(ckpt, C, given, MODEL_KEYS + TASK_KEYS + ("seed",), ckpt_path)
-            for key in MODEL_KEYS + TASK_KEYS + ("seed",):
-                setattr(C, key, ckpt["config"][key])
-            if ckpt["iter_num"] >= C.max_iters and not C.eval_only:
+        # the run to continue or score: its architecture, task and seed win (fine-tuning: its
+        # architecture and task, a new optimizer)
+        ckpt = None
+        if from_path:
+            ckpt = tk.load_checkpoint(from_path, "lra", "resume" if resume else "weights")
+            stamp = (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns) if resume else None  # a save renames
+            own = ("seed",) if C.init_from != "finetune" else ()
+            tk.take_settings(ckpt, C, given, MODEL_KEYS + TASK_KEYS + own, from_path, check_settings)
+            if resume and ckpt["iter_num"] >= C.max_iters:
                 say(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}, best val acc "
                     f"{ckpt['best_val_acc']:.4f}): nothing to do; raise --max_iters to train it further, or "
                     f"score it with --eval_only=True")
@@ -250,7 +255,7 @@ def main(argv):
         if d.is_master and not C.eval_only:
             tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
             cleanup.callback(tk.release_out_dir, C.out_dir)
-            if stamp is not None and (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns) != stamp:
+            if resume and (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns) != stamp:
                 raise cli.UserError(f"{ckpt_path} was rewritten while this run loaded it (by a run that has "
                                     "ended since): start this one again to continue from the new checkpoint")
 
@@ -266,16 +271,17 @@ def main(argv):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         start_iter, best_val_loss, best_val, test_at_best = 0, float("inf"), -1.0, None
         if ckpt is not None:
-            tk.load_weights(model, ckpt["model"], ckpt_path)
+            tk.load_weights(model, ckpt["model"], from_path)
+            start_iter = ckpt["iter_num"] if C.init_from != "finetune" else 0
+        if resume:
             optimizer.load_state_dict(ckpt["optimizer"])
-            if ckpt.get("scaler"):
+            if ckpt.get("scaler"):  # (empty when the run that saved it had no float16 scaler)
                 scaler.load_state_dict(ckpt["scaler"])
-            start_iter, best_val_loss, best_val = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_val_acc"]
-            test_at_best = ckpt["test_acc_at_best_val"]
-            if not C.eval_only:
-                tk.restore_rng(ckpt["rng"], d, say)
-                say(f"resumed from {ckpt_path} at iter {start_iter}")
-            ckpt = None  # free the memory
+            best_val_loss, best_val, test_at_best = (ckpt[k] for k in ("best_val_loss", "best_val_acc",
+                                                                         "test_acc_at_best_val"))
+            tk.restore_rng(ckpt["rng"], d, say)
+            say(f"resumed from {ckpt_path} at iter {start_iter}")
+        ckpt = None  # free the memory
         n_params = model.get_num_params()
         say(f"model: {mconf.attn} attention, {n_params:,} parameters "
             f"({mconf.n_layer} layers, width {mconf.n_embd}, {mconf.n_head} heads, MLP {mconf.mlp_hidden}, "
@@ -294,7 +300,7 @@ def main(argv):
         if d.ddp:
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[d.local_rank] if device_type == "cuda" else None)
-        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from == "scratch",
+        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from != "resume",
                                 resume_at=start_iter if C.init_from == "resume" else None)  # each iteration once
         if start_iter:
             cli.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with {resume_cmd}")

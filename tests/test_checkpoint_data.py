@@ -189,19 +189,18 @@ def test_every_checkpoint_a_trainer_writes_loads_as_plain_data(kind, written, tm
     assert all(torch.equal(alone["model"][k], v) for k, v in ckpt["model"].items())
 
 
-def test_the_rng_states_come_back_exactly_from_a_checkpoint(tmp_path):
+def test_the_rng_states_come_back_exactly_from_a_checkpoint(written, tmp_path):
     """python's, numpy's (its cached Gaussian too) and torch's, through a file and back."""
     d = SimpleNamespace(ddp=False, world_size=1, rank=0)
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.normal()  # numpy now holds a second Gaussian for the next call
     path = str(tmp_path / "ckpt.pt")
-    tk.save_checkpoint(dict(kind="lra", model={}, model_args={}, config={}, iter_num=1,
-                            rng=tk.gather_rng_states(d)), path)
+    tk.save_checkpoint(dict(tk.load_checkpoint(written["lra"], "lra"), rng=tk.gather_rng_states(d)), path)
 
     def draws():
         return random.random(), np.random.normal(), np.random.random(3).tolist(), torch.rand(3).tolist()
     expected = draws()
-    tk.restore_rng(tk.load_checkpoint(path, "lra")["rng"], d, say=print)
+    tk.restore_rng(tk.load_checkpoint(path, "lra", "resume")["rng"], d, say=print)
     assert draws() == expected  # exactly
 
 

@@ -455,7 +455,7 @@ CHANGES = {
     "model argument": (lambda c: c["model_args"].update(rope_base=10000.0),
                        "(model_args rope_base are not GPTConfig fields)"),
     "model argument's value": (lambda c: c["model_args"].update(short_conv=-1),
-                               "holds model_args this version refuses (short_conv and hybrid_every must be >= 0"),
+                               "holds model_args this version refuses (short_conv must not be negative, got -1)"),
 }
 
 

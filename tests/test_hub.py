@@ -382,7 +382,7 @@ def lra_checkpoint(folder):
 
 
 EXPORT_REFUSALS = {  # export.py's arguments (in a folder holding the runs) -> what the one line says
-    "a folder of the user's files": (["--out_dir=lm", "--to=lm"], ["holds files this tool did not write", "ckpt.pt"]),
+    "a folder of the user's files": (["--out_dir=lm", "--to=lm"], ["holds files export.py did not write", "ckpt.pt"]),
     "a Long Range Arena run": (["--out_dir=lra", "--to=model"], ["Long Range Arena", "lra/train.py --eval_only"]),
     "no run": (["--out_dir=nowhere", "--to=model"], ["no checkpoint at nowhere"]),
     "no folder to write": (["--out_dir=lm"], ["--to=<folder>"]),

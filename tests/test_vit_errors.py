@@ -345,8 +345,8 @@ def test_a_hub_dataset_offline_names_the_local_ways(tmp_path, capsys):
     (["--init_from=scratch"], "already exists and init_from='scratch' would overwrite it"),
     (["--init_from=finetune", "--finetune_from=RUN/ckpt.pt"], "already exists and init_from='finetune' would overwrite"),
     (["--init_from=finetune", "--finetune_from=RUN/ckpt.pt", "--out_dir=NEW", "--n_embd=32"],
-     "fine-tuning keeps the architecture of RUN/ckpt.pt: drop --n_embd=32 (checkpoint: 16)"),
-    (["--init_from=finetune", "--finetune_from=RUN/nothing.pt", "--out_dir=NEW"], "finetune_from='RUN/nothing.pt' does not exist"),
+     "RUN/ckpt.pt was trained with other settings: n_embd=32 (checkpoint: 16); fine-tuning keeps its architecture"),
+    (["--init_from=finetune", "--finetune_from=RUN/nothing.pt", "--out_dir=NEW"], "no checkpoint at RUN/nothing.pt"),
 ])
 def test_resume_and_finetune_conflicts(extra, words, vit_run, tmp_path, capsys):
     extra = [a.replace("RUN", vit_run).replace("NEW", str(tmp_path / "new")) for a in extra]
