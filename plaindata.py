@@ -91,8 +91,8 @@ def read(path):
 # -----------------------------------------------------------------------------
 # what else a file given as a checkpoint may be
 
-HUB_FOLDER = ("sample.py, evaluate.py, lm_inspect.py and vit_inspect.py load a Hub-style folder (model.safetensors "
-              "beside its config.json, as export.py writes it) with --init_from=<folder>")
+HUB_FOLDER = ("a Hub-style folder (model.safetensors beside its config.json, as export.py writes it) loads by "
+              "its folder, as in sample.py --init_from=<folder> (evaluate.py, lm_inspect.py, vit_inspect.py too)")
 UNPACK = "unpack it and give the checkpoint inside"
 MAGIC = ((b"\x1f\x8b", "a gzip-compressed file", UNPACK), (b"BZh", "a bzip2-compressed file", UNPACK),
          (b"\xfd7zXZ\x00", "an xz-compressed file", UNPACK), (b"\x28\xb5\x2f\xfd", "a zstd-compressed file", UNPACK),

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import plaindata  # noqa: E402
 import trainkit as tk  # noqa: E402
-from helpers_advice import assert_advice_exists, options_of  # noqa: E402
+from helpers_advice import assert_advice_exists  # noqa: E402
 from test_checkpoint_data import written  # noqa: E402,F401 (the fixture: a checkpoint of each trainer)
 from test_error_classes import lra_args, shapes_args  # noqa: E402
 from test_errors import TINY, call, listing  # noqa: E402
@@ -65,7 +65,6 @@ READERS = {  # how a user reads the checkpoint in folder RUN: name -> (kind, use
 }
 TRAINERS = [r for r in READERS if r.split()[0] in ("train.py", "vit_train.py", "lra/train.py")]
 NAMES = sorted(READERS)
-HUB_LANDED = "init_from" in options_of("vit_inspect.py")  # issue 45's readers of a Hub-style folder
 
 
 def arguments(reader, written):
@@ -126,7 +125,7 @@ def refused_by(reader, written, root, monkeypatch, contains):
     assert message.count("\n") == 0 and "Traceback" not in message, message
     for text in contains:
         assert text in message, message
-    assert_advice_exists(message if HUB_LANDED else message.replace(plaindata.HUB_FOLDER, ""), script)
+    assert_advice_exists(message, script)
     assert listing(root) == before, "a refusal wrote something"
     return message
 
