@@ -237,9 +237,12 @@ def test_the_commit_named_by_the_environment_wins_over_a_copys_git(monkeypatch):
     assert len(earlier) == 40  # a commit of this repository other than the checkout's
     monkeypatch.setenv("NANOTOST_COMMIT", earlier)
     meta = bench_meta.collect_meta(C)
-    assert (meta["commit"], meta["commit_from"]) == (earlier, "NANOTOST_COMMIT")
     same = bench_meta.source_digest(earlier) == meta["source_sha256"]  # checked against the code, git holding it
     assert meta["commit_check"].startswith("its code is the code here" if same else "DIFFERS"), meta["commit_check"]
+    if same:
+        assert (meta["commit"], meta["commit_from"]) == (earlier, "NANOTOST_COMMIT")
+    else:  # other code: never recorded as the commit measured (issue 47, class 7)
+        assert (meta["commit"], meta["commit_given"]) == (None, earlier)
     monkeypatch.delenv("NANOTOST_COMMIT")
     meta = bench_meta.collect_meta(C)
     assert meta["commit_from"] in ("git", "source_sha256") and meta["commit"] != earlier
@@ -321,8 +324,58 @@ def test_the_digest_names_the_code_at_a_commit_and_a_stale_git_names_no_commit(t
     assert (got["commit"], got["commit_from"]) == ("0123456789" * 4, "NANOTOST_COMMIT")
     assert got["commit_check"].startswith("UNVERIFIED")
     monkeypatch.setenv("NANOTOST_COMMIT", head)  # git holds it, and its code is not this
-    assert bench_meta.name_commit(str(tmp_path), changed)["commit_check"].startswith("DIFFERS")
+    got = bench_meta.name_commit(str(tmp_path), changed)
+    assert got["commit_check"].startswith("DIFFERS") and got["commit"] is None
     monkeypatch.delenv("NANOTOST_COMMIT")
     gitless = tmp_path / "copy"
     gitless.mkdir()
     assert bench_meta.name_commit(str(gitless), changed)["commit_from"] == "source_sha256"
+
+
+# -----------------------------------------------------------------------------
+# issue 47, class 7: a commit found to be other code is never recorded as the commit measured
+
+
+def two_commits(where):
+    """A repository of two commits whose code differs (first, second), its tree at the second."""
+    for name in ("model.py", "benchkit/a.py", "kernels/k.py", "notes.md"):
+        (where / name).parent.mkdir(exist_ok=True)
+        (where / name).write_text(f"# {name}\n")
+    git(where, "init", "-q")
+    git(where, "add", "-A")
+    git(where, "commit", "-qm", "one")
+    first = git(where, "rev-parse", "HEAD")
+    (where / "kernels" / "k.py").write_text("# the second commit's kernels\n")
+    git(where, "commit", "-qam", "two")
+    return first, git(where, "rev-parse", "HEAD")
+
+
+# member: (NANOTOST_COMMIT: "first", "FIRST" (upper case), "second", "unknown" or None; the file changed in
+# the tree after the second commit, or None; the commit recorded: "first", "second", "unknown" or None)
+COMMITS = {
+    "NANOTOST_COMMIT names an older commit (other code)": ("first", None, None),
+    "the same, in upper case": ("FIRST", None, None),
+    "NANOTOST_COMMIT names HEAD, and the tree's code changed since": ("second", "kernels/k.py", None),
+    "no NANOTOST_COMMIT, HEAD's code is not the tree's (a stale .git)": (None, "benchkit/a.py", None),
+    "NANOTOST_COMMIT names HEAD, the tree changed outside the code": ("second", "notes.md", "second"),
+    "NANOTOST_COMMIT names HEAD, the same code": ("second", None, "second"),
+    "NANOTOST_COMMIT that this .git does not hold (unverified)": ("unknown", None, "unknown"),
+    "no NANOTOST_COMMIT, HEAD is the code": (None, None, "second"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMMITS))
+def test_a_commit_found_to_be_other_code_is_never_recorded_as_the_commit_measured(case, tmp_path, monkeypatch):
+    given, changed, recorded = COMMITS[case]
+    first, second = two_commits(tmp_path)
+    commits = dict(first=first, FIRST=first.upper(), second=second, unknown="0123456789" * 4)
+    if changed:
+        (tmp_path / changed).write_text("# changed after the commit\n")
+    monkeypatch.delenv("NANOTOST_COMMIT", raising=False)
+    if given:
+        monkeypatch.setenv("NANOTOST_COMMIT", commits[given])
+    got = bench_meta.name_commit(str(tmp_path), bench_meta.source_digest(root=str(tmp_path)))
+    assert got["commit"] == (commits[recorded].lower() if recorded else None), got
+    if recorded is None:  # said, and what was given (or git's HEAD) kept beside it, not as the commit
+        assert got["commit_check"].startswith("DIFFERS") or "holds other code" in got["commit_check"], got
+        assert got.get("commit_given", got.get("git_head")) in (first, second)
