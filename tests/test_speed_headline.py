@@ -68,17 +68,21 @@ with open(path, "w") as f:  # a headline measured before, by this very code: a f
                    runs=[dict(argv=["earlier"])], sections=dict(op=earlier)), f)
 
 
-def child():  # dies with this job; the signals at their defaults, as from a terminal
+sys.path.insert(0, os.path.join(repo, "tests"))
+from helpers_signals import default_signals as signals_at_default
+
+
+def default_signals():  # the child dies with this job, and starts with the signals' defaults, as from a terminal
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
+    signals_at_default()
 
 
 def start(argv, env, log, where=out, command=None):
     command = command or [sys.executable, "bench.py", "--headline", "--device=cpu", "--quick", f"--out={where}/"] + \
         tiny + argv
     logs = os.path.join(work, log)
-    return subprocess.Popen(command, cwd=repo, env=dict(os.environ, PYTHONUNBUFFERED="1", **env), preexec_fn=child,
+    return subprocess.Popen(command, cwd=repo, env=dict(os.environ, PYTHONUNBUFFERED="1", **env),
+                            preexec_fn=default_signals,
                             stdout=open(logs, "w"), stderr=open(logs + ".err", "w"))
 
 
