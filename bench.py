@@ -7,10 +7,13 @@ this file holds its settings and the choice of mode. `python -m bench` is the sa
 THE HEADLINE (--headline): the figures a GPU session is for, in one command under one deadline.
     python bench.py --headline --out=DIR/            # <= 540 s (--budget_s), into a fresh DIR/<gpu>.json
     python bench.py --headline --device=cpu --quick  # its rehearsal: every section's code path on the CPU
-Sections, by value: meta, gpu_check_accuracy, op (B1 T16K, B16 T1K, B1 T64K), kernel_times (each
-Triton launch against kernels.triton_tssa.launch_plan()), train (ToST auto and triton against
-GPT-2 + cuDNN at 4K, 16K, 64K), decode (1K, 64K), main_job (60 iterations); the sections left
-undone are printed as the next command. benchkit/headline.py says more.
+    python bench.py --headline --plan_from=results/nvidia-h200.json   # the plan its costs give: nothing measured
+Rows, by value: meta, gpu_check_accuracy, op (triton and SDPA at B1 T16K, B16 T1K, B1 T64K),
+kernel_times (each Triton launch against kernels.triton_tssa.launch_plan()), train (GPT-2 + cuDNN
+and ToST triton at 4K, 16K, 64K), decode (1K, 64K), main_job (triton, then GPT-2's; 60
+iterations), then auto's rows and the reference's. Each row starts when its own estimated cost
+(from the device's earlier report) fits in what is left; what is missing is printed as the next
+command; torch.compile's artifacts are kept for the next window. benchkit/headline.py says more.
 
 THE REPORT (--report): one fixed protocol for a GPU, every section in full.
     python bench.py --report --out=results/          # every section, into the committed results/<gpu>.json
@@ -99,7 +102,9 @@ budget_s = 0.0  # seconds for this whole command (report: 0 is no limit; headlin
 remeasure = False  # a section run again measures every row (False: keeps the rows this code measured here)
 train_tokens = 65536  # tokens per training step (batch = train_tokens / T)
 main_iters = 200  # iterations of the main job (headline: 60 unless given)
-main_tssa_impl = "auto"  # the main job's tssa_impl (config/tost_owt.py's own: auto)
+main_tssa_impl = "auto"  # the main job's tssa_impl (config/tost_owt.py's own: auto; the headline runs triton first)
+plan_from = ""  # headline: a report's JSON: print the plan its costs give (rows, seconds, fits); measure nothing
+compile_cache = "auto"  # report, headline: torch.compile's artifacts kept for the next run: "auto" | "off" | a .zip
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())  # the settings above
 

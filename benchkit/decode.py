@@ -4,6 +4,8 @@ batch 1, ToST-Base by tssa_impl from its recurrent state and GPT-2 Base from its
 cache, each eager, replayed as a CUDA graph, and compiled then replayed (DECODE_MODES).
 """
 
+from functools import partial
+
 import torch
 
 import kernels
@@ -29,6 +31,13 @@ def decode_cases(contexts, modes=tuple(DECODE_MODES)):
                 yield arch, impl, mode, T_
 
 
+def decode_rows(C, cuda, modes=tuple(DECODE_MODES)):
+    """The identifying fields of every row (decode_cases at decode_T; a CPU adds the eager step)."""
+    modes = tuple(modes) + (("eager",) if not cuda and "eager" not in modes else ())
+    return [{k: v for k, v in dict(arch=arch, impl=impl, mode=mode, T=T_, B=1).items() if v is not None}
+            for arch, impl, mode, T_ in decode_cases(plan_lengths(C.decode_T, DECODE_CONTEXTS), modes)]
+
+
 def section_decode(S, modes=tuple(DECODE_MODES)):
     """One token at a time after T tokens: ToST from its recurrent state, GPT-2 from a static KV
     cache of T + a few tokens; bf16 weights on CUDA (model.to(dtype), no autocast: an inference
@@ -45,13 +54,13 @@ def section_decode(S, modes=tuple(DECODE_MODES)):
     # GPT.step's compiled graphs: ToST's two (torch, triton) and GPT-2's, one per KV length; past
     # the limit Dynamo would run the step uncompiled, under a "compiled" label
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 + len(contexts) + 2)
-    for arch, impl, mode, T_ in decode_cases(contexts, modes):
-        key = {k: v for k, v in dict(arch=arch, impl=impl, mode=mode, T=T_, B=1).items() if v is not None}
+    for key in decode_rows(C, S.cuda, modes):
+        arch, impl, mode, T_ = key["arch"], key.get("impl"), key["mode"], key["T"]
         why = why_not(S, mode) or (why_not(S, "triton") if impl == "triton" else None)
         if why:
             S.row(**key, status="skipped", reason=why)
             continue
-        S.attempt(key, lambda: decode_row(C, arch, impl, mode, T_, max(contexts), dtype))
+        S.attempt(key, partial(decode_row, C, arch, impl, mode, T_, max(contexts), dtype))
 
 
 def decode_row(C, arch, impl, mode, T_, longest, dtype):

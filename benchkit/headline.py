@@ -1,119 +1,139 @@
 """
 benchkit/headline.py: bench.py --headline, the figures a GPU session exists for, in one command
 under one deadline (--budget_s, 540 s by default: a 10-minute command with a minute to spare),
-in order of value, so that a run cut short keeps the most valuable ones:
+row by row in order of value (benchkit/order.py), so that a run cut short keeps the most valuable:
 
     meta             the device, the versions, the code (source_sha256) and its commit
     gpu_check_accuracy   the Triton kernels against float64 (kernels/gpu_check.py)
-    op               the operator fwd+bwd at B1 T16K, B16 T1K, B1 T64K: every implementation
+    op               the operator fwd+bwd at B1 T16K, B16 T1K, B1 T64K: triton and SDPA (flash, cuDNN)
     kernel_times     each Triton launch's GPU time and TB/s beside launch_plan()'s model
-    train            the training step at 4K, 16K, 64K: ToST (tssa_impl=auto) and GPT-2 + cuDNN
-                     length by length, then ToST with the Triton kernels forced
-    decode           a token after 1K and 64K of context, as a CUDA graph and compiled
-    main_job         train.py config/tost_owt.py (then GPT-2's) for 60 iterations (the report: 200)
+    train            the training step at 4K, 16K, 64K: GPT-2 + cuDNN and ToST (triton), length by length
+    decode           a token after 1K and 64K of context, ToST (triton) and GPT-2, CUDA graph and compiled
+    main_job         train.py config/tost_owt.py with triton, then GPT-2's, 60 iterations (the report: 200)
+    then the rest    auto's rows (train, main job), the reference's (op compiled and eager, decode torch)
 
-meta has its own limit; each other section has a slot of the deadline (HEADLINE's shares, scaled
-to what meta left of --budget_s): it must end by the end of its slot, and what an earlier section
-leaves of its slot goes to the later ones.
-A headline is a fresh report in --out (a folder ending in /: <gpu>.json in it): whatever the
-file held goes to its history, and every row is written into it the moment it is measured. The
-sections it could not finish are printed as the next command, which runs only them (keeping the
-rows this code measured on this device). On the CPU, `--headline --device=cpu --quick` rehearses
-every section's code path at the tiniest shapes, the Triton rows interpreted (TRITON_INTERPRET=1).
+Each row starts only when its own estimated cost fits in what is left of the deadline
+(benchkit/costs.py: from the rows this run measured, the report at --out, results/<gpu>.json;
+`--plan_from=<report>` prints the plan without measuring). A section runs in its own process
+(benchkit/report.py), once for its target rows and once for the rest; --section_s caps a section.
+A headline is a fresh report in --out (a folder ending in /: <gpu>.json in it): whatever the file
+held goes to its history, and every row is written into it the moment it is measured. The
+sections it could not finish, cut by the deadline, by Ctrl-C or by SIGTERM, are printed as the
+next command, which measures only what is missing (keeping the rows this code measured on this
+device). torch.compile's artifacts are kept beside the report for the next window
+(benchkit/compile_cache.py). On the CPU, `--headline --device=cpu --quick` rehearses every
+section's code path at the tiniest shapes, the Triton rows interpreted (TRITON_INTERPRET=1).
 """
 
-import os
 import time
 from functools import partial
 
-from benchkit import report
-from benchkit.decode import section_decode
+from benchkit import plan, report
+from benchkit.decode import decode_rows, section_decode
 from benchkit.gpu_check import section_gpu_check
-from benchkit.kernel_times import section_kernel_times
-from benchkit.main_job import section_main_job
+from benchkit.kernel_times import kernel_times_rows, section_kernel_times
+from benchkit.main_job import main_job_rows, section_main_job
 from benchkit.meta import given_commit, section_meta
-from benchkit.op import section_op
+from benchkit.op import op_rows, section_op
+from benchkit.order import stages_of
 from benchkit.part import Section
-from benchkit.settings import check_settings, chosen_sections, quick_defaults, section_limits
-from benchkit.train_step import section_train
+from benchkit.settings import SECTION_START_S, check_settings, chosen_sections, quick_defaults, row_reserve_s, \
+    section_limits
 
 BUDGET_S = 540  # the default deadline of the whole command
-MARGIN_S = 25  # of the deadline, kept for the start of the section processes, the writes and the tables
+NO_CAP = float("inf")  # a section's own limit: none but the deadline (--section_s gives one)
+MARGIN_S = plan.MARGIN_S  # of the deadline, kept for the end of the command: the writes and the tables
 # the settings the headline measures at (where not given): the targets' shapes, a shorter main job
 SETTINGS = dict(T="16384,65536", model_T="4096,16384,65536", decode_T="1024,65536", main_iters=60)
-# name: (its share of the deadline in seconds, what, fn); run in this order, by value. Measured on
-# an H200 (report of 9b494a4): gpu_check accuracy 21 s; an operator shape with its 5 impls 8-10 s,
-# compiles included; a compiled ToST-Base step row 10-20 s; the main job's 200 iterations 90 s
+TRAIN = dict(variants=[("gpt2", None, "cudnn"), ("tost", "triton", None)], later=[("tost", "auto", None)])
+# name: (its limit in seconds, meta's own; the others: none but the deadline, or --section_s), what, fn, rows
 HEADLINE = {
-    "meta": Section(20, "device, driver, CUDA, torch, Triton, cuDNN, the code's digest and commit", section_meta),
-    "gpu_check_accuracy": Section(45, "python -m kernels.gpu_check accuracy: Triton vs float64, beside model.py's "
-                                      "error", partial(section_gpu_check, mode="accuracy")),
-    "op": Section(60, "the operator fwd+bwd at B1 T16K, B16 T1K, B1 T64K: triton, compiled and eager reference, "
-                      "SDPA flash and cuDNN", section_op),
-    "kernel_times": Section(35, "each Triton launch: GPU time and TB/s against kernels.triton_tssa.launch_plan()",
-                            section_kernel_times),
-    "train": Section(175, "the training step at 4K, 16K, 64K: ToST (tssa_impl=auto) vs GPT-2 + cuDNN, then ToST "
-                          "(triton)", partial(section_train, variants=[("tost", "auto", None), ("gpt2", None, "cudnn")],
-                                              later=[("tost", "triton", None)], stand_in=True)),
-    "decode": Section(60, "a token after 1K and 64K: ToST (torch, triton) and GPT-2, CUDA graph and compiled",
-                      partial(section_decode, modes=("captured", "compiled"))),
-    "main_job": Section(120, "main_iters iterations of config/tost_owt.py, then of config/gpt2_owt.py (synthetic "
-                             "tokens): tokens/s, MFU", section_main_job),
+    "meta": Section(20, "device, driver, CUDA, torch, Triton, cuDNN, the code's digest and commit", section_meta,
+                    report.no_rows),
+    "gpu_check_accuracy": Section(NO_CAP, "python -m kernels.gpu_check accuracy: Triton vs float64, beside "
+                                            "model.py's error", partial(section_gpu_check, mode="accuracy"),
+                                  partial(report.gpu_check_rows, mode="accuracy")),
+    "op": Section(NO_CAP, "the operator fwd+bwd at B1 T16K, B16 T1K, B1 T64K: triton, SDPA flash and cuDNN, then "
+                            "the reference compiled and eager", section_op, op_rows),
+    "kernel_times": Section(NO_CAP, "each Triton launch: GPU time and TB/s against kernels.triton_tssa."
+                                      "launch_plan()", section_kernel_times, kernel_times_rows),
+    "train": Section(NO_CAP, "the training step at 4K, 16K, 64K: GPT-2 + cuDNN and ToST (triton), then ToST "
+                               "(tssa_impl=auto)", *report.train_section(**TRAIN, stand_in=True)),
+    "decode": Section(NO_CAP, "a token after 1K and 64K: ToST (triton, then torch) and GPT-2, CUDA graph and "
+                                "compiled", partial(section_decode, modes=("captured", "compiled")),
+                      partial(decode_rows, modes=("captured", "compiled"))),
+    "main_job": Section(NO_CAP, "main_iters iterations of config/tost_owt.py (triton, then main_tssa_impl) and of "
+                                  "config/gpt2_owt.py (synthetic tokens): tokens/s, MFU", section_main_job,
+                        main_job_rows),
 }
 
 
-def slots(seconds, chosen, limits):
-    """When each chosen section (meta aside) must end, in seconds from when meta ended: its share
-    of the deadline and those of the sections before it, scaled so that they fill `seconds`."""
-    names = [n for n in HEADLINE if n in chosen and n != "meta"]
-    scale = seconds / sum(limits[n] for n in names)
-    ends, total = {}, 0.0
-    for n in names:
-        total += scale * limits[n]
-        ends[n] = total
-    return ends
+def undone(merged, chosen):
+    """The chosen sections (meta aside) with a row still to measure: not run, cut, interrupted,
+    waiting for a later stage."""
+    return [n for n in HEADLINE if n != "meta" and n in chosen and (merged["sections"].get(n) or {}).get("status")
+            not in ("ok", "skipped")]
 
 
-def next_command(C, undone):
-    """The command that runs the sections left undone (and keeps the rest of the JSON at --out)."""
-    commit = os.environ.get("NANOTOST_COMMIT")
-    kept = [a for a in C.argv if not a.startswith(("--sections=", "--headline"))]
-    return (f"NANOTOST_COMMIT={commit} " if commit else "") + "python bench.py --headline " + \
-        f"--sections={','.join(undone)} " + " ".join(kept)
+def next_command(C, meta, missing):
+    """The command that measures what is missing, `missing` sections (it keeps the rows of the
+    JSON at --out that this code measured on this device): this command's settings, less those
+    that would measure everything again, with the commit where it is the code measured."""
+    commit = f"NANOTOST_COMMIT={meta['commit']} " if meta.get("commit_from") == "NANOTOST_COMMIT" else ""
+    kept = [a for a in C.argv if not a.startswith(("--sections=", "--headline", "--remeasure"))]
+    return commit + "python bench.py --headline " + f"--sections={','.join(missing)} " + " ".join(kept)
 
 
 def run(C, given):
-    """--headline: every setting checked, then the sections (this module's docstring)."""
+    """--headline: every setting checked, then the rows in order of value (this module's docstring)."""
     for key, value in dict(SETTINGS, budget_s=BUDGET_S).items():
         if key not in given:
             setattr(C, key, value)
     quick_defaults(C, given)
     check_settings(C, HEADLINE)
+    if C.plan_from:
+        return plan.show(C, HEADLINE)
     given_commit()  # NANOTOST_COMMIT's form, before any work (meta records it)
     report.check_out(C)
     limits = section_limits(C, HEADLINE)
     chosen = list(HEADLINE) if C.sections == "all" else ["meta"] + chosen_sections(C, HEADLINE)
     C.triton_interpret = C.quick and C.device == "cpu"  # the rehearsal: each section runs the Triton rows interpreted
+    reserve = row_reserve_s(C)
 
-    slot = {}
-
-    def schedule(name, t_start):  # meta: its own limit; then each section until the end of its slot
+    def schedule(name, stage, t_start, estimates, spent):  # meta: its own limit; then what is left, if a row fits
         if name == "meta":
             return limits["meta"], False
-        if not slot:  # the shares, from now, scaled to what meta left of the deadline
-            slot.update(t0=time.time(), ends=slots(C.budget_s - MARGIN_S - (time.time() - t_start), chosen, limits))
-        left = slot["t0"] + slot["ends"][name] - time.time()
-        return (left, False) if left >= 5.0 else None
-    merged, out, _, _ = report.execute(C, HEADLINE, chosen, schedule, fresh=C.sections == "all", keep_done=False)
+        left, own = t_start + C.budget_s - MARGIN_S - time.time(), limits[name] - spent.get(name, 0.0)
+        limit = min(left, own)
+        rows = [s or 0.0 for k, s in estimates.items() if dict(k).get("mode") != "profile"]
+        cheapest = min(rows, default=0.0)
+        if not plan.fits(SECTION_START_S + reserve + cheapest, limit):
+            spent_what = f"its --section_s limit was spent" if own < left else f"budget_s={C.budget_s:g} was spent"
+            return (f"{spent_what} before it could start: {max(limit, 0):.0f} s left, its cheapest row needs about "
+                    f"{cheapest:.0f} s")
+        return limit, own > left
+
+    def saved(merged, out):
+        missing = undone(merged, chosen)
+        return (f"{out} holds every row measured so far; this command measures what is missing: "
+                f"{next_command(C, merged['meta'], missing)}") if missing else f"{out} holds every row"
+    merged, out, run_, _ = report.execute(C, HEADLINE, stages_of(chosen), schedule, fresh=C.sections == "all",
+                                          keep_done=False, saved=saved)
     print(f"\nwrote {out}", flush=True)
     report.show_tables(out)
     s = merged["sections"]
     print("sections: " + ", ".join(f"{n} {s[n]['status']}" for n in HEADLINE))
-    undone = [n for n in HEADLINE if n != "meta" and s[n]["status"] not in ("ok", "skipped")]
-    if undone:
-        print(f"\nnot done: {', '.join(undone)}. The next command measures them into the same JSON (keep "
+    compiles = run_["compiles"]
+    before = compiles["before"]
+    print(f"compiles: {compiles['seconds']:.0f} s in the {compiles['rows']} rows measured (compile cache: "
+          f"{report.describe_cache(run_['compile_cache'])})" + (f"; the same rows in {before['source']}: "
+                                                                 f"{before['seconds']:.0f} s over {before['rows']}"
+                                                                 if before["source"] else ""), flush=True)
+    missing = undone(merged, chosen)
+    if missing:
+        print(f"\nnot done: {', '.join(missing)}. The next command measures what is missing into the same JSON (keep "
               f"{out} where --out points; it keeps the rows this code measured on this device):\n"
-              f"{next_command(C, undone)}")
+              f"{next_command(C, merged['meta'], missing)}")
     else:
         print("\nevery section is done.")
     return merged

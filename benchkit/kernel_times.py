@@ -31,18 +31,22 @@ from benchkit.timing import sync
 CALLS = 5  # forward+backward calls timed per shape, after one that compiles (CUDA; one interpreted)
 
 
+def kernel_times_rows(C, cuda):
+    """The identifying fields of every row: the Triton operator at each of op's shapes."""
+    return [dict(impl="triton", B=B, T=T_) for B, T_ in op_shapes(C)]
+
+
 def section_kernel_times(S):
     C = S.C
     why = why_not(S, "triton")
     S.data.update(H=C.H, p=C.p, dtype=C.dtype, causal=True, mode="fwdbwd",
                   timer="torch.profiler, CUDA kernels" if S.cuda else "wall time of each interpreted launch (CPU: "
                                                                         "the code path, not a speed)")
-    for B, T_ in op_shapes(C):
-        key = dict(impl="triton", B=B, T=T_)
+    for key in kernel_times_rows(C, S.cuda):
         if why:
             S.row(**key, status="skipped", reason=why)
             continue
-        S.attempt(key, lambda: kernel_row(S, B, T_))
+        S.attempt(key, partial(kernel_row, S, key["B"], key["T"]))
 
 
 def kernel_row(S, B, T_):

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ import torch
 import kernels
 import model
 import trainkit as tk
+from benchkit import compile_cache
+from benchkit.costs import MAIN_PROFILE_S
+from benchkit.part import row_key
 from benchkit.settings import PRESETS, TINY, main_warmup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,59 +57,80 @@ def section_main_job(S):
                        command="python bench.py --report --sections=main_job"), f, indent=1)
     S.data.update(data="synthetic: uniform random GPT-2 token ids (throughput does not depend on their values)",
                   tssa_impl=C.main_tssa_impl, iters=C.main_iters)
-    for arch, config in MAIN_JOBS:
-        key = dict(arch=arch, impl=C.main_tssa_impl if arch == "tost" else None)
-        S.attempt({k: v for k, v in key.items() if v is not None}, lambda: main_job_row(S, work, arch, config))
+    for key in main_job_rows(C, S.cuda):
+        S.attempt(key, partial(main_job_row, S, work, key["arch"], key.get("impl")))
     shutil.rmtree(work, ignore_errors=True)  # the checkpoint of a real model is ~1.3 GB
 
 
-def main_job_args(C, work, arch, config):
+def main_job_rows(C, cuda):
+    """The identifying fields of every row: ToST's job with main_tssa_impl, then GPT-2's; the
+    headline's: ToST's with `triton` named, GPT-2's, then ToST's with main_tssa_impl (auto)."""
+    tost = ["triton"] + ([C.main_tssa_impl] if C.main_tssa_impl != "triton" else []) if C.headline \
+        else [C.main_tssa_impl]
+    rows = [dict(arch="tost", impl=impl) for impl in tost]
+    return rows[:1] + [dict(arch="gpt2")] + rows[1:]
+
+
+def job_name(arch, impl):
+    return f"{arch}-{impl}" if impl else arch
+
+
+def main_job_args(C, work, arch, config, impl):
     """train.py's command line for one main job (the quick report's: a tiny model, 3 iterations)."""
     iters = C.main_iters
     args = [config, f"--data_dir={os.path.join(work, 'data')}", "--dataset=synthetic_gpt2",
-            f"--out_dir={os.path.join(work, 'out-' + arch)}", f"--max_iters={iters}", f"--eval_interval={iters}",
-            "--eval_iters=1", "--log_interval=1", f"--device={C.device}", f"--dtype={C.dtype}",
+            f"--out_dir={os.path.join(work, 'out-' + job_name(arch, impl))}", f"--max_iters={iters}",
+            f"--eval_interval={iters}", "--eval_iters=1", "--log_interval=1", f"--device={C.device}",
+            f"--dtype={C.dtype}",
             f"--compile={C.device.startswith('cuda')}", "--wandb_log=False"]
-    args += [f"--tssa_impl={C.main_tssa_impl}"] if arch == "tost" else []
+    args += [f"--tssa_impl={impl}"] if arch == "tost" else []
     args += ["--gradient_accumulation_steps=5"] if not C.quick else \
         ["--gradient_accumulation_steps=1", "--batch_size=2", "--block_size=32"] + \
         [f"--{k}={v}" for k, v in TINY.items()]
     return args
 
 
-def main_job_row(S, work, arch, config):
-    """One train.py run: its median tokens/s and MFU after the warm-up iterations, and (CUDA) the profile."""
+def main_job_row(S, work, arch, impl):
+    """One train.py run: its median tokens/s and MFU after the warm-up iterations, the first
+    iteration's seconds (its compile), and (CUDA, where the time spares it) the profile."""
     C = S.C
-    iters, args = C.main_iters, main_job_args(C, work, arch, config)
+    config = dict(MAIN_JOBS)[arch]
+    iters, args = C.main_iters, main_job_args(C, work, arch, config, impl)
     shown = [a for a in args if not a.startswith(("--data_dir", "--out_dir"))]  # (temporary folders)
-    if arch == "tost":
+    if arch == "tost" and "command" not in S.data:
         S.data["command"] = "python train.py " + " ".join(shown)
     t0 = time.time()
-    log_path = os.path.join(work, f"train-{arch}.log")
+    name = job_name(arch, impl)
+    log_path = os.path.join(work, f"train-{name}.log")
+    keep = compile_cache.keeping(C, f"{S.path}.{name}")  # (train.py's compiles, kept for the next window)
     with open(log_path, "w") as log:
         try:
-            done = subprocess.run([sys.executable, "train.py"] + args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=max(5.0, S.time_left() - 10))
+            done = subprocess.run([sys.executable] + keep + ["train.py"] + args, cwd=ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=max(5.0, S.time_left() - 10))
             rc = done.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     with open(log_path) as f:
         tail_all = f.read()
     records = []
-    path = os.path.join(work, "out-" + arch, "log.jsonl")
+    path = os.path.join(work, "out-" + name, "log.jsonl")
     if os.path.isfile(path):
         with open(path) as f:
             records = [json.loads(line) for line in f if line.strip()]
+    shutil.rmtree(os.path.join(work, "out-" + name), ignore_errors=True)  # (its checkpoint: ~1.3 GB on a GPU)
     steps = [r for r in records if r.get("tokens_per_s") is not None]
     skip = main_warmup(C)  # compile and warm-up (check_settings refused a job with nothing after them)
     steady = [r for r in steps if r["iter"] >= skip]
     med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
     said = re.search(r"([\d,]+) tokens per iteration", tail_all)
-    row = dict(config=config, command="python train.py " + " ".join(shown), iters=iters,
-               tokens_per_iter=int(said.group(1).replace(",", "")) if said else None, wall_s=round(time.time() - t0, 1),
-               iters_logged=len(steps), steady_from_iter=skip, tokens_per_s=med([r["tokens_per_s"] for r in steady]),
-               mfu=med(mfus), tokens_per_s_all=[r["tokens_per_s"] for r in steps], compiled=S.cuda)
+    per_iter = int(said.group(1).replace(",", "")) if said else None
+    first = steps[0]["tokens_per_s"] if steps and steps[0]["iter"] == 0 else None
+    row = dict(config=config, command="python train.py " + " ".join(shown), iters=iters, tokens_per_iter=per_iter,
+               wall_s=round(time.time() - t0, 1), iters_logged=len(steps), steady_from_iter=skip,
+               tokens_per_s=med([r["tokens_per_s"] for r in steady]), mfu=med(mfus),
+               first_iter_s=round(per_iter / first, 2) if per_iter and first else None,  # (the compile, mostly)
+               tokens_per_s_all=[r["tokens_per_s"] for r in steps], compiled=S.cuda)
     if rc != 0 or not steady:
         why = "did not finish in the section's time" if rc == "timeout" else f"exit code {rc}"
         row.update(status="failed", reason=f"train.py: {why}" + ("" if steady else "; no iterations logged"),
@@ -117,12 +142,15 @@ def main_job_row(S, work, arch, config):
     row["tssa_fallback"] = fell_back.group(1)[:300] if fell_back else None
     if arch == "tost":  # what train.py said of its tssa_impl (auto: which it picked)
         row["tssa_said"] = " | ".join(line for line in tail_all.splitlines() if "tssa_impl" in line)[:600] or None
-    if S.cuda and S.time_left() > 60:
-        row["profile"] = main_job_profile(C, arch)
+    profile_s = S.estimates.get(row_key(dict(arch=arch, impl=impl, mode="profile"))) or MAIN_PROFILE_S
+    if S.cuda and S.spare_s() > profile_s:  # (a measurement of less value than the rows still to come)
+        t0 = time.time()
+        row["profile"] = main_job_profile(C, arch, impl)
+        row["profile_s"] = round(time.time() - t0, 1)
     return row
 
 
-def main_job_profile(C, arch):
+def main_job_profile(C, arch, impl):
     """Where a micro-step of the main job spends the GPU: the same model and batch (12 x 1K, bf16
     autocast, compiled, the loss as train.py computes it by default), forward and backward under
     torch.profiler. Returns GPU ms per micro-step, the top kernels and each KERNEL_KINDS share."""
@@ -130,7 +158,7 @@ def main_job_profile(C, arch):
     from torch.profiler import ProfilerActivity, profile
     torch._dynamo.reset()
     m = model.GPT.from_preset(PRESETS[arch], block_size=1024, vocab_size=50304)
-    m = kernels.use(m, C.main_tssa_impl if arch == "tost" else "torch").to(C.device)
+    m = kernels.use(m, impl if arch == "tost" else "torch").to(C.device)
     fwd = torch.compile(m)
     idx = torch.randint(0, 50257, (12, 1024), device=C.device)
 

@@ -11,7 +11,9 @@ none. The code is therefore named by its digest, which any checkout can compute 
 
 and the commit by NANOTOST_COMMIT (checked against the digest where the .git holds it) or by
 git's HEAD when HEAD's code is the code here; else by the digest alone (meta's commit_check says
-which, and why).
+which, and why). A commit found to hold other code (NANOTOST_COMMIT whose digest differs, a HEAD
+that is not the code here) is never recorded as the commit measured: meta's commit is then None,
+and what was given is kept as commit_given (or git_head).
 """
 
 import hashlib
@@ -117,10 +119,13 @@ def name_commit(root, digest):
         return source_digest(commit, root) if known else None
     if given:
         theirs = digest_at(given)
+        if theirs is not None and theirs != digest:  # other code: never recorded as the commit measured
+            return dict(commit=None, commit_from="source_sha256", commit_given=given, dirty=dirty,
+                        commit_check=f"DIFFERS: NANOTOST_COMMIT {given[:10]} has source_sha256 {theirs}, the code "
+                                     f"here {digest}: not that commit, so no commit is recorded (source_sha256 "
+                                     "names the code)")
         check = ("its code is the code here (the same source_sha256)" if theirs == digest else
-                 "UNVERIFIED: the .git here does not hold it (a stale copy, or none); source_sha256 names the code"
-                 if theirs is None else f"DIFFERS: its code has source_sha256 {theirs}, the code here {digest} "
-                                        "(not that commit: source_sha256 names the code)")
+                 "UNVERIFIED: the .git here does not hold it (a stale copy, or none); source_sha256 names the code")
         return dict(commit=given, commit_from="NANOTOST_COMMIT", commit_check=check, dirty=dirty)
     if head:
         theirs = digest_at(head)

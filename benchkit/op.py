@@ -5,6 +5,8 @@ C kernels on a CPU) against SDPA forced to FlashAttention-2 and to cuDNN attenti
 GPU busy ms per call, kernels launched, peak memory. The targets' shapes come first.
 """
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
@@ -60,26 +62,32 @@ def op_closure(C, impl, B, T_):
     return run
 
 
+def op_rows(C, cuda):
+    """The identifying fields of every row, shape by shape (op_shapes), each implementation."""
+    impls = ["triton", "compiled", "torch", "sdpa_flash", "sdpa_cudnn"] if cuda else \
+        ["cpu", "torch", "sdpa", "triton", "compiled", "sdpa_flash", "sdpa_cudnn"]
+    return [dict(impl=impl, B=B, T=T_) for B, T_ in op_shapes(C) for impl in impls]
+
+
 def section_op(S):
     C = S.C
-    impls = ["triton", "compiled", "torch", "sdpa_flash", "sdpa_cudnn"] if S.cuda else \
-        ["cpu", "torch", "sdpa", "triton", "compiled", "sdpa_flash", "sdpa_cudnn"]
     S.data.update(H=C.H, p=C.p, dtype=C.dtype, mode="fwdbwd", causal=True)
-    for B, T_ in op_shapes(C):
-        for impl in impls:
-            key = dict(impl=impl, B=B, T=T_)
-            why = why_not(S, impl.replace("sdpa_", ""))
-            if why:
-                S.row(**key, status="skipped", reason=why)
-                continue
+    for key in op_rows(C, S.cuda):
+        why = why_not(S, key["impl"].replace("sdpa_", ""))
+        if why:
+            S.row(**key, status="skipped", reason=why)
+            continue
+        S.attempt(key, partial(op_row, C, key["impl"], key["B"], key["T"]))
 
-            def work():
-                row = measure_row(op_closure(C, impl, B, T_), C)
-                if impl.startswith("sdpa"):
-                    row["backend_ran"] = attention_ran(row.get("top_kernels"))
-                if impl in ("cpu", "triton"):
-                    note = fallback_note(impl)
-                    if note:
-                        row.update(status="fell_back", reason=note)
-                return row
-            S.attempt(key, work)
+
+def op_row(C, impl, B, T_):
+    """One row's measurements: fwd+bwd of the operator (measure_row), the SDPA kernel that ran, a
+    fused implementation's fallback."""
+    row = measure_row(op_closure(C, impl, B, T_), C)
+    if impl.startswith("sdpa"):
+        row["backend_ran"] = attention_ran(row.get("top_kernels"))
+    if impl in ("cpu", "triton"):
+        note = fallback_note(impl)
+        if note:
+            row.update(status="fell_back", reason=note)
+    return row

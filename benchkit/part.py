@@ -6,7 +6,10 @@ row does not run on this device (why_not), and the atomic JSON write every mode 
 
 A section's function takes a Part S and records rows: S.attempt(key, work) measures one row
 (work() -> dict of measurements; an error or out of memory is a row that says so), S.row(...)
-records one as it is (a skipped row says why).
+records one as it is (a skipped row says why). A row starts only when its own estimated cost
+(C.estimates, from the last report of the device: benchkit/costs.py) fits in what is left of the
+section's time; it records what it cost (row_s). Under the headline a row outside the section's
+stage (C.stage: benchkit/order.py) is left for that stage.
 """
 
 import json
@@ -17,12 +20,14 @@ from collections import namedtuple
 import torch
 
 import cli
+from benchkit.order import LATER, in_stage
 from benchkit.settings import row_reserve_s
 from benchkit.timing import free_memory
 
 # limit_s: its time limit in seconds; what: one line; fn(S): the function that measures it (a
-# module-level function or a functools.partial of one: the section's process gets it pickled)
-Section = namedtuple("Section", "limit_s what fn")
+# module-level function or a functools.partial of one: the section's process gets it pickled);
+# rows(C, cuda): the identifying fields of every row it measures, in its order (the plan's list)
+Section = namedtuple("Section", "limit_s what fn rows")
 ROW_KEYS = ("arch", "impl", "backend", "mode", "B", "T")  # what identifies a row within its section
 SKIP = {  # why a row does not run on this device
     "triton": "the Triton kernels run on CUDA (tests/test_kernels.py runs them under Triton's CPU interpreter)",
@@ -91,7 +96,8 @@ def format_report_row(section, r):
 class Part:
     """One section's results as its process measures them: rows (each printed and written to
     the part file at once, atomically), the time left before the parent's limit. previous: the
-    rows an earlier run of the section measured with the same code on the same device, kept."""
+    rows an earlier run of the section measured with the same code on the same device, kept
+    (marked kept_from the part's start, unless an earlier stage of this command measured them)."""
 
     def __init__(self, name, path, C, limit_s, previous=(), hang_after=None):
         self.name, self.path, self.C, self.hang_after = name, path, C, hang_after
@@ -99,9 +105,9 @@ class Part:
         self.previous_started = None
         self.cuda = C.device.startswith("cuda")
         self.deadline = time.time() + limit_s
-        # time kept when a row would start: the last write, and what a row's first call may add
-        self.reserve_s = row_reserve_s(C)
-        self.longest_row_s = 0.0
+        self.reserve_s = row_reserve_s(C)  # time kept when a row would start: the last write
+        self.stage = getattr(C, "stage", None)  # (the headline's: target or extra rows; None: every row)
+        self.estimates = dict(getattr(C, "estimates", None) or {})  # row_key -> estimated seconds (or None)
         self.data = dict(section=name, status="running", started=now_iso(), pid=os.getpid(), rows=[])
         self.write()
 
@@ -127,16 +133,32 @@ class Part:
     def time_left(self):
         return self.deadline - time.time()
 
+    def estimate(self, key):
+        """The row's estimated cost in seconds (0 where nothing is known of it)."""
+        return self.estimates.get(row_key(key)) or 0.0
+
+    def spare_s(self):
+        """Seconds left once every row of the estimates not yet recorded has had its estimate:
+        what an optional measurement (a profile) may take without crowding out a row."""
+        done = {row_key(r) for r in self.data["rows"]}
+        rows = [s or 0.0 for k, s in self.estimates.items() if k not in done and dict(k).get("mode") != "profile"]
+        return self.time_left() - self.reserve_s - sum(rows)
+
     def attempt(self, key, work):
         """Measure one row: work() -> dict of measurements. Out of memory and errors are rows that
-        say so; a row that would not fit in the section's remaining time is recorded as not run; a
-        row an earlier, cut run of the section measured is kept."""
+        say so; a row whose estimated cost does not fit in the section's remaining time is
+        recorded as not run (a later, cheaper row may still run); a row an earlier, cut run of the
+        section measured is kept; a row of another stage is left for it."""
         old = self.previous.get(row_key(key))
         if old is not None:
-            return self.row(**dict(old, kept_from=old.get("kept_from") or self.previous_started))
-        if self.time_left() < self.reserve_s + 1.5 * self.longest_row_s:
-            return self.row(**key, status="not_run", reason=f"the section's time limit was nearly spent "
-                                                            f"({self.time_left():.0f} s left)")
+            kept = old.get("kept_from") or self.previous_started
+            return self.row(**(dict(old, kept_from=kept) if kept else old))
+        if not in_stage(self.name, key, self.stage):
+            return self.row(**key, status="not_run", reason=LATER)
+        est, left = self.estimate(key), self.time_left() - self.reserve_s
+        if est > left:
+            return self.row(**key, status="not_run", reason=f"its estimated {est:.0f} s did not fit in the "
+                                                            f"{max(left, 0):.0f} s left of the section's time")
         t0 = time.time()
         try:
             got = work()
@@ -145,9 +167,9 @@ class Part:
         except Exception as e:  # noqa: BLE001 (a measured failure is a row, and the section goes on)
             got = dict(status="failed", reason=f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:300]}")
         finally:
-            self.longest_row_s = max(self.longest_row_s, time.time() - t0)
+            spent = time.time() - t0
             free_memory(self.C)
-        return self.row(**key, **got)
+        return self.row(**key, **got, row_s=round(spent, 2))  # (what it cost: the next plan's estimate)
 
     def finish(self, status, **info):
         self.data.update(status=status, finished=now_iso(), **info)

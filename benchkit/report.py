@@ -19,6 +19,7 @@ GPU tables from the JSON, and the run prints them at its end.
 """
 
 import contextlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -33,39 +34,57 @@ import torch
 import cli
 import portable
 import trainkit as tk
-from benchkit import keeper
-from benchkit.decode import section_decode
+from benchkit import compile_cache, keeper, plan, reportfile
+from benchkit.costs import Costs
+from benchkit.decode import decode_rows, section_decode
 from benchkit.gpu_check import section_gpu_check
-from benchkit.main_job import section_main_job
+from benchkit.main_job import main_job_rows, section_main_job
 from benchkit.meta import given_commit, section_meta
-from benchkit.op import section_op
+from benchkit.op import op_rows, section_op
+from benchkit.order import LATER, in_stage
 from benchkit.part import Part, Section, now_iso, row_key, write_results
 from benchkit.settings import check_settings, chosen_sections, quick_defaults, section_limits
-from benchkit.train_step import section_train
+from benchkit.train_step import section_train, train_rows
 
-REPORT_SCHEMA = "nanotost-bench-report/1"
+REPORT_SCHEMA = reportfile.SCHEMA
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def no_rows(C, cuda):
+    return []
+
+
+def gpu_check_rows(C, cuda, mode):
+    return [dict(mode=mode)]  # (the plan's one unit: kernels/gpu_check.py, whose rows come as it writes them)
+
+
+def train_section(variants, later=(), stand_in=False):
+    """(fn, rows) of a training section: section_train and train_rows bound to its variants."""
+    return (partial(section_train, variants=variants, later=later, stand_in=stand_in),
+            partial(train_rows, variants=variants, later=later))
+
+
 # the report's sections, run in this order (its priorities)
 SECTIONS = {
-    "meta": Section(60, "device, driver, CUDA, torch, Triton, cuDNN, git commit, date", section_meta),
+    "meta": Section(60, "device, driver, CUDA, torch, Triton, cuDNN, git commit, date", section_meta, no_rows),
     "gpu_check_accuracy": Section(150, "python -m kernels.gpu_check accuracy: Triton vs float64, beside model.py's "
-                                       "error", partial(section_gpu_check, mode="accuracy")),
+                                       "error", partial(section_gpu_check, mode="accuracy"),
+                                  partial(gpu_check_rows, mode="accuracy")),
     "gpu_check_determinism": Section(60, "python -m kernels.gpu_check determinism: two fwd+bwd runs bit for bit",
-                                     partial(section_gpu_check, mode="determinism")),
+                                     partial(section_gpu_check, mode="determinism"),
+                                     partial(gpu_check_rows, mode="determinism")),
     "op": Section(300, "the TSSA operator fwd+bwd vs SDPA (FlashAttention-2 and cuDNN forced), GPU time, launches",
-                  section_op),
+                  section_op, op_rows),
     "decode": Section(420, "per-token decoding 1K..64K: ToST (torch, triton) and GPT-2 (static KV cache), eager, "
-                           "CUDA graph, compiled + CUDA graph", section_decode),
+                           "CUDA graph, compiled + CUDA graph", section_decode, decode_rows),
     "train_tost": Section(420, "ToST-Base training step (compiled, tssa_impl=torch) at 4K..64K",
-                          partial(section_train, variants=[("tost", "torch", None)])),
+                          *train_section([("tost", "torch", None)])),
     "train_gpt2_flash": Section(420, "GPT-2 Base training step (compiled, SDPA forced to FlashAttention-2) at 4K..64K",
-                                partial(section_train, variants=[("gpt2", None, "flash")], stand_in=True)),
+                                *train_section([("gpt2", None, "flash")], stand_in=True)),
     "train_gpt2_cudnn": Section(420, "GPT-2 Base training step (compiled, SDPA forced to cuDNN attention) at 4K..64K",
-                                partial(section_train, variants=[("gpt2", None, "cudnn")])),
+                                *train_section([("gpt2", None, "cudnn")])),
     "main_job": Section(600, "200 iterations of config/tost_owt.py, then of config/gpt2_owt.py (synthetic GPT-2 "
-                             "tokens): tokens/s, MFU, a profile of each micro-step", section_main_job),
+                             "tokens): tokens/s, MFU, a profile of each micro-step", section_main_job, main_job_rows),
     "train_tost_triton": Section(420, "ToST-Base training step (compiled, tssa_impl=triton) at 4K..64K",
-                                 partial(section_train, variants=[("tost", "triton", None)])),
+                                 *train_section([("tost", "triton", None)])),
 }
 DONE = ("ok", "skipped", "failed")  # a section in one of these states is not run again unless named
 POLL_S = 0.5  # how often the parent looks for new rows of the section in flight
@@ -99,9 +118,12 @@ def run_section(name, fn, C, path, limit_s, hang=None, previous=None, command_pi
         fn(S)
         rows = S.data["rows"]
         whole = rows and all(r["status"] == "skipped" for r in rows)
-        cut = [r for r in rows if r["status"] == "not_run"]
+        later = [r for r in rows if r["status"] == "not_run" and r.get("reason") == LATER]
+        cut = [r for r in rows if r["status"] == "not_run" and r not in later]
         if cut:
             S.finish("timed_out", reason=f"its time limit came before {len(cut)} of {len(rows)} rows")
+        elif later:
+            S.finish("partial", reason=f"{len(later)} of {len(rows)} rows are {LATER}")
         else:
             S.finish("skipped" if whole else "ok", **({"reason": rows[0]["reason"]} if whole else {}))
     except BaseException as e:
@@ -109,6 +131,18 @@ def run_section(name, fn, C, path, limit_s, hang=None, previous=None, command_pi
         S.finish("failed", reason=f"{type(e).__name__}: {str(e).strip()[:300]}",
                  traceback=traceback.format_exc()[-3000:])
         raise SystemExit(1) from None
+    finally:
+        keep_compiles(C, f"{path}.{getattr(C, 'stage', None) or 'all'}")
+
+
+def keep_compiles(C, base):
+    """This process's compiles, kept for the next window (benchkit/compile_cache.py): never the
+    section's failure."""
+    if getattr(C, "keep_compiles", False):
+        try:
+            compile_cache.save_here(base + compile_cache.PART)
+        except Exception as e:  # noqa: BLE001 (a cache is a saving of time, nothing more)
+            print(f"  (the compile cache was not kept: {type(e).__name__}: {str(e)[:200]})", flush=True)
 
 
 def _read_new(path, seen):
@@ -178,7 +212,7 @@ def run_child(ctx, name, fn, C, tmp, limit_s, previous=None, on_rows=None):
     part.update(wall_s=round(time.time() - t0, 1), limit_s=limit_s)
     if interrupted:
         part.update(status="interrupted", reason="interrupted (Ctrl-C or SIGTERM); the rows measured before are "
-                                                 "kept, and the same command runs the rest")
+                                                 "kept, and the command printed measures the rest")
     elif timed_out:
         part.update(status="timed_out", reason=f"stopped at its time limit of {limit_s:.0f} s; the rows "
                                                f"measured before are kept")
@@ -211,7 +245,7 @@ def load_report(path, meta):
     (quick or full), or a headline's where a report would continue, is refused."""
     if not os.path.isfile(path):
         return dict(schema=REPORT_SCHEMA, meta=meta, runs=[], sections={})
-    old = read_report(path)
+    old = read_report(path, say=True)
     old_meta = old["meta"]
     if (old_meta.get("slug"), bool(old_meta.get("quick"))) != (meta["slug"], bool(meta["quick"])):
         raise cli.UserError(f"{path} holds a {'quick ' if old_meta.get('quick') else ''}report of "
@@ -223,17 +257,16 @@ def load_report(path, meta):
     return old
 
 
-def read_report(path):
-    """The report at path, its fields checked (one line naming the file and the field)."""
-    fix = "restore it (git checkout, or a copy), or choose another --out"
-    old = cli.read_json(path, fix)
-    cli.require(old.get("schema") == REPORT_SCHEMA, f"{path} is not a report of bench.py (schema "
-                                                    f"{old.get('schema')!r}): choose another --out")
-    with cli.reading(path, fix):  # the fields run_report reads, each of its type
-        _ = dict(old["meta"]), list(old["runs"]), list(old.get("history", []))
-        _ = {name: (part.get("status"), [row["status"] for row in part["rows"]])
-             for name, part in dict(old["sections"]).items()}
-    return old
+def read_report(path, say=False):
+    """The report at path, read as the renderer reads it (benchkit/reportfile.py: its fields
+    checked, one line naming the file and the field), except that a row holding a NaN or
+    infinite figure is no measurement: it is replaced by a row saying so (measured again), and
+    with `say`, one line says so."""
+    data, refused = reportfile.read_report(path, "restore it (git checkout, or a copy), or choose another --out")
+    for field, _, value in refused if say else ():
+        print(f"{path}: {field} is {json.dumps(value)}, not a finite number: refused, and that row is measured again",
+              flush=True)
+    return data
 
 
 def is_current(part, meta):
@@ -275,12 +308,15 @@ def retire(merged, name, why):
 
 def with_kept(part, previous):
     """The part, with the rows of `previous` (an earlier part whose measured rows it keeps) that
-    it has not reached yet: a section stopped before them does not lose them."""
+    it has not reached yet: a section stopped before them does not lose them. They are marked
+    kept_from the earlier part's start (an earlier stage of the same command has none)."""
     if not previous:
         return part
     have = {row_key(r) for r in part.get("rows", [])}
-    kept = [dict(r, kept_from=r.get("kept_from") or previous.get("started")) for r in previous.get("rows", [])
-            if r.get("status") not in ("not_run", "running") and row_key(r) not in have]
+    since = previous.get("started")
+    kept = [dict(r, **({"kept_from": r.get("kept_from") or since} if r.get("kept_from") or since else {}))
+            for r in previous.get("rows", []) if r.get("status") not in ("not_run", "running")
+            and row_key(r) not in have]
     return dict(part, rows=part.get("rows", []) + kept) if kept else part
 
 
@@ -289,14 +325,20 @@ def stamped(part, meta, **info):
     return dict(part, **info, commit=meta["commit"], source_sha256=meta["source_sha256"], device=meta["slug"])
 
 
-def execute(C, sections, chosen, schedule, fresh, keep_done):
-    """Run the `chosen` sections of `sections` ({name: Section}; meta always, first) into one JSON,
-    each row into it as it is measured. schedule(name, t_start) -> (limit_s, cut_by_budget), or
-    None where no time is left for it. fresh: the JSON's earlier sections all go to history (the
-    headline); else those measured by other code or elsewhere do. keep_done: a section already
-    done (is_done) is not run again (--report with sections=all). Returns the report, its path,
-    this call's record in its runs, and the meta section's part."""
+def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
+    """Run `stages` ([(name, stage)]: a section of `sections`, {name: Section}, whole (stage None)
+    or the rows of one stage of the headline's order, benchkit/order.py) into one JSON, meta
+    always, first; each row into the JSON as it is measured, each starting only when its
+    estimated cost (benchkit/costs.py: this run's rows, then earlier reports of the device) fits
+    in what is left. schedule(name, stage, t_start, estimates, spent) -> (limit_s, cut_by_budget),
+    or a reason (a string) where the stage cannot start (estimates: {row_key: seconds} of its rows
+    to measure; spent: the seconds each section took so far). fresh: the JSON's earlier sections
+    all go to history (a fresh headline); else those measured by other code or elsewhere do.
+    keep_done: a section already done (is_done) is not run again (--report with sections=all).
+    saved(merged, out): what an interrupt leaves behind, said (default: the same command goes
+    on). Returns the report, its path, this call's record in its runs, and the meta part."""
     C.device, _ = tk.choose_device_dtype(C.device, "float32")  # checks the device; no CUDA here (the sections')
+    cuda = C.device.startswith("cuda")
     if "forkserver" in multiprocessing.get_all_start_methods():  # (Linux, macOS; Windows spawns each section)
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["benchkit.report", "benchkit.headline"])
@@ -305,7 +347,7 @@ def execute(C, sections, chosen, schedule, fresh, keep_done):
     t_start = time.time()
     tmp = tempfile.mkdtemp(prefix="nanotost-report-")
     try:
-        meta_part = run_child(ctx, "meta", sections["meta"].fn, C, tmp, schedule("meta", t_start)[0])
+        meta_part = run_child(ctx, "meta", sections["meta"].fn, C, tmp, schedule("meta", None, t_start, {}, {})[0])
         if meta_part["status"] == "interrupted":
             raise KeyboardInterrupt
         meta = meta_part.get("meta")
@@ -335,53 +377,102 @@ def execute(C, sections, chosen, schedule, fresh, keep_done):
         run = dict(started=meta["date"], commit=meta["commit"], source_sha256=meta["source_sha256"],
                    argv=C.argv, sections=[])
         merged["runs"].append(run)
+        sources = plan.cost_sources(meta, out)
+        load_from, save_to = compile_cache.files(C, out, meta["slug"], cuda)
+        C.keep_compiles = save_to is not None
+        run["compile_cache"] = compile_cache.load(load_from) if save_to else dict(
+            loaded=False, why="compile_cache=off" if cuda else "none on the CPU (the rows that compile run on CUDA)")
         write_results(out, merged)  # a valid report from the start
         print(f"{meta['plan']} on {meta['name']} ({C.device}, {meta['dtype']}), torch {meta['torch']}, code "
-              f"{meta['source_sha256']}, commit {(meta['commit'] or 'unknown')[:10]} ({meta['commit_check']}): {out}",
+              f"{meta['source_sha256']}, commit {(meta['commit'] or 'none')[:10]} ({meta['commit_check']}): {out}",
               flush=True)
-        saved = f"{out} holds every row measured so far; the same command runs what is missing"
-        for name in [n for n in sections if n in chosen and n != "meta"]:
+        print(f"estimates: this run's rows, then {out}'s" + "".join(f", then {label}" for label, _ in sources)
+              + f"; compile cache: {describe_cache(run['compile_cache'])}", flush=True)
+
+        def say():
+            return saved(merged, out) if saved else f"{out} holds every row measured so far; the same command runs " \
+                                                    "what is missing"
+        ran, spent = [], {}
+        for name, stage in stages:
             old = merged["sections"].get(name)
             if keep_done and is_done(old, meta):
                 print(f"[{name}] kept from {out} ({old['status']}, run {old.get('started', '?')}); name it in "
                       f"--sections to run it again", flush=True)
                 continue
-            slot = schedule(name, t_start)
-            if slot is None:
-                if not is_current(old, meta) or old.get("status") == "not_run":
-                    merged["sections"][name] = dict(section=name, status="not_run", rows=[], reason=(
-                        f"budget_s={C.budget_s:g} was spent before it could start; run the command again"))
-                print(f"[{name}] not run: budget_s spent", flush=True)
+            again = name in ran  # a later stage of a section this command has run: its rows kept as they are
+            previous = dict(old, started=None) if again else None if fresh else rows_to_keep(C, old, meta)
+            measured = {row_key(r) for r in (previous or {}).get("rows", []) if r.get("status") not in
+                        ("not_run", "running")}
+            keys = [k for k in sections[name].rows(C, cuda) if in_stage(name, k, stage)]
+            todo = [k for k in keys if row_key(k) not in measured]
+            if stage is not None and keys and not todo:
+                continue  # (every row of this stage is kept from an earlier command)
+            estimates = plan.estimates_for(C, Costs(C, [("this run", merged)] + sources), name, todo)
+            slot = schedule(name, stage, t_start, estimates, spent)
+            if isinstance(slot, str):
+                if again:
+                    pass  # (its rows wait as they are: finish_waiting says why at the end)
+                elif not is_current(old, meta) or old.get("status") == "not_run":
+                    merged["sections"][name] = dict(section=name, status="not_run", rows=[], reason=slot)
+                print(f"[{name}{': ' + stage + ' rows' if stage else ''}] not run: {slot}", flush=True)
                 continue
             limit, cut = slot
-            print(f"[{name}] {sections[name].what} (limit {limit:.0f} s)", flush=True)
-
-            previous = None if fresh else rows_to_keep(C, old, meta)
+            C.stage, C.estimates = stage, estimates
+            ran += [] if again else [name]
+            run["sections"] = ran
+            print(f"[{name}{': ' + stage + ' rows' if stage else ''}] {sections[name].what} (limit {limit:.0f} s)",
+                  flush=True)
 
             def publish(part, name=name, previous=previous):  # each row into the report as it is measured
                 merged["sections"][name] = stamped(with_kept(part, previous), meta)
-                write_results(out, merged, saved=saved)
+                write_results(out, merged, saved=say())
             part = with_kept(run_child(ctx, name, sections[name].fn, C, tmp, limit, previous, publish), previous)
             merged["sections"][name] = stamped(part, meta, cut_by_budget=cut)
-            run["sections"].append(name)
+            spent[name] = spent.get(name, 0.0) + part["wall_s"]
             counts = {}
             for r in part.get("rows", []):
                 counts[r["status"]] = counts.get(r["status"], 0) + 1
             print(f"[{name}] {part['status']} in {part['wall_s']:.0f} s: " + (", ".join(
                 f"{n} {s}" for s, n in counts.items()) or "no rows") + (f" ({part['reason']})" if part.get("reason")
                                                                        else ""), flush=True)
-            write_results(out, merged, saved=saved)
+            if save_to:
+                members = compile_cache.gather(tmp, load_from, save_to)
+                run["compile_cache"]["saved"] = dict(file=save_to, members=members)
+            write_results(out, merged, saved=say())
             if part["status"] == "interrupted":
                 raise KeyboardInterrupt
         for name in sections:
             merged["sections"].setdefault(name, dict(section=name, status="not_run", rows=[],
                                                      reason="not in this run's --sections"))
+            if name in ran:  # (a section this command ran whose later stage did not come)
+                finish_waiting(merged["sections"][name], C)
         merged["sections"] = {n: merged["sections"][n] for n in sections}  # (in the plan's order)
+        run["compiles"] = plan.compile_record(merged, ran, sources)
         run["finished"] = now_iso()
         write_results(out, merged)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return merged, out, run, meta_part
+
+
+def describe_cache(info):
+    """The compile cache a run loaded, in words."""
+    if not info.get("loaded"):
+        return info.get("why", "none") + (f" ({info['file']})" if info.get("file") else "")
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(info.get("artifacts", {}).items())) or "no artifacts"
+    return f"{info['members']} parts of {info['file']} loaded in {info['load_s']:.1f} s ({kinds})"
+
+
+def finish_waiting(part, C):
+    """A section whose rows wait for a later stage that never came (budget_s spent first): those
+    rows say so, and the section timed out, cut by the budget (the next command measures them)."""
+    waiting = [r for r in part.get("rows", []) if r.get("status") == "not_run" and r.get("reason") == LATER]
+    if not waiting:
+        return
+    for r in waiting:
+        r["reason"] = f"budget_s={C.budget_s:g} was spent before its stage (rows of less value come after the targets)"
+    part.update(status="timed_out", cut_by_budget=True,
+                reason=f"budget_s={C.budget_s:g} was spent before {len(waiting)} of {len(part['rows'])} rows")
 
 
 def show_tables(out):
@@ -408,12 +499,13 @@ def run(C, given):
     chosen = chosen_sections(C, SECTIONS)
     limits = section_limits(C, SECTIONS)
 
-    def schedule(name, t_start):  # its own limit, cut to what budget_s leaves (10 s kept for the writes)
-        left = C.budget_s - (time.time() - t_start) - 10 if C.budget_s else float("inf")
+    def schedule(name, stage, t_start, estimates, spent):  # its own limit, cut to what budget_s leaves (10 s
+        left = C.budget_s - (time.time() - t_start) - 10 if C.budget_s else float("inf")  # kept for the writes)
         if name != "meta" and left < min(limits[name], 60.0):
-            return None
+            return f"budget_s={C.budget_s:g} was spent before it could start; run the command again"
         return min(limits[name], max(left, 1.0)), left < limits[name]
-    merged, out, run_, meta_part = execute(C, SECTIONS, chosen, schedule, fresh=False, keep_done=C.sections == "all")
+    stages = [(name, None) for name in SECTIONS if name in chosen and name != "meta"]
+    merged, out, run_, meta_part = execute(C, SECTIONS, stages, schedule, fresh=False, keep_done=C.sections == "all")
     if C.budget_s and not run_["sections"] and any(n in chosen and merged["sections"][n]["status"] == "not_run"
                                                    for n in SECTIONS):
         raise cli.UserError(f"budget_s={C.budget_s:g} was spent before any section could start (meta took "

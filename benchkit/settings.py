@@ -16,6 +16,7 @@ IMPLS = tuple(i for i in kernels.IMPLS if i != "auto") + ("sdpa", "compiled")  #
 MODES = ("fwd", "fwdbwd")
 SECTION_START_S = 1.0  # a section's process, forked, starts and writes its part file within it
 MIN_BUDGET_S = 90  # budget_s: a section starts only with 60 s of it left, 10 s kept for the writes, ~20 s of meta
+# (the headline: ~20 s of meta and 25 s for the writes leave a row 45 s)
 TRAINING_SHAPE = (16, 1024)  # (B, T) of the operator at the main job's micro-batch (ToST-Base: 16 x 1K)
 QUICK = dict(T="64,128", model_T="64", decode_T="32,64", H=2, p=16, repeats=3, warmup=0, decode_steps=4,
              train_tokens=128, main_iters=3)  # a smoke run of every code path, seconds on a CPU
@@ -60,8 +61,8 @@ def main_warmup(C):
 
 
 def row_reserve_s(C):
-    """Seconds of a section's limit kept for its last write and what a row's first call may add:
-    a row starts only with more than this left (a quick run's rows take milliseconds)."""
+    """Seconds of a section's limit kept for its last write, beyond a row's estimated cost: a row
+    starts only with its estimate and this left (a quick run's rows take milliseconds)."""
     return 0.0 if C.quick else 3.0 if C.headline else 15.0
 
 
@@ -75,7 +76,14 @@ def check_measurable(C, sections):
                                          f"its tokens/s leaves out the first {skip} (compile and warm-up"
                                          f"{', in a quick run' if C.quick else ''}): give --main_iters={skip + 1} "
                                          "or more")
-    if C.headline or not C.section_s.strip():  # (the headline's section_s are shares of its deadline)
+    cli.require([n for n in chosen if n != "meta"], f"sections={C.sections!r} measures nothing (meta runs first in "
+                                                    "every command): name a section to measure, e.g. --sections=op")
+    if C.headline:  # the headline measures under a deadline: one that leaves nothing to measure is refused
+        cli.require(C.budget_s >= MIN_BUDGET_S, f"budget_s={C.budget_s:g} leaves the headline no time to measure a "
+                                                f"row (it runs under a deadline, and keeps ~20 s for meta and 25 s "
+                                                f"for the writes): give --budget_s={MIN_BUDGET_S} or more (540 is "
+                                                "its default)")
+    if not C.section_s.strip():
         return
     reserve = row_reserve_s(C)
     least = SECTION_START_S + reserve
@@ -106,6 +114,12 @@ def check_settings(C, sections=None):
     if C.sections != "all":  # (the lists' rule in every mode, the names where the mode has sections)
         names("sections", C.sections, None if sections is None else tuple(sections))
     section_seconds(C, sections)
+    cli.require(not C.plan_from or C.headline, "plan_from prints the headline's plan: give it with --headline")
+    cli.require(not C.plan_from or os.path.isfile(C.plan_from), f"plan_from={C.plan_from!r}: no such file; give "
+                                                                "a report's JSON, e.g. results/nvidia-h200.json")
+    cli.require(C.compile_cache in ("auto", "off") or not os.path.isdir(C.compile_cache),
+                f"compile_cache={C.compile_cache!r} is a folder: give 'auto', 'off' or a file, e.g. "
+                f"{os.path.join(C.compile_cache, 'gpu.compile-cache.zip')}")
     if sections is not None:
         check_measurable(C, sections)
     report = C.report or C.headline

@@ -17,6 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from benchkit.costs import calls_per_repeat
+
 def sync(C):
     if C.device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -148,7 +150,7 @@ def measure_ms(fn, C, n_calls=None):
     fn()
     torch.cuda.synchronize()
     one_ms = (time.perf_counter() - t0) * 1e3
-    n = n_calls or max(1, min(200, int(20.0 / max(one_ms, 1e-3))))
+    n = n_calls or calls_per_repeat(one_ms)
     times = []
     for _ in range(C.repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

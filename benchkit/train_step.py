@@ -10,6 +10,7 @@ import contextlib
 import io
 import time
 import warnings
+from functools import partial
 
 import torch
 
@@ -32,12 +33,15 @@ def build_gpt(C, arch, block_size, impl="torch"):
     return kernels.use(m, impl if arch == "tost" else "torch", chunked_loss=True)
 
 
-def train_rows(C, variants, later=()):
-    """(arch, impl, backend, T) of every row: each of `variants` ((arch, impl, backend)) at each
+def train_rows(C, cuda, variants, later=()):
+    """The identifying fields of every row: each of `variants` ((arch, impl, backend)) at each
     length of model_T, length by length (so a cut section keeps the comparisons at the first
-    lengths), then each of `later` (the rows not needed for a target) at each length."""
+    lengths), then each of `later` (the rows not needed for a target) at each length; the batch
+    holds train_tokens tokens."""
     order = plan_lengths(C.model_T, TRAIN_LENGTHS)
-    return [(*v, T_) for T_ in order for v in variants] + [(*v, T_) for v in later for T_ in order]
+    rows = [(*v, T_) for T_ in order for v in variants] + [(*v, T_) for v in later for T_ in order]
+    return [{k: v for k, v in dict(arch=arch, impl=impl, backend=backend, T=T_, B=max(1, C.train_tokens // T_)).items()
+             if v is not None} for arch, impl, backend, T_ in rows]
 
 
 def section_train(S, variants, later=(), stand_in=False):
@@ -46,18 +50,17 @@ def section_train(S, variants, later=(), stand_in=False):
     step's code path), once a length."""
     C = S.C
     S.data.update(train_tokens=C.train_tokens, compiled=S.cuda, dtype=C.dtype)
-    for arch, impl, backend, T_ in train_rows(C, variants, later):
-        B = max(1, C.train_tokens // T_)
-        key = {k: v for k, v in dict(arch=arch, impl=impl, backend=backend, T=T_, B=B).items() if v is not None}
+    for key in train_rows(C, S.cuda, variants, later):
+        arch, impl, backend, T_, B = key["arch"], key.get("impl"), key.get("backend"), key["T"], key["B"]
         why = why_not(S, "triton") if impl == "triton" else why_not(S, backend) if backend else None
         if why:
             S.row(**key, status="skipped", reason=why)
             default = dict(key, backend="default")
             if stand_in and arch == "gpt2" and not any(r.get("backend") == "default" and r["T"] == T_
                                                        for r in S.data["rows"]):
-                S.attempt(default, lambda: train_row(C, arch, impl or "torch", "default", T_, B))
+                S.attempt(default, partial(train_row, C, arch, impl or "torch", "default", T_, B))
             continue
-        S.attempt(key, lambda: train_row(C, arch, impl or "torch", backend, T_, B))
+        S.attempt(key, partial(train_row, C, arch, impl or "torch", backend, T_, B))
 
 
 @contextlib.contextmanager

@@ -18,8 +18,9 @@ path, points, draw)) are figures: one whose PNG is not the picture drawn from th
 JSON gives (drawn from others, damaged, cut short, replaced) is drawn again, or named by --check
 (results/figure.py: the PNG holds its points and a digest of its pixels, so --check needs
 Pillow, not matplotlib; draw imports matplotlib). A JSON cut short, or holding a NaN or infinite
-number anywhere, is one line naming the file and the field. Standard library only, but for
-the figures' Pillow and matplotlib.
+number anywhere, is one line naming the file and the field (a report of bench.py is read as
+its runner reads it: benchkit/reportfile.py). Standard library only, but for the figures'
+Pillow and matplotlib.
 
 A document whose markers do not pair up (an opening without its closing marker before the next
 table, a closing marker without an opening) is refused, by --check as well: a rewrite would
@@ -40,6 +41,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
 import cli  # noqa: E402
+from benchkit import reportfile  # noqa: E402
 from results import figure  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -121,8 +123,14 @@ def load_json(path, where, awaited):
 
 def read_data(path, fix):
     """The JSON at path as every table and figure reads it: cut short, not JSON, or holding a
-    NaN or infinite number anywhere is one line naming the file (and the field) and `fix`."""
-    return cli.read_json(path, fix, finite=True)
+    NaN or infinite number anywhere is one line naming the file (and the field) and `fix`. A
+    report of bench.py is read as its runner reads it (benchkit/reportfile.py: the one reading
+    of a report), except that a NaN or infinite figure refuses the file here (the runner
+    measures that row again)."""
+    data = cli.read_json(path, fix, finite=True)
+    if reportfile.is_report(data):
+        reportfile.check(data, path, fix, refuse=True)
+    return data
 
 
 def restore(path):

@@ -70,7 +70,11 @@ def section_line(data, names):
             what = {"timed_out": f"timed out at its limit of {s.get('limit_s', 0):.0f} s (the rows it measured "
                                  f"are shown)", "not_run": "has not run", "failed": "failed",
                     "skipped": "was skipped", "running": "was cut short by the end of the command (the rows it "
-                                                         "measured are shown)"}.get(s.get("status"), s.get("status"))
+                                                         "measured are shown)",
+                    "partial": "has rows waiting for a later stage of the headline (the rows it measured are shown)",
+                    "incomplete": "has rows to measure again (the rows it measured are shown)",
+                    "interrupted": "was interrupted (the rows it measured are shown)"}.get(s.get("status"),
+                                                                                          s.get("status"))
             lines.append(f"Section `{name}` {what}" + (f": {s['reason']}" if s.get("reason") else "") + ".")
     return "\n".join(lines) + ("\n\n" if lines else "")
 

@@ -31,7 +31,10 @@ import bench  # noqa: E402
 import cli  # noqa: E402
 import render  # noqa: E402
 import speed_tables  # noqa: E402
-from benchkit import main_job, meta as bench_meta, part as bench_part, report, suites, timing  # noqa: E402
+from benchkit import headline, main_job, meta as bench_meta, part as bench_part, report, suites, timing  # noqa: E402
+from test_errors import refused  # noqa: E402
+
+SCRIPT_RENDER = "results/render.py"
 
 TINIEST = ["--report=1", "--device=cpu", "--quick=1", "--T=32", "--model_T=16", "--decode_T=8", "--main_iters=2"]
 
@@ -237,9 +240,12 @@ def test_the_commit_named_by_the_environment_wins_over_a_copys_git(monkeypatch):
     assert len(earlier) == 40  # a commit of this repository other than the checkout's
     monkeypatch.setenv("NANOTOST_COMMIT", earlier)
     meta = bench_meta.collect_meta(C)
-    assert (meta["commit"], meta["commit_from"]) == (earlier, "NANOTOST_COMMIT")
     same = bench_meta.source_digest(earlier) == meta["source_sha256"]  # checked against the code, git holding it
     assert meta["commit_check"].startswith("its code is the code here" if same else "DIFFERS"), meta["commit_check"]
+    if same:
+        assert (meta["commit"], meta["commit_from"]) == (earlier, "NANOTOST_COMMIT")
+    else:  # other code: never recorded as the commit measured (issue 47, class 7)
+        assert (meta["commit"], meta["commit_given"]) == (None, earlier)
     monkeypatch.delenv("NANOTOST_COMMIT")
     meta = bench_meta.collect_meta(C)
     assert meta["commit_from"] in ("git", "source_sha256") and meta["commit"] != earlier
@@ -321,8 +327,154 @@ def test_the_digest_names_the_code_at_a_commit_and_a_stale_git_names_no_commit(t
     assert (got["commit"], got["commit_from"]) == ("0123456789" * 4, "NANOTOST_COMMIT")
     assert got["commit_check"].startswith("UNVERIFIED")
     monkeypatch.setenv("NANOTOST_COMMIT", head)  # git holds it, and its code is not this
-    assert bench_meta.name_commit(str(tmp_path), changed)["commit_check"].startswith("DIFFERS")
+    got = bench_meta.name_commit(str(tmp_path), changed)
+    assert got["commit_check"].startswith("DIFFERS") and got["commit"] is None
     monkeypatch.delenv("NANOTOST_COMMIT")
     gitless = tmp_path / "copy"
     gitless.mkdir()
     assert bench_meta.name_commit(str(gitless), changed)["commit_from"] == "source_sha256"
+
+
+# -----------------------------------------------------------------------------
+# issue 47, class 7: a commit found to be other code is never recorded as the commit measured
+
+
+def two_commits(where):
+    """A repository of two commits whose code differs (first, second), its tree at the second."""
+    for name in ("model.py", "benchkit/a.py", "kernels/k.py", "notes.md"):
+        (where / name).parent.mkdir(exist_ok=True)
+        (where / name).write_text(f"# {name}\n")
+    git(where, "init", "-q")
+    git(where, "add", "-A")
+    git(where, "commit", "-qm", "one")
+    first = git(where, "rev-parse", "HEAD")
+    (where / "kernels" / "k.py").write_text("# the second commit's kernels\n")
+    git(where, "commit", "-qam", "two")
+    return first, git(where, "rev-parse", "HEAD")
+
+
+# member: (NANOTOST_COMMIT: "first", "FIRST" (upper case), "second", "unknown" or None; the file changed in
+# the tree after the second commit, or None; the commit recorded: "first", "second", "unknown" or None)
+COMMITS = {
+    "NANOTOST_COMMIT names an older commit (other code)": ("first", None, None),
+    "the same, in upper case": ("FIRST", None, None),
+    "NANOTOST_COMMIT names HEAD, and the tree's code changed since": ("second", "kernels/k.py", None),
+    "no NANOTOST_COMMIT, HEAD's code is not the tree's (a stale .git)": (None, "benchkit/a.py", None),
+    "NANOTOST_COMMIT names HEAD, the tree changed outside the code": ("second", "notes.md", "second"),
+    "NANOTOST_COMMIT names HEAD, the same code": ("second", None, "second"),
+    "NANOTOST_COMMIT that this .git does not hold (unverified)": ("unknown", None, "unknown"),
+    "no NANOTOST_COMMIT, HEAD is the code": (None, None, "second"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMMITS))
+def test_a_commit_found_to_be_other_code_is_never_recorded_as_the_commit_measured(case, tmp_path, monkeypatch):
+    given, changed, recorded = COMMITS[case]
+    first, second = two_commits(tmp_path)
+    commits = dict(first=first, FIRST=first.upper(), second=second, unknown="0123456789" * 4)
+    if changed:
+        (tmp_path / changed).write_text("# changed after the commit\n")
+    monkeypatch.delenv("NANOTOST_COMMIT", raising=False)
+    if given:
+        monkeypatch.setenv("NANOTOST_COMMIT", commits[given])
+    got = bench_meta.name_commit(str(tmp_path), bench_meta.source_digest(root=str(tmp_path)))
+    assert got["commit"] == (commits[recorded].lower() if recorded else None), got
+    if recorded is None:  # said, and what was given (or git's HEAD) kept beside it, not as the commit
+        assert got["commit_check"].startswith("DIFFERS") or "holds other code" in got["commit_check"], got
+        assert got.get("commit_given", got.get("git_head")) in (first, second)
+
+
+def test_a_report_under_a_commit_of_other_code_stamps_no_row_with_it(tmp_path):
+    """Through bench.py itself: NANOTOST_COMMIT naming this repository's first commit (other code),
+    every part and the run record no commit; the headline's next command does not repeat it."""
+    root = git(REPO, "rev-list", "--max-parents=0", "HEAD").split()[0]
+    if bench_meta.source_digest(root) == bench_meta.source_digest():
+        pytest.skip("a clone without history: its first commit is this code")
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, "bench.py", "--report", "--device=cpu", "--quick", f"--out={out}",
+                           "--sections=gpu_check_accuracy"], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, NANOTOST_COMMIT=root))  # (a process of its own: the sections'
+    assert done.returncode == 0, done.stderr[-3000:]                     # server starts with this environment)
+    printed = done.stdout
+    data = json.loads(out.read_text())
+    assert (data["meta"]["commit"], data["meta"]["commit_given"]) == (None, root)
+    assert data["meta"]["commit_check"].startswith("DIFFERS")
+    assert [p["commit"] for p in data["sections"].values() if "commit" in p] == [None, None]  # meta, gpu_check
+    assert data["runs"][-1]["commit"] is None and root not in printed.split("DIFFERS")[0]
+    C = SimpleNamespace(argv=["--headline=1", "--out=x/"])
+    assert not headline.next_command(C, data["meta"], ["op"]).startswith("NANOTOST_COMMIT")
+    assert headline.next_command(C, dict(commit=root, commit_from="NANOTOST_COMMIT"), ["op"]).startswith(
+        f"NANOTOST_COMMIT={root} python bench.py --headline --sections=op")
+
+
+# -----------------------------------------------------------------------------
+# issue 47, class 8: a NaN or infinite figure is refused wherever a report is read, and measured again
+
+# member: (the row's identifying fields, its field made not finite, as written in the JSON; None: the
+# row of the part in the JSON's history)
+NON_FINITE = {
+    "ms NaN": (dict(impl="cpu", B=1, T=32), "ms", "NaN"),
+    "first_call_s Infinity": (dict(impl="torch", B=1, T=32), "first_call_s", "Infinity"),
+    "peak_mb -Infinity": (dict(impl="sdpa", B=1, T=32), "peak_mb", "-Infinity"),
+    "a repeat's ms 1e999 (in a list)": (dict(impl="cpu", B=4, T=32), "ms_all", "1e999"),
+    "a row of the history": (dict(impl="torch", B=1, T=32), "ms", "NaN"),
+}
+FINITE_ROW = dict(impl="sdpa", B=4, T=32)  # measured by this code here: kept as it is
+
+
+def report_with(members):
+    """JSON text of a quick CPU report whose op part (this code, this device) holds a row with a
+    non-finite figure for each member, one finite row, and a part in its history."""
+    digest = bench_meta.source_digest()
+    rows, history = [dict(FINITE_ROW, status="ok", ms=1.0, ms_all=[1.0], first_call_s=0.1, peak_mb=1.0)], []
+    for name in members:
+        key, field, _ = NON_FINITE[name]
+        row = dict(key, status="ok", ms=1.0, ms_all=[1.0, 1.0], first_call_s=0.1, peak_mb=1.0)
+        row[field] = [1.0, f"@{name}@"] if field == "ms_all" else f"@{name}@"
+        (history if name == "a row of the history" else rows).append(row)
+    part = dict(section="op", status="ok", source_sha256=digest, device="cpu", started="earlier", rows=rows)
+    data = dict(schema=report.REPORT_SCHEMA, meta=dict(slug="cpu", quick=True, name="cpu", plan="report"), runs=[],
+                sections=dict(op=part), history=[dict(part, rows=history, retired="before")] if history else [])
+    text = json.dumps(data)
+    for name in members:
+        text = text.replace(f'"@{name}@"', NON_FINITE[name][2])
+    return text
+
+
+@pytest.fixture(scope="module")
+def measured_again(tmp_path_factory):
+    """The report holding every member, continued by bench.py --report --sections=op."""
+    path = tmp_path_factory.mktemp("nan") / "r.json"
+    path.write_text(report_with(sorted(NON_FINITE)))
+    code, printed = run_report(["--report=1", "--device=cpu", "--quick=1", "--T=32", "--sections=op",
+                                f"--out={path}"])
+    assert code == 0, printed
+    return json.loads(path.read_text()), printed, path
+
+
+@pytest.mark.parametrize("member", sorted(NON_FINITE))
+def test_a_non_finite_figure_is_refused_by_the_renderer_and_measured_again_by_the_runner(member, measured_again,
+                                                                                         tmp_path):
+    key, field, form = NON_FINITE[member]
+    history = member == "a row of the history"
+    alone = tmp_path / "alone.json"  # the renderer: the file refused, one line naming the field
+    alone.write_text(report_with([member]))
+    message = refused(SCRIPT_RENDER, "--show=gpu_op", f"--json_path={alone}", root=tmp_path)
+    where = "history[0].rows[0]" if history else "sections.op.rows[1]"
+    assert f"{where}.{field}" in message and "not a finite number" in message
+    data, printed, path = measured_again  # the runner: refused in one line, that row measured again
+    rows = [m for m in sorted(NON_FINITE) if m != "a row of the history"]
+    where = "history[0].rows[0]" if history else f"sections.op.rows[{1 + rows.index(member)}]"
+    assert f"{where}.{field}" in printed and "refused, and that row is measured again" in printed
+    if member == "a row of the history":
+        row = data["history"][0]["rows"][0]
+        assert row["status"] == "not_run" and "refused on reading" in row["reason"]
+    else:
+        row = next(r for r in data["sections"]["op"]["rows"] if all(r.get(k) == v for k, v in key.items()))
+        assert row["status"] == "ok" and "kept_from" not in row and cli.non_finite(row) is None, row
+    assert data["sections"]["op"]["status"] == "ok"
+    kept = next(r for r in data["sections"]["op"]["rows"] if all(r.get(k) == v for k, v in FINITE_ROW.items()))
+    assert (kept["ms"], kept["kept_from"]) == (1.0, "earlier")  # a finite row of this code: kept as it was
+    shown = subprocess.run([sys.executable, os.path.join(REPO, "results", "render.py"), "--show=gpu_op",
+                            f"--json_path={path}"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr  # what the runner wrote, the renderer reads

@@ -3,7 +3,9 @@ bench.py's report (issue 40 item 5), one test per class over its members:
 
   1. settings under which a section would run and record nothing are refused before any work,
      one line saying what to set: a main job all warm-up (--main_iters, quick or not, report or
-     headline), a section's limit all start and reserve (--section_s, for every section or one)
+     headline), a section's limit all start and reserve (--section_s, for every section or one,
+     report or headline), a headline with no deadline to measure in (--budget_s=0 or below
+     meta and the writes), a command of meta alone (issue 47, class 6)
   2. a section outlives nothing: whichever process dies with -9, the report (as a device ends a
      command at its limit) or the section (as the OOM killer ends one), the section, its keeper
      and the train.py it runs are gone within seconds; a report whose section was killed goes on
@@ -46,6 +48,14 @@ UNMEASURABLE = {  # name -> (arguments, what the refusal says)
                                         "section_s gives decode 9 s"),
     "a quick section's limit shorter than its start": (["--report", "--quick", "--section_s=op:0.5"],
                                                        "give it more than 1 s"),
+    # issue 47, class 6: the headline measures under a deadline
+    "a headline with no deadline left (--budget_s=0)": (["--headline", "--budget_s=0"], "give --budget_s=90 or more"),
+    "a headline's deadline shorter than meta and the writes": (["--headline", "--budget_s=60"], "give at least 90"),
+    "a quick headline with no deadline": (["--headline", "--quick", "--budget_s=0"], "leaves the headline no time"),
+    "a headline of meta alone": (["--headline", "--sections=meta"], "measures nothing"),
+    "a report of meta alone": (["--report", "--sections=meta"], "measures nothing"),
+    "a headline section's limit all start and reserve": (["--headline", "--section_s=op:3"],
+                                                          "section_s gives op 3 s"),
 }
 
 

@@ -1,20 +1,26 @@
 """
-bench.py --headline (issue 37 item 3): its rehearsal on the CPU, `--headline --device=cpu
---quick`, runs every section's code path at the tiniest shapes, the Triton rows interpreted;
+bench.py --headline (issue 37 item 3, issue 44 item 2, issue 47 class 6): its rehearsal on the
+CPU, `--headline --device=cpu --quick`, runs every section's code path at the tiniest shapes, the
+Triton rows interpreted, in order of value (the target rows of every section, then the rest);
 the headline is a fresh report (what its JSON held goes to history); every row is in the JSON
 the moment it is measured (the JSON is read while the command runs, and the command is then
 killed as a device kills one at its limit: the rows are there, and no section is left running);
-the next command runs the sections left undone, keeping the rest, and names the commit given
-even where git does not hold it. results/render.py renders the headline's JSON, the per-kernel
-table included. The launches are matched to kernels.triton_tssa.launch_plan() by name.
+the next command runs what is missing, keeping the rest, and names the commit given even where
+git does not hold it; after Ctrl-C or SIGTERM the message prints the command that measures only
+what is missing, and that command does. results/render.py renders the headline's JSON, the
+per-kernel table included. The launches are matched to kernels.triton_tssa.launch_plan() by
+name. The plan (--plan_from) from the committed H200 report fits every target row in 540 s.
 
 The rehearsal runs as a subprocess that starts with the session (tests/background.py).
 
-    python -m pytest -q tests/test_speed_headline.py          # ~1-2 min on two busy cores
+    python -m pytest -q tests/test_speed_headline.py          # ~2-3 min on two busy cores
 """
 
+import contextlib
+import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -27,21 +33,27 @@ sys.path.insert(0, os.path.join(REPO, "results"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import background  # noqa: E402
+import bench  # noqa: E402
+import cli  # noqa: E402
 import speed_tables  # noqa: E402
-from benchkit import headline, kernel_times  # noqa: E402
+from benchkit import headline, kernel_times, order, plan  # noqa: E402
+from benchkit.part import row_key  # noqa: E402
 from benchkit.meta import source_digest  # noqa: E402
 
 TINY = ["--T=32", "--model_T=16", "--decode_T=8", "--main_iters=2", "--repeats=1", "--train_tokens=16",
         "--decode_steps=2"]
 FAKE_COMMIT = "0123456789" * 4  # well formed, and no commit of this repository: a stale .git's case
 WORK = os.path.join(background.SCRATCH, "headline")
+SIGNALS = ("SIGINT", "SIGTERM")  # Ctrl-C, and how a scheduler or `kill` ends a command
 # The job: (A) a fresh headline rehearsal into a folder holding an earlier headline, its main_job
 # hung after one row (NANOTOST_BENCH_HANG=main_job:1); the JSON read every 0.2 s while it runs, and
-# the command killed (SIGKILL) once main_job's first row is in the JSON; (B) the next command, for
-# decode (hung: cut at the end of its slot, 6-11 s) and main_job, with NANOTOST_COMMIT set.
+# the command killed (SIGKILL) once main_job's first row is in the JSON; (B) a next command, for
+# main_job, train and decode (whose rest hangs: cut at its --section_s limit of 6 s), NANOTOST_COMMIT set;
+# (C) for each of SIGNALS: a headline of decode hung after its eighth row (one measured), the
+# signal sent, then the command its message prints, run as printed.
 SCRIPT = r"""
-import ctypes, json, os, shutil, signal, subprocess, sys, time
-repo, work, tiny, fake = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+import ctypes, json, os, shlex, shutil, signal, subprocess, sys, time
+repo, work, tiny, fake, signals = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], sys.argv[5:]
 sys.path.insert(0, repo)
 from benchkit.meta import source_digest
 from benchkit.keeper import is_running
@@ -56,19 +68,34 @@ with open(path, "w") as f:  # a headline measured before, by this very code: a f
                    runs=[dict(argv=["earlier"])], sections=dict(op=earlier)), f)
 
 
-def start(argv, env, log):
-    return subprocess.Popen([sys.executable, "bench.py", "--headline", "--device=cpu", "--quick", f"--out={out}/"]
-                            + tiny + argv, cwd=repo, env=dict(os.environ, PYTHONUNBUFFERED="1", **env),
-                            stdout=open(os.path.join(work, log), "w"), stderr=subprocess.STDOUT,
-                            preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))  # dies with this job
+sys.path.insert(0, os.path.join(repo, "tests"))
+from helpers_signals import default_signals as signals_at_default
+
+
+def default_signals():  # the child dies with this job, and starts with the signals' defaults, as from a terminal
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    signals_at_default()
+
+
+def start(argv, env, log, where=out, command=None):
+    command = command or [sys.executable, "bench.py", "--headline", "--device=cpu", "--quick", f"--out={where}/"] + \
+        tiny + argv
+    logs = os.path.join(work, log)
+    return subprocess.Popen(command, cwd=repo, env=dict(os.environ, PYTHONUNBUFFERED="1", **env),
+                            preexec_fn=default_signals,
+                            stdout=open(logs, "w"), stderr=open(logs + ".err", "w"))
+
+
+def read(where):
+    with open(where) as f:
+        return json.load(f)  # valid at every moment
 
 
 watch = dict(in_flight=[])
 p = start([], dict(NANOTOST_BENCH_HANG="main_job:1"), "a.log")
 deadline, part = time.time() + 500, {}
 while time.time() < deadline and p.poll() is None:
-    with open(path) as f:
-        data = json.load(f)  # valid at every moment
+    data = read(path)
     watch["in_flight"].append([[n, len(s["rows"])] for n, s in data["sections"].items() if s["status"] == "running"])
     part = data["sections"].get("main_job", {})
     if part.get("status") == "running" and part["rows"]:
@@ -83,10 +110,32 @@ while part.get("pid") and is_running(part["pid"]) and time.time() - t0 < 60:
 watch["section_gone_s"] = None if part.get("pid") and is_running(part["pid"]) else round(time.time() - t0, 1)
 watch["files"] = sorted(os.listdir(out))
 shutil.copy(path, os.path.join(work, "a.json"))
-p = start(["--sections=decode,main_job", "--budget_s=150", "--section_s=decode:6,main_job:60"],
+p = start(["--sections=decode,main_job,train", "--budget_s=300", "--section_s=decode:6"],
           dict(NANOTOST_BENCH_HANG="decode", NANOTOST_COMMIT=fake), "b.log")
 watch["b_code"] = p.wait(timeout=400)
 shutil.copy(path, os.path.join(work, "b.json"))
+for sig in signals:
+    where = os.path.join(work, "cut-" + sig)
+    os.makedirs(where)
+    cut = os.path.join(where, "cpu-headline.json")
+    p = start(["--sections=decode"], dict(NANOTOST_BENCH_HANG="decode:8"), sig + ".log", where)
+    deadline = time.time() + 200
+    while time.time() < deadline and p.poll() is None:
+        if os.path.isfile(cut) and len(read(cut)["sections"].get("decode", {}).get("rows", [])) >= 8:
+            break
+        time.sleep(0.2)
+    p.send_signal(getattr(signal, sig))
+    watch[sig] = dict(code=p.wait(timeout=60))
+    shutil.copy(cut, os.path.join(work, sig + "-cut.json"))
+    with open(os.path.join(work, sig + ".log.err")) as f:
+        said = f.read()
+    watch[sig]["said"] = said
+    printed = said.partition("this command measures what is missing: ")[2].strip()
+    watch[sig]["printed"] = printed
+    if printed.startswith("python bench.py "):
+        p = start([], {}, sig + "-next.log", command=[sys.executable] + shlex.split(printed)[1:])
+        watch[sig]["next_code"] = p.wait(timeout=200)
+        shutil.copy(cut, os.path.join(work, sig + "-next.json"))
 with open(os.path.join(work, "watch.json"), "w") as f:
     json.dump(watch, f)
 """
@@ -94,6 +143,7 @@ USES_JOB = {"test_the_rehearsal_runs_every_section_fresh_and_the_triton_rows_int
             "test_each_triton_launch_is_set_beside_the_plan",
             "test_every_row_is_in_the_json_as_it_is_measured_and_a_killed_command_leaves_none_running",
             "test_the_next_command_runs_what_is_undone_keeps_the_rest_and_names_the_given_commit",
+            "test_after_a_signal_the_printed_command_measures_only_what_is_missing",
             "test_the_tables_render_from_a_headline"}
 
 
@@ -102,7 +152,8 @@ def start_job():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     env.pop("NANOTOST_BENCH_HANG", None)
     env.pop("NANOTOST_COMMIT", None)
-    background.start("headline rehearsal", [sys.executable, "-c", SCRIPT, REPO, WORK, json.dumps(TINY), FAKE_COMMIT],
+    background.start("headline rehearsal", [sys.executable, "-c", SCRIPT, REPO, WORK, json.dumps(TINY), FAKE_COMMIT,
+                                            *SIGNALS],
                      env=env, cwd=REPO, nice=13)  # behind the interpreter run (test_kernels.py waits for it earlier)
 
 
@@ -114,19 +165,30 @@ def job():
     start_job()  # a no-op where the session started it already
     proc = background.wait("headline rehearsal", timeout=900)
     logs = {}
-    for name in ("a.log", "b.log"):
-        if os.path.isfile(os.path.join(WORK, name)):
+    for name in sorted(os.listdir(WORK)) if os.path.isdir(WORK) else ():
+        if name.endswith((".log", ".err")):
             with open(os.path.join(WORK, name)) as f:
                 logs[name] = f.read()
-    assert proc.returncode == 0, proc.stderr[-3000:] + "".join(text[-3000:] for text in logs.values())
+    assert proc.returncode == 0, proc.stderr[-3000:] + "".join(text[-2000:] for text in logs.values())
     got = dict(logs)
-    for name in ("a.json", "b.json", "watch.json"):
-        with open(os.path.join(WORK, name)) as f:
-            got[name] = json.load(f)
+    for name in os.listdir(WORK):
+        if name.endswith(".json"):
+            with open(os.path.join(WORK, name)) as f:
+                got[name] = json.load(f)
+    return got
+
+
+def by_tier(section, rows):
+    """{tier: [statuses]} of a section's rows."""
+    got = {}
+    for r in rows:
+        got.setdefault(order.tier(section, r), []).append(r["status"])
     return got
 
 
 def test_the_rehearsal_runs_every_section_fresh_and_the_triton_rows_interpreted(job):
+    """(A), killed in main_job's target stage: every section's target rows measured, in order
+    of value; the rest wait for their stage, said so."""
     a = job["a.json"]
     digest = source_digest()
     assert list(a["sections"]) == list(headline.HEADLINE)
@@ -139,21 +201,32 @@ def test_the_rehearsal_runs_every_section_fresh_and_the_triton_rows_interpreted(
     for name, s in a["sections"].items():
         assert (s["source_sha256"], s["device"]) == (digest, "cpu"), name
     status = {n: s["status"] for n, s in a["sections"].items()}
-    assert status == dict(meta="ok", gpu_check_accuracy="skipped", op="ok", kernel_times="ok", train="ok", decode="ok",
-                          main_job="running")  # (main_job: hung after its first row, then killed)
+    assert status == dict(meta="ok", gpu_check_accuracy="skipped", op="partial", kernel_times="ok", train="partial",
+                          decode="partial", main_job="running")  # (main_job: hung after its first row, then killed)
+    assert a["runs"][-1]["sections"] == ["gpu_check_accuracy", "op", "kernel_times", "train", "decode", "main_job"]
+    for name in ("op", "train", "decode"):  # the rest waits for its stage, after every section's targets
+        rows = a["sections"][name]["rows"]
+        assert "ok" not in by_tier(name, rows)[order.EXTRA] and "not_run" in by_tier(name, rows)[order.EXTRA], name
+        assert all(r["reason"] == order.LATER for r in rows if r["status"] == "not_run"), rows
+        assert "not_run" not in by_tier(name, rows)[order.TARGET], name
     op = {(r["impl"], r["B"], r["T"]): r for r in a["sections"]["op"]["rows"]}
     assert {(B, T) for _, B, T in op} == {(1, 32), (4, 32)}
     for (impl, B, T), r in op.items():
-        assert r["status"] == ("skipped" if impl in ("compiled", "sdpa_flash", "sdpa_cudnn") else "ok"), r
-    train = {(r["arch"], r.get("impl"), r.get("backend")): r for r in a["sections"]["train"]["rows"]}
-    assert {k: r["status"] for k, r in train.items()} == {("tost", "auto", None): "ok", ("gpt2", None, "cudnn"): "skipped",
-                                                          ("gpt2", None, "default"): "ok", ("tost", "triton", None): "ok"}
-    assert "tssa_impl='auto'" in train[("tost", "auto", None)]["auto_said"]  # what auto said of its pick
+        want = "skipped" if impl in ("compiled", "sdpa_flash", "sdpa_cudnn") else "not_run" if impl == "torch" else "ok"
+        assert r["status"] == want, r
+        assert r["status"] != "ok" or r["row_s"] >= 0  # (what it cost: the next plan's estimate)
+    train = {(r["arch"], r.get("impl"), r.get("backend")): r["status"] for r in a["sections"]["train"]["rows"]}
+    assert train == {("gpt2", None, "cudnn"): "skipped", ("gpt2", None, "default"): "ok",
+                     ("tost", "triton", None): "ok", ("tost", "auto", None): "not_run"}
+    assert [(r["arch"], r.get("impl")) for r in a["sections"]["train"]["rows"]][:3] == [
+        ("gpt2", None), ("gpt2", None), ("tost", "triton")]  # the pair first: GPT-2 (its stand-in here), ToST triton
     decode = {(r["arch"], r.get("impl"), r["mode"]): r["status"] for r in a["sections"]["decode"]["rows"]}
     assert decode[("tost", "triton", "eager")] == "ok" and decode[("tost", "triton", "captured")] == "skipped"
+    assert decode[("tost", "torch", "eager")] == "not_run"  # (the reference's step: the rest)
     assert {mode for (_, _, mode), st in decode.items() if st == "ok"} == {"eager"}
-    assert a["sections"]["main_job"]["rows"][0]["arch"] == "tost" and a["sections"]["main_job"]["rows"][0][
-        "tokens_per_s"] > 0
+    first = a["sections"]["main_job"]["rows"][0]
+    assert (first["arch"], first["impl"]) == ("tost", "triton") and first["tokens_per_s"] > 0
+    assert "--tssa_impl=triton" in first["command"] and first["first_iter_s"] > 0
 
 
 def test_each_triton_launch_is_set_beside_the_plan(job):
@@ -182,23 +255,58 @@ def test_every_row_is_in_the_json_as_it_is_measured_and_a_killed_command_leaves_
 
 def test_the_next_command_runs_what_is_undone_keeps_the_rest_and_names_the_given_commit(job):
     a, b, printed = job["a.json"], job["b.json"], job["b.log"]
-    assert job["watch.json"]["b_code"] == 0, printed[-3000:]
+    assert job["watch.json"]["b_code"] == 0, printed[-3000:] + job["b.log.err"][-2000:]
     meta = b["meta"]
     assert (meta["commit"], meta["commit_from"]) == (FAKE_COMMIT, "NANOTOST_COMMIT")
     assert meta["commit_check"].startswith("UNVERIFIED")  # a .git that does not hold it stops nothing
-    for name in ("gpu_check_accuracy", "op", "kernel_times", "train"):  # not named: kept as measured
+    for name in ("gpu_check_accuracy", "op", "kernel_times"):  # not named: kept as measured
         assert b["sections"][name] == a["sections"][name], name
-    decode = b["sections"]["decode"]  # hung before its first row: cut at the end of its slot, its rows kept
+    decode = b["sections"]["decode"]  # its rest hung before its first row: cut at its limit, its rows kept
     assert decode["status"] == "timed_out" and [r["T"] for r in decode["rows"]] == [
-        r["T"] for r in a["sections"]["decode"]["rows"]]
+        r["T"] for r in a["sections"]["decode"]["rows"] if r["status"] != "not_run"]
     assert {r["kept_from"] for r in decode["rows"]} == {a["sections"]["decode"]["started"]}
     jobs = b["sections"]["main_job"]["rows"]
-    assert b["sections"]["main_job"]["status"] == "ok" and [r["arch"] for r in jobs] == ["tost", "gpt2"]
-    assert jobs[0]["kept_from"] == a["sections"]["main_job"]["started"] and "kept_from" not in jobs[1]
-    assert len(b["runs"]) == 3 and b["runs"][-1]["sections"] == ["decode", "main_job"]
+    assert b["sections"]["main_job"]["status"] == "ok"
+    assert [(r["arch"], r.get("impl")) for r in jobs] == [("tost", "triton"), ("gpt2", None), ("tost", "auto")]
+    assert jobs[0]["kept_from"] == a["sections"]["main_job"]["started"]
+    assert "kept_from" not in jobs[1] and "kept_from" not in jobs[2]
+    assert "run on CUDA, this is a cpu device" in jobs[2]["tssa_fallback"]  # auto on a CPU: the reference, said
+    train = b["sections"]["train"]  # its target rows kept from (A); auto's measured now, with what auto said
+    assert train["status"] == "ok"
+    assert all(r.get("kept_from") for r in train["rows"] if r["status"] == "ok" and r.get("impl") != "auto")
+    auto = next(r for r in train["rows"] if r.get("impl") == "auto")
+    assert auto["status"] == "ok" and "kept_from" not in auto and "tssa_impl='auto'" in auto["auto_said"]
+    # (the target rows of train and decode were all kept from (A): only their rest ran, after main_job's targets)
+    assert len(b["runs"]) == 3 and b["runs"][-1]["sections"] == ["main_job", "train", "decode"]
+    assert "[decode: target rows]" not in printed and "[decode] timed_out in" in printed
     assert "not done: decode." in printed
     lines = [line for line in printed.splitlines() if line.startswith(f"NANOTOST_COMMIT={FAKE_COMMIT} python bench.py")]
     assert len(lines) == 1 and lines[0].split()[2:5] == ["bench.py", "--headline", "--sections=decode"], lines
+
+
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_after_a_signal_the_printed_command_measures_only_what_is_missing(job, sig):
+    """Issue 47, class 6: a headline stopped by a signal says which command measures what is
+    missing (not 'the same command', which would start a fresh headline), and that command, run
+    as printed, keeps every row measured and measures the rest."""
+    watch = job["watch.json"][sig]
+    assert watch["code"] == 130, watch
+    assert watch["said"].startswith("bench.py: interrupted; "), watch["said"]
+    printed = shlex.split(watch["printed"])
+    assert printed[:4] == ["python", "bench.py", "--headline", "--sections=decode"], printed
+    assert not any(a.startswith(("--remeasure", "--budget_s=0")) for a in printed)
+    cut, after = job[sig + "-cut.json"]["sections"]["decode"], job[sig + "-next.json"]["sections"]["decode"]
+    assert cut["status"] == "interrupted" and "the command printed measures the rest" in cut["reason"]
+    measured = [r for r in cut["rows"] if r["status"] == "ok"]
+    assert len(measured) == 1 and measured[0]["impl"] == "triton"  # (the eighth row: the first measured)
+    assert watch["next_code"] == 0 and after["status"] == "ok"
+    again = {row_key(r): r for r in after["rows"]}
+    kept = again[row_key(measured[0])]
+    assert kept["kept_from"] == cut["started"] and kept["ms"] == measured[0]["ms"]  # kept, not measured again
+    fresh = [r for r in after["rows"] if r["status"] == "ok" and r is not kept]
+    assert {(r["arch"], r.get("impl")) for r in fresh} == {("gpt2", None), ("tost", "torch")}
+    assert not any("kept_from" in r for r in fresh)
+    assert job[sig + "-next.json"]["runs"][-1]["sections"] == ["decode"]
 
 
 def test_the_tables_render_from_a_headline(job, tmp_path):
@@ -208,7 +316,7 @@ def test_the_tables_render_from_a_headline(job, tmp_path):
                             f"--json_path={path}"], capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout
-    assert "| B=1, T=32 |" in text and "ToST-Base `auto`" in text and "`_k_" in text
+    assert "| B=1, T=32 |" in text and "ToST-Base `auto`" in text and "ToST-Base `triton`" in text and "`_k_" in text
     assert "Section `gpu_check_determinism`" not in text  # (a section of --report only: not named)
     # committed as results/nvidia-h200.json: every table of that file renders from it
     data = dict(job["b.json"], meta=dict(job["b.json"]["meta"], gpu="NVIDIA H200", name="NVIDIA H200", quick=False))
@@ -238,17 +346,64 @@ def test_launches_are_matched_to_the_plan_by_name_and_order():
     assert launches[1]["gpu_us"] is None and "seen 3 times" in launches[1]["unmatched"]
 
 
-def test_the_slots_fill_the_deadline_in_the_order_of_value():
-    limits = {n: s.limit_s for n, s in headline.HEADLINE.items()}
-    assert sum(limits.values()) + headline.MARGIN_S <= headline.BUDGET_S
-    spent = limits["meta"]  # meta took all of its limit: the others get their shares exactly
-    ends = headline.slots(headline.BUDGET_S - headline.MARGIN_S - spent, list(headline.HEADLINE), limits)
-    assert list(ends) == [n for n in headline.HEADLINE if n != "meta"]
-    assert ends["main_job"] == pytest.approx(headline.BUDGET_S - headline.MARGIN_S - spent)
-    assert ends["op"] - ends["gpu_check_accuracy"] >= limits["op"]
-    short = headline.slots(100, ["meta", "op", "train"], limits)  # the sections named, in the plan's order
-    assert list(short) == ["op", "train"] and short["train"] == pytest.approx(100)
-    assert short["op"] == pytest.approx(100 * limits["op"] / (limits["op"] + limits["train"]))
+H200 = os.path.join(REPO, "results", "nvidia-h200.json")
+TARGETS = ([("gpu_check_accuracy", "mode=accuracy")]  # the order of value (issue 44, item 2)
+           + [("op", f"impl={impl} B={B} T={T}") for B, T in ((1, 16384), (16, 1024), (1, 65536))
+              for impl in ("triton", "sdpa_flash", "sdpa_cudnn")]
+           + [("kernel_times", f"impl=triton B={B} T={T}") for B, T in ((1, 16384), (16, 1024), (1, 65536))]
+           + [("train", what) for T, B in ((4096, 16), (16384, 4), (65536, 1))
+              for what in (f"arch=gpt2 backend=cudnn B={B} T={T}", f"arch=tost impl=triton B={B} T={T}")]
+           + [("decode", f"{what} mode={mode} B=1 T={T}") for mode in ("captured", "compiled") for T in (1024, 65536)
+              for what in ("arch=tost impl=triton", "arch=gpt2")]
+           + [("main_job", "arch=tost impl=triton"), ("main_job", "arch=gpt2")])
+
+
+def plan_of(argv, tmp_path, monkeypatch):
+    """bench.py --headline --plan_from=... as the command line runs it, in this process, from an
+    empty folder: (what it returned, what it printed); it writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        got = cli.run_cli(bench.main, ["--headline", f"--plan_from={H200}"] + argv)
+    assert os.listdir(tmp_path) == []  # nothing measured, nothing written
+    return got, out.getvalue()
+
+
+def test_the_plan_from_the_h200_report_fits_every_target_row_in_the_window(tmp_path, monkeypatch):
+    """The committed H200 report's recorded costs (its rows' first calls, compiles and ms; a row
+    it never measured derived from the nearest one, said how): every target row, in the order of
+    value, fits in the default 540 s; the rest follows."""
+    got, printed = plan_of([], tmp_path, monkeypatch)
+    rows = got["rows"]
+    assert printed.rstrip().splitlines()[-1] == f"fits: {len(TARGETS)} of {len(TARGETS)} target rows"
+    target = [r for r in rows if r[1] == order.TARGET]
+    assert [(name, plan.describe(key)) for name, _, key, *_ in target] == TARGETS
+    assert rows[:len(target)] == target  # targets first, then the rest
+    for name, stage, key, seconds, how, fits, left in target:
+        assert seconds is not None and seconds > 0 and fits and left >= 0, (name, key, how)
+    how = {(name, plan.describe(key)): how for name, _, key, _, how, *_ in rows}
+    assert how[("train", "arch=tost impl=triton B=4 T=16384")].startswith("from T=4096's row")  # never measured
+    assert how[("train", "arch=gpt2 backend=cudnn B=1 T=65536")].startswith("from T=16384's row")
+    assert how[("op", "impl=triton B=1 T=65536")].startswith("from B=1 T=32768's row")
+    assert how[("main_job", "arch=tost impl=triton")].startswith("from the main job")
+    assert how[("op", "impl=triton B=1 T=16384")].startswith("measured")
+    extra = [r for r in rows if r[1] == order.EXTRA]
+    assert {r[0] for r in extra} == {"op", "train", "decode", "main_job"}
+    assert any(r[2].get("impl") == "auto" for r in extra) and any(r[2].get("impl") == "compiled" for r in extra)
+    assert sum(r[3] for r in target) < headline.BUDGET_S - plan.MARGIN_S
+
+
+def test_each_row_is_judged_by_its_own_cost_not_by_the_longest_before_it(tmp_path, monkeypatch):
+    """A shorter deadline: a row that does not fit is passed over, and a cheaper row after it
+    still runs (no rule tied to the longest row of a section); the last line counts them."""
+    got, printed = plan_of(["--budget_s=300"], tmp_path, monkeypatch)
+    target = [r for r in got["rows"] if r[1] == order.TARGET]
+    fits = [r[5] for r in target]
+    assert 0 < sum(fits) < len(target)
+    assert any(not a and b for i, a in enumerate(fits) for b in fits[i + 1:])  # passed over, then one fits
+    assert printed.rstrip().splitlines()[-1] == f"fits: {sum(fits)} of {len(target)} target rows"
+    for r in target:  # a row fits when its estimate (and the process start, and 3 s) fit in what was left
+        assert r[6] >= 0
+
 
 
 def test_the_model_is_asked_for_this_gpu_where_it_has_its_figures():
