@@ -584,11 +584,11 @@ TRITON_CASES = dict(  # small enough for the interpreter
     # two chunks ending inside a third (bf16, two batch rows summed into dpos_bias; non-causal
     # with a mask); T = 1 at three batch rows (one chunk, the scans one total a step)
     causal_head64_bf16=dict(B=2, H=2, T=70, p=64, dtype=torch.bfloat16, causal=True, seed=29),
-    noncausal_head64_mask=dict(B=2, H=3, T=40, p=64, dtype=torch.float32, causal=False, masked=True, seed=30),
+    noncausal_head64_mask=dict(B=2, H=2, T=40, p=64, dtype=torch.float32, causal=False, masked=True, seed=30),
     causal_t1_b3=dict(B=3, H=3, T=1, p=8, dtype=torch.float32, causal=True, seed=35),
     # 9 chunks of 16 tokens scanned 4 a step (3 steps, the last part-filled), suffix and prefix
     # carries at B = 2 with a near-zero start; the whole head in one dL/dw program
-    causal_scan_steps=dict(B=2, H=3, T=140, p=8, dtype=torch.float32, causal=True, seed=32, block_t=16,
+    causal_scan_steps=dict(B=2, H=2, T=140, p=4, dtype=torch.float32, causal=True, seed=32, block_t=16,
                            scan_chunks=4, first_scale=0.01),
 )
 # Run again, and again with the programs of every launch in reverse order (the interpreter
