@@ -34,7 +34,7 @@ Triton 3.6; the copy rates measured):
     chunk totals after another), and programs x steps x warps x WARP_STEP_S.
 What it does not see: occupancy and registers (tests/test_triton_builds.py bounds those),
 overlap of one program's arithmetic with another's loads beyond what the fit absorbed, L2
-hits on w re-read by the next launch. The fit leaves every recorded launch within 11%.
+hits on w re-read by the next launch. The fit leaves every recorded launch within 14%.
 """
 
 import torch
