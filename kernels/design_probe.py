@@ -5,9 +5,11 @@ matrix in tf32x3 / ieee) and a scan over chunk totals cost on this GPU, at B=1 T
 T=1K and B=1 T=64K (12 heads of 64, bf16); then the streaming kernels of 9b494a4 under other
 chunk groupings (their "current" rows: those kernels are gone since). Every row is written to
 $OUT/probe.json as it is measured. results/nvidia-h200-probe.json is its run on the H200
-(commit 0af2430 with this file); kernels/triton_tssa.py's design and time model come from it.
+(commit 0af2430 with this file); kernels/triton_tssa.py's design comes from it, and its rows
+check the launch model's cost of a token-axis scan (tests/test_triton_design.py).
 
     OUT=/tmp/probe python -m kernels.design_probe
+    python -m kernels.design_probe --model    # no GPU: the launch model's tables (SPEED.md)
 """
 import json, os, sys, time
 import torch, triton, triton.language as tl
@@ -182,7 +184,33 @@ def current(shapes):
     tt.GROUP_CHUNKS, tt.MAX_GROUPS = base[1:]
 
 
+def model_tables(shapes=((1, 16384), (16, 1024), (1, 65536)), report="results/nvidia-h200.json"):
+    """Markdown tables of kernels/launch_model.py's figures (modelled, not measured; no GPU is
+    used): each launch of one fwd+bwd (12 heads of 64, bf16, causal) of the kernels of 35ffd52
+    and of now, their programs and warps, the H200's measured time of the old ones (the report's
+    kernel_times) beside the model's, and the model's time of the new ones on the H200 and H100."""
+    sys.path.insert(0, os.getcwd())
+    from kernels import launch_model as lm, triton_tssa as tt
+    with open(report) as f:
+        measured = {(r["B"], r["T"]): [launch["gpu_us"] for launch in r["launches"]]
+                    for r in json.load(f)["sections"]["kernel_times"]["rows"]}
+    us = lambda plan, gpu: f"{lm.modelled_time_s(plan, gpu) * 1e6:,.1f}"  # noqa: E731
+    for B, T in shapes:
+        old, new = lm.plan_for(lm.AT_35FFD52, B, 12, T, 64), tt.launch_plan(B, 12, T, 64)
+        got = measured.get((B, T), [float("nan")] * len(old))
+        print(f"\n**B={B}, T={T:,}** (µs)\n\n| # | launch | programs × warps, 35ffd52 → now | H200 measured, 35ffd52 "
+              "| model, 35ffd52 (H200) | model now, H200 | model now, H100 |\n|---|---|---|---|---|---|---|")
+        for i, (o, n) in enumerate(zip(old, new)):
+            name = f"`{o['kernel']}`" + (f" ({o['mode']}, {o['carries']})" if "mode" in o else "")
+            print(f"| {i} | {name} | {o['grid']:,} × {o['warps']} → {n['grid']:,} × {n['warps']} | {got[i]:,.1f} "
+                  f"| {us(o, 'h200')} | {us(n, 'h200')} | {us(n, 'h100')} |")
+        print(f"| | total | | {sum(got):,.1f} | {us(old, 'h200')} | {us(new, 'h200')} | {us(new, 'h100')} |")
+
+
 if __name__ == "__main__":
+    if "--model" in sys.argv:
+        model_tables()
+        sys.exit()
     shapes = [(1, 16384), (16, 1024), (1, 65536)] if CUDA else [(1, 256)]
     main(shapes)
     if CUDA:

@@ -9,7 +9,8 @@ tiles once and writes per-token results and its chunk's totals; a scan launch tu
 chunk totals into every chunk's carry (the sum over the chunks before it, or after it) in
 HBM; the next chunk launch reads its carry and scans only inside its tile. No program waits
 on another, none loops over other chunks' tiles, no atomics. TritonKernels.forward and
-.backward only allocate and launch; launch_plan() states each launch's grid, bytes and time.
+.backward only allocate and launch; launch_plan() states each launch's grid, warps, bytes and
+work a program, and modelled_time_s() its time (kernels/launch_model.py: modelled, not measured).
 
     python -m pytest -q tests/test_kernels.py -k triton   # under the interpreter, in a subprocess
 """
@@ -21,15 +22,19 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_model import AT_35FFD52, BACKWARD, COPY_RATE, FORWARD, modelled_time_s, plan_for, work  # noqa: F401
+from kernels.launch_model import geometry as cut
+
 BLOCK_T = 64  # tokens per chunk, at most (fewer when p is large: a tile holds TILE_VALUES)
 TILE_VALUES = 2048  # values of a (BT, P) tile, at most: BT = 32 tokens for heads of 64
-FEATURE_BLOCK = 16  # dL/dw's columns a program (the launch that keeps the most tiles live)
-SCAN_CHUNKS = 256  # chunk totals a scan program adds a step
-SCAN_COLUMNS = 8  # columns of the totals a scan program owns
+FEATURE_BLOCK = 64  # dL/dw's columns a program, at most: a whole head of 64 (one program a chunk and head)
+SCAN_CHUNKS = 256  # chunk totals a scan program adds a step, at most (fewer where the row has fewer chunks)
+SCAN_COLUMNS = 8  # columns of the totals a scan program owns (its warps: 8 totals a thread)
 BATCH_BLOCK = 16  # batch rows dL/dw's reductions over the batch load a step
 PARTIAL_BLOCK = 256  # dtemp partials (chunks) they load a step
-NUM_WARPS = 4  # a launch's warps (4 beat 8 at every tile size on the H200: results/nvidia-h200-probe.json);
-HEAVY_WARPS = 8  # but 8 for B1 and the scans, whose tiles would not fit 4 warps' registers unspilled
+NUM_WARPS = 4  # a chunk launch's warps (4 beat 8 at every tile size on the H200: results/nvidia-h200-probe.json),
+DW_VALUES = 8  # but dL/dw's: 8 values of its (BT, BK) tile a thread (more spill past 128 registers under Triton 3.6)
+MAX_REGISTERS = 128  # dL/dw's registers a thread, at most (ptxas would take 138: one program an SM, not two)
 # Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when this file is imported
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -51,9 +56,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #                               head's y: R = temp dL/dlogit, dtemp partials; chunk totals
 #                               of dL/dS                                                -> tGS
 #             S  _k_scan        suffix carries of dL/dS                                 -> cGS
-#             B4 _k_grad_w      dL/dw, FEATURE_BLOCK columns a program (every term but Pi, R
-#                               and n is per feature); the programs of batch row 0 also sum
-#                               dpos_bias over the batch (one (batch, BT) tile) and dtemp
+#             B4 _k_grad_w      dL/dw, a program per chunk and head over a head's 64 columns
+#                               (FEATURE_BLOCK at most: heads of 128 take two); the programs
+#                               of batch row 0 also sum dpos_bias over the batch (one (batch,
+#                               BT) tile a step; R itself at B = 1) and dtemp
 # The non-causal form has no scans inside a tile: its carries are the row's totals (the scan
 # launches' TOTAL mode), the same everywhere. cS and cMN, the chunk carries of S and of (M, N),
 # are what the forward saves for the backward (about 2/BT of w's size each, in fp32).
@@ -68,7 +74,15 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # registers kept too little memory in flight, and the heaviest launch (dL/dw, 16 warps, 128
 # registers) ran one program per SM: the earlier streaming design took 0.86 ms at B=1 T=16K
 # where each launch streams in ~20 us (results/nvidia-h200-profile-9b494a4.json). Here every
-# launch has B*H*nC programs of 4 warps, and the carries cost one small launch each.
+# launch has B*H*nC programs of 4 warps (dL/dw 8), and the carries cost one small launch each.
+# What the H200 measured of these kernels at 35ffd52 (results/nvidia-h200.json, kernel_times),
+# and what changed since: dL/dw ran FEATURE_BLOCK = 16 columns a program, four programs a tile
+# each repeating the tile's four scans (24,576 programs at B=1 T=16K: 120 us of the 354); now one
+# program a chunk and head (8 warps: 4 spill under Triton 3.6), its tiles added into dw one by
+# one. B1 ran 8 warps, whose reductions cost twice the 4-warp ones (81 us): now 4 warps and two
+# sums over features where there were three. The scans added 256 chunk totals a step whatever
+# the row held (at B=16 T=1K, 32: 7/8 masked, 8 warps): now as many as the row has, up to 256,
+# with warps for 8 totals a thread. The launch model prices both (kernels/launch_model.py).
 
 # what a scan launch writes for chunk c: the sum of the totals before c, after c, or all
 PREFIX, SUFFIX, TOTAL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -317,19 +331,24 @@ def _k_grad_totals(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_
     cols = tl.arange(0, P)
     x, gt, Pt = _w_g_pi(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_t, pi_ptr, b, h, bh, t, cols,
                         T, p, HAS_MASK, EVEN_P)
-    q = x * x
-    M, n = _mn(q, Pt, cMN_ptr, bh, c, nC, cols, p, stat_eps, CAUSAL)
+    M, n = _mn(x * x, Pt, cMN_ptr, bh, c, nC, cols, p, stat_eps, CAUSAL)
+    inv_n = 1.0 / n  # (BT, 1): a division a token, not a value
     D = n / (n + M)
-    gM = gt * Pt[:, None] * x * D * D / n  # dL/dM at each token
-    gN = -tl.sum(gM * M / n, axis=1)  # dL/dN
+    e = gt * x * D  # -dL/dPi's direct part, before its sum over the features
+    gM = e * D * (Pt[:, None] * inv_n)  # dL/dM at each token
+    gN = -tl.sum(gM * M * inv_n, axis=1)  # dL/dN
     later_M = tl.cumsum(gM, axis=0, reverse=True)  # the sums over the chunk's tokens >= t
-    gpi = -tl.sum(gt * x * D, axis=1)
-    if CAUSAL:  # the non-causal carries are the totals: nothing from inside the chunk
-        gpi += tl.sum(later_M * q, axis=1) + tl.cumsum(gN, axis=0, reverse=True)
-    _store_row(y_ptr, bh, t, T, gpi)
     off = _slot(bh, c, nC, p + 1)
     _store_row_of(tG_ptr, off, cols, later_M, 0, p)
-    tl.store(tG_ptr + off + p, tl.sum(gN, axis=0))
+    if CAUSAL:  # one sum over the features for both parts; the non-causal carries are the totals
+        later_N = tl.cumsum(gN, axis=0, reverse=True)
+        gpi = tl.sum(later_M * x * x - e, axis=1) + later_N
+        r = tl.arange(0, BT)
+        tl.store(tG_ptr + off + p + 0 * r, later_N, mask=r == 0)  # the chunk's total: the suffix sum at its first token
+    else:
+        gpi = -tl.sum(e, axis=1)
+        tl.store(tG_ptr + off + p, tl.sum(gN, axis=0))
+    _store_row(y_ptr, bh, t, T, gpi)
 
 
 @triton.jit
@@ -393,11 +412,10 @@ def _k_grad_w(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_t, pi
               BT: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, BB: tl.constexpr, RB: tl.constexpr):
     """B4: dL/dw = Pi (2 w G_M - D g) + 2 w (R A + G_S) at BK columns (0 at padding: w and Pi
     are), G_M and G_S the suffix sums of dL/dM and dL/dS: the later chunks' (cG, cGS) and the
-    tile's. A program per (batch row, chunk, head, column block), blocks fastest. The
-    programs of batch row 0 and block 0 also reduce over the batch, in a fixed order:
-    dpos_bias (H, T_bias) = p * sum_b R at the chunk's tokens (one (BB, BT) tile a step), and
-    zeros past T (tiles c, c + nC, ...: the whole width, so autograd adds nothing), and
-    (chunk 0) dtemp (H,) = the sum of B3's partials."""
+    tile's. A program per (batch row, chunk, head, column block), blocks fastest: one block, a
+    whole head, up to FEATURE_BLOCK columns. Each term is added into dw as soon as it is
+    made, so that no more tiles are live than the registers hold. The programs of batch row 0
+    and block 0 also reduce over the batch first (_batch_sums)."""
     pid = tl.program_id(0)
     k = pid % nK
     rest = pid // nK
@@ -406,41 +424,53 @@ def _k_grad_w(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_t, pi
     c, b = rest % nC, rest // nC
     bh = b * H + h
     t = c * BT + tl.arange(0, BT)
+    if (b == 0) & (k == 0):  # first: nothing of it is live across the tile's work
+        _batch_sums(R_ptr, gtemp_ptr, dbias_ptr, dtemp_ptr, h, c, t, B, H, T, T_bias, p, nC, HAS_BIAS, BT, BB, RB)
     cols = k * BK + tl.arange(0, BK)
     x, gt, Pt = _w_g_pi(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_t, pi_ptr, b, h, bh, t, cols,
                         T, p, HAS_MASK, EVEN_K)
     Rt = _row(R_ptr, bh, t, T)[:, None]
+    P_ = Pt[:, None]
     q = x * x
     M, n = _mn(q, Pt, cMN_ptr, bh, c, nC, cols, p, stat_eps, CAUSAL)
-    S = _running(_load_cols(cS_ptr, _slot(bh, c, nC, p), cols, p)[None, :], q, CAUSAL)
     D = n / (n + M)
-    gM = gt * Pt[:, None] * x * D * D / n
-    A, gS = _grad_s(q, Rt, S, sq_floor)
-    GM = _suffix(_load_cols(cG_ptr, _slot(bh, c, nC, p + 1), cols, p)[None, :], gM, CAUSAL)
-    GS = _suffix(_load_cols(cGS_ptr, _slot(bh, c, nC, p), cols, p)[None, :], gS, CAUSAL)
-    gw = Pt[:, None] * (2.0 * x * GM - D * gt) + 2.0 * x * (Rt * A + GS)
+    gw = -P_ * D * gt  # dL/dw term by term, each tile dropped once it is added in
+    gM = -gw * x * D / n  # dL/dM = g Pi w D^2 / n
+    gw += 2.0 * P_ * x * _suffix(_load_cols(cG_ptr, _slot(bh, c, nC, p + 1), cols, p)[None, :], gM, CAUSAL)
+    A, gS = _grad_s(q, Rt, _running(_load_cols(cS_ptr, _slot(bh, c, nC, p), cols, p)[None, :], q, CAUSAL), sq_floor)
+    gw += 2.0 * x * (Rt * A + _suffix(_load_cols(cGS_ptr, _slot(bh, c, nC, p), cols, p)[None, :], gS, CAUSAL))
     _store_tile(gw_ptr, gw, o_b, o_h, o_t, b, h, t, cols, T, p, EVEN_K)
-    if (b == 0) & (k == 0):
-        bb = tl.arange(0, BB)
-        if HAS_BIAS:
+
+
+@triton.jit
+def _batch_sums(R_ptr, gtemp_ptr, dbias_ptr, dtemp_ptr, h, c, t, B, H, T, T_bias, p, nC, HAS_BIAS: tl.constexpr,
+                BT: tl.constexpr, BB: tl.constexpr, RB: tl.constexpr):
+    """B4's sums over the batch, in a fixed order, by the programs of batch row 0: dpos_bias
+    (H, T_bias) = p * sum_b R at chunk c's tokens t (one (BB, BT) tile a step; at B = 1, which
+    the JIT builds apart, R itself), zeros past T (tiles c, c + nC, ...: the whole width, so
+    autograd adds nothing); and (chunk 0) dtemp (H,) = the sum of B3's partials (B*H, nC), RB
+    a step."""
+    if HAS_BIAS:
+        if B == 1:
+            acc = _row(R_ptr, h, t, T)
+        else:
+            bb = tl.arange(0, BB)
             acc = tl.zeros((BT,), dtype=tl.float32)
             for b0 in range(0, B, BB):
                 rows = ((b0 + bb) * H + h).to(tl.int64)
                 acc += tl.sum(tl.load(R_ptr + rows[:, None] * T + t[None, :],
                                       mask=((b0 + bb) < B)[:, None] & (t < T)[None, :], other=0.0), axis=0)
-            tl.store(dbias_ptr + h.to(tl.int64) * T_bias + t, p * acc, mask=t < T)
-            for z in range(c, tl.cdiv(T_bias - T, BT), nC):  # past T no gradient: tiles c, c + nC, ...
-                tz = T + z * BT + tl.arange(0, BT)
-                tl.store(dbias_ptr + h.to(tl.int64) * T_bias + tz, tl.zeros((BT,), dtype=tl.float32), mask=tz < T_bias)
-        if c == 0:
-            r = tl.arange(0, RB)
-            acc_t = tl.zeros((BB, RB), dtype=tl.float32)
-            for b0 in range(0, B, BB):
-                rows = ((b0 + bb) * H + h).to(tl.int64)
-                for c0 in range(0, nC, RB):
-                    acc_t += tl.load(gtemp_ptr + rows[:, None] * nC + (c0 + r)[None, :],
-                                     mask=((b0 + bb) < B)[:, None] & ((c0 + r) < nC)[None, :], other=0.0)
-            tl.store(dtemp_ptr + h, tl.sum(tl.sum(acc_t, axis=1), axis=0))
+        tl.store(dbias_ptr + h.to(tl.int64) * T_bias + t, p * acc, mask=t < T)
+        for z in range(c, tl.cdiv(T_bias - T, BT), nC):  # past T no gradient: tiles c, c + nC, ...
+            tz = T + z * BT + tl.arange(0, BT)
+            tl.store(dbias_ptr + h.to(tl.int64) * T_bias + tz, tl.zeros((BT,), dtype=tl.float32), mask=tz < T_bias)
+    if c == 0:
+        r = tl.arange(0, RB)
+        acc_t = tl.zeros((RB,), dtype=tl.float32)
+        for b1 in range(0, B):
+            for c0 in range(0, nC, RB):
+                acc_t += tl.load(gtemp_ptr + (b1 * H + h).to(tl.int64) * nC + c0 + r, mask=(c0 + r) < nC, other=0.0)
+        tl.store(dtemp_ptr + h, tl.sum(acc_t, axis=0))
 
 
 @triton.jit
@@ -474,9 +504,38 @@ def _k_step(w_ptr, temp_ptr, bias_ptr, bias_stride, ssq_ptr, spsq_ptr, sp_ptr, o
 # -----------------------------------------------------------------------------
 # The launches
 
-FORWARD = ("_k_sq_totals", "_k_scan", "_k_u", "_k_pi_totals", "_k_scan", "_k_out")
-BACKWARD = ("_k_grad_totals", "_k_scan", "_k_pi_grad", "_k_logit_grad", "_k_scan", "_k_grad_w")
 KERNELS = tuple(dict.fromkeys(FORWARD + BACKWARD)) + ("_k_step",)  # each kernel once
+
+# What one program of each chunk kernel does, for the launch model (kernels/launch_model.py:
+# work(warps, token-axis scans of a tile, other reductions, each (causal, non-causal),
+# divisions a value)), as the code above reads, and as its sm_90 build shows (its tt.scan and
+# tt.reduce ops, its MUFU.RCP a value).
+WORK = dict(
+    AT_35FFD52["WORK"],  # F1-F4, B2, B3: as they were
+    _k_grad_totals=work(NUM_WARPS, (2, 1), (4, 3), 1),  # M, the suffix of dL/dM; scans of Pi and dL/dN (its total
+    # the suffix's first value), two sums over features (non-causal: two, and dL/dN's total); D; 1/n a token
+    _k_grad_w=work(None, (4, 0), (1, 0), 2))  # warps: DW_VALUES a thread; M, S, G_M, G_S; n; D and A (1/n a token)
+
+
+def described():
+    """This file's kernels for the launch model: the knobs as they are now (the tests lower
+    them), the scans sized to the row's chunks, and WORK."""
+    return dict(name="now", BLOCK_T=BLOCK_T, TILE_VALUES=TILE_VALUES, FEATURE_BLOCK=FEATURE_BLOCK,
+                SCAN_CHUNKS=SCAN_CHUNKS, SCAN_COLUMNS=SCAN_COLUMNS, BATCH_BLOCK=BATCH_BLOCK, DW_VALUES=DW_VALUES,
+                scans_sized=True, scan_warps=None, dbias_b1_direct=True, WORK=WORK)
+
+
+def geometry(T, p):
+    """How a row of T tokens is cut (kernels/launch_model.py's geometry): nC chunks of BT tokens in (BT, P)
+    tiles; dL/dw's columns in nK blocks of BK (one at p <= FEATURE_BLOCK); the scans' CB
+    chunk totals and SB columns a program, their warps and steps."""
+    return cut(T, p, described())
+
+
+def launch_plan(B, H, T, p, dtype=torch.bfloat16, causal=True, has_mask=False, bias_width=None):
+    """The launches of one forward and backward, in order, as TritonKernels runs them
+    (kernels/launch_model.py's plan_for): each one's kernel, grid, warps, bytes and work a program."""
+    return plan_for(described(), B, H, T, p, dtype, causal, has_mask, bias_width)
 
 
 def on_device(t):
@@ -490,23 +549,6 @@ def _mask_args(mask, stand_in):
     return (mask, mask.stride(0), mask.stride(1)) if mask is not None else (stand_in, 0, 0)
 
 
-def tile_meta(p):
-    """Chunk height BT (tokens) and padded head width P for head width p: a (BT, P) tile of
-    at most TILE_VALUES values (shorter chunks when p is large)."""
-    P = triton.next_power_of_2(p)
-    return dict(BT=max(16, min(BLOCK_T, TILE_VALUES // P)), P=P, EVEN_P=P == p)
-
-
-def geometry(T, p):
-    """How a row of T tokens is cut: nC chunks of BT tokens; dL/dw's columns in nK blocks of BK."""
-    meta = tile_meta(p)
-    BK = min(meta["P"], FEATURE_BLOCK)
-    return dict(meta, nC=triton.cdiv(max(T, 1), meta["BT"]), BK=BK, nK=meta["P"] // BK, EVEN_K=p % BK == 0)
-
-
-# The scans of one call, in launch order: (the totals scanned, their columns past p, mode)
-SCANS = {"forward": (("tS", 0, "prefix"), ("tMN", 1, "prefix")),
-         "backward": (("tG", 1, "suffix"), ("tGS", 0, "suffix"))}
 MODES = {"prefix": PREFIX.value, "suffix": SUFFIX.value, "total": TOTAL.value}
 
 
@@ -515,94 +557,16 @@ def scan_mode(mode, causal):
     return MODES[mode if causal else "total"]
 
 
-def _scan(tot, carry, mode, causal):
+def scan_meta(geo, mode, causal):
+    """A scan launch's constexprs and warps: CB chunk totals a step (the row's, up to
+    SCAN_CHUNKS), SB columns, warps for 8 totals a thread."""
+    return dict(MODE=scan_mode(mode, causal), CB=geo["CB"], SB=geo["SB"], num_warps=geo["scan_warps"])
+
+
+def _scan(tot, carry, mode, causal, geo):
     """Launch S over tot (rows, nC, W) -> carry."""
     rows, nC, W = tot.shape
-    _k_scan[(rows * triton.cdiv(W, SCAN_COLUMNS),)](tot, carry, nC, W, MODE=scan_mode(mode, causal),
-                                                    CB=SCAN_CHUNKS, SB=SCAN_COLUMNS, num_warps=HEAVY_WARPS)
-
-
-# What each launch moves in HBM (the tensors it reads and writes, each once: their sizes in
-# launch_plan), what its programs read again from L2 (the other heads' columns of a (BT, H)
-# tile of per-token scalars, other batch rows' R), and its work inside a tile that the
-# bandwidth does not cover: the token-axis scans of a (BT, P) tile (SCAN_NS), causal and not
-# (a chunk's totals are a scan's last row: _store_row_of).
-TRAFFIC = {
-    "_k_sq_totals": dict(read=("w", "mask"), write=("tS",), again=("mask_heads",), scans=(1, 1)),
-    "_k_u": dict(read=("w", "mask", "bias", "cS"), write=("u",), again=("mask_heads", "bias_rows"), scans=(1, 0)),
-    "_k_pi_totals": dict(read=("w", "mask", "u"), write=("pi", "tMN"), again=("mask_heads", "u_heads"),
-                         scans=(1, 1)),
-    "_k_out": dict(read=("w", "mask", "pi", "cMN"), write=("out",), again=("mask_heads",), scans=(1, 0)),
-    "_k_grad_totals": dict(read=("w", "g", "mask", "pi", "cMN"), write=("y", "tG"), again=("mask_heads",),
-                           scans=(2, 1)),
-    "_k_pi_grad": dict(read=("w", "mask", "pi", "cG", "y"), write=("y",), again=("mask_heads",), scans=(0, 0)),
-    "_k_logit_grad": dict(read=("w", "mask", "y", "pi", "u", "cS"), write=("R", "gtemp", "tGS"),
-                          again=("mask_heads", "y_heads"), scans=(2, 1)),
-    "_k_grad_w": dict(read=("w", "g", "mask", "pi", "R", "cS", "cMN", "cG", "cGS", "gtemp"),
-                      write=("dw", "dtemp", "dbias"), again=("mask_heads", "R_batch"), scans=(4, 0)),
-}
-# The time model's constants, calibrated on the H200 (results/nvidia-h200-probe.json: Triton
-# 3.6, tiles of 32 x 64 fp32, 4 warps): a launch that streams a tile in and out runs at the
-# copy rate; a token-axis tl.cumsum adds ~0.95 ns a tile over the whole GPU, a token-axis
-# tl.sum into a totals vector ~1.9 ns; a scan step (one load and cumsum of SCAN_CHUNKS totals)
-# ~1.6 us. COPY_RATE: the device-to-device copy rate (bytes read + written per second).
-COPY_RATE = {"h200": 4.13e12, "h100": 3.0e12}
-SCAN_NS, SUM_NS, SCAN_STEP_S, LAUNCH_S = 0.95e-9, 1.9e-9, 1.6e-6, 3e-6
-
-
-def _sizes(B, H, T, p, dtype, causal, has_mask, bias_width, geo):
-    """Bytes of every tensor a launch moves (launch_plan's TRAFFIC names)."""
-    nC, rows, f32 = geo["nC"], B * H, 4
-    scalar = rows * T * f32  # u, Pi, y, R: one fp32 a token and head
-    chunk = rows * nC * p * f32  # a (B*H, nC, p) fp32 tensor of chunk totals or carries
-    pair = rows * nC * (p + 1) * f32
-    w = rows * T * p * torch.empty((), dtype=dtype).element_size()  # w, g, out, dw
-    return dict(w=w, g=w, out=w, dw=w, mask=B * T if has_mask else 0, bias=H * T * f32 if causal else 0,
-                u=scalar, pi=scalar, y=scalar, R=scalar, tS=chunk, cS=chunk, tGS=chunk, cGS=chunk,
-                tMN=pair, cMN=pair, tG=pair, cG=pair, gtemp=rows * nC * f32, dtemp=H * f32,
-                dbias=H * (bias_width or T) * f32 if causal else 0, mask_heads=(H - 1) * B * T if has_mask else 0,
-                bias_rows=(B - 1) * H * T * f32 if causal else 0, u_heads=(H - 1) * scalar, y_heads=(H - 1) * scalar,
-                R_batch=(B - 1) * H * T * f32 if causal else 0)
-
-
-def launch_plan(B, H, T, p, dtype=torch.bfloat16, causal=True, has_mask=False, bias_width=None):
-    """The launches of one forward and backward, in order, as TritonKernels runs them: for
-    each, its kernel (a scan's mode too), grid (programs), the bytes it reads and writes in
-    HBM (each tensor once) and reads again from L2, and its work in tiles: "tiles" (BT x P
-    tiles it loads w in), "scans" and "sums" (token-axis scans and sums per tile), "steps"
-    (a scan's dependent steps). bias_width: the position bias's columns (T)."""
-    geo = geometry(T, p)
-    sizes = _sizes(B, H, T, p, dtype, causal, has_mask, bias_width, geo)
-    rows, nC = B * H, geo["nC"]
-    plan, scans = [], {"forward": iter(SCANS["forward"]), "backward": iter(SCANS["backward"])}
-    for direction, names in (("forward", FORWARD), ("backward", BACKWARD)):
-        for name in names:
-            if name == "_k_scan":
-                tot, extra, mode = next(scans[direction])
-                carry = "c" + tot[1:]
-                width = p + extra
-                plan.append(dict(kernel=name, direction=direction, mode=mode if causal else "total", carries=carry,
-                                 grid=rows * triton.cdiv(width, SCAN_COLUMNS), read=sizes[tot],
-                                 write=sizes[carry], l2_read=0, tiles=0, scans=0, sums=0,
-                                 steps=triton.cdiv(nC, SCAN_CHUNKS) * (2 if not causal else 1)))
-                continue
-            t = TRAFFIC[name]
-            grid = rows * nC * (geo["nK"] if name == "_k_grad_w" else 1)
-            plan.append(dict(kernel=name, direction=direction, grid=grid, read=sum(sizes[k] for k in t["read"]),
-                             write=sum(sizes[k] for k in t["write"]), l2_read=sum(sizes[k] for k in t["again"]),
-                             tiles=rows * nC, scans=t["scans"][0 if causal else 1], sums=0, steps=0))
-    return plan
-
-
-def modelled_time_s(plan, gpu="h100", copy_rate=None):
-    """The GPU time of a plan's launches (or one launch's) on the model above: each launch
-    LAUNCH_S, plus its HBM bytes at the copy rate, plus its tiles' token-axis scans and sums,
-    plus a scan's dependent steps. gpu: "h100" or "h200" (their measured copy rates), or
-    copy_rate in bytes a second."""
-    rate = copy_rate or COPY_RATE[gpu]
-    plan = [plan] if isinstance(plan, dict) else plan
-    return sum(LAUNCH_S + (launch["read"] + launch["write"]) / rate + launch["steps"] * SCAN_STEP_S
-               + launch["tiles"] * (launch["scans"] * SCAN_NS + launch["sums"] * SUM_NS) for launch in plan)
+    _k_scan[(rows * triton.cdiv(W, geo["SB"]),)](tot, carry, nC, W, **scan_meta(geo, mode, causal))
 
 
 class TritonKernels:
@@ -631,22 +595,21 @@ class TritonKernels:
         return w if w.stride(-1) == 1 else w.contiguous()
 
     @staticmethod
-    def plan(p, H, causal, has_mask):
-        """{kernel: its constexprs and num_warps} for every kernel of the operator: forward,
-        backward and the decoding step (the compile test builds exactly these; a scan's MODE
-        is given at each launch: scan_mode)."""
-        geo = geometry(1, p)
+    def plan(p, H, causal, has_mask, T=1):
+        """{kernel: its constexprs, num_warps (and maxnreg)} for every kernel of the operator
+        at T tokens: forward, backward and the decoding step (the compile test builds exactly
+        these; a scan's MODE is given at each launch: scan_meta)."""
+        geo = geometry(T, p)
         HP = triton.next_power_of_2(H)
         tile = dict(HAS_MASK=has_mask, BT=geo["BT"], P=geo["P"], EVEN_P=geo["EVEN_P"], num_warps=NUM_WARPS)
         scan = dict(tile, CAUSAL=causal)
-        return dict(_k_scan=dict(MODE=scan_mode("prefix", causal), CB=SCAN_CHUNKS, SB=SCAN_COLUMNS,
-                                 num_warps=HEAVY_WARPS),
+        return dict(_k_scan=scan_meta(geo, "prefix", causal),
                     _k_sq_totals=tile, _k_u=dict(scan, HAS_BIAS=causal), _k_pi_totals=dict(tile, HP=HP),
-                    _k_out=scan, _k_grad_totals=dict(scan, num_warps=HEAVY_WARPS), _k_pi_grad=tile,
-                    _k_logit_grad=dict(scan, HP=HP),
+                    _k_out=scan, _k_grad_totals=dict(scan, num_warps=WORK["_k_grad_totals"]["warps"]),
+                    _k_pi_grad=tile, _k_logit_grad=dict(scan, HP=HP),
                     _k_grad_w=dict(HAS_BIAS=causal, HAS_MASK=has_mask, CAUSAL=causal, BT=geo["BT"], BK=geo["BK"],
-                                   EVEN_K=p % geo["BK"] == 0, BB=BATCH_BLOCK, RB=PARTIAL_BLOCK,
-                                   num_warps=NUM_WARPS),
+                                   EVEN_K=geo["EVEN_K"], BB=BATCH_BLOCK, RB=PARTIAL_BLOCK,
+                                   num_warps=geo["dw_warps"], maxnreg=MAX_REGISTERS),
                     _k_step=dict(HP=HP, P=geo["P"], num_warps=max(NUM_WARPS, min(16, HP * geo["P"] // 256))))
 
     @staticmethod
@@ -666,7 +629,8 @@ class TritonKernels:
             raise ValueError("the Triton kernels take a position bias for the causal form, and only for it")
         wk, temp = cls.prepare(w), temp.float().contiguous()
         B, H, T, p = wk.shape
-        plan, nC = cls.plan(p, H, causal, mask is not None), geometry(T, p)["nC"]
+        plan, geo = cls.plan(p, H, causal, mask is not None, T), geometry(T, p)
+        nC = geo["nC"]
         f32 = dict(device=wk.device, dtype=torch.float32)
         rows, cS_shape, cMN_shape = cls.shapes(wk, causal)
         u, pi, cS, cMN = (torch.empty(s, **f32) for s in (rows, rows, cS_shape, cMN_shape))
@@ -677,10 +641,10 @@ class TritonKernels:
         sizes = (H, T, p, nC)
         with on_device(wk):
             _k_sq_totals[grid](wk, *sw, *masks, tS, *sizes, **plan["_k_sq_totals"])
-            _scan(tS, cS, "prefix", causal)
+            _scan(tS, cS, "prefix", causal, geo)
             _k_u[grid](wk, *sw, *masks, *bias_args, cS, u, *sizes, eps[0], **plan["_k_u"])
             _k_pi_totals[grid](wk, *sw, *masks, temp, u, pi, tMN, *sizes, **plan["_k_pi_totals"])
-            _scan(tMN, cMN, "prefix", causal)
+            _scan(tMN, cMN, "prefix", causal, geo)
             _k_out[grid](wk, *sw, *masks, pi, cMN, out, *out.stride()[:3], *sizes, eps[1], **plan["_k_out"])
         return out, pi, u, (cS, cMN)
 
@@ -691,7 +655,7 @@ class TritonKernels:
         cS, cMN = saved
         wk, g, temp = cls.prepare(w), cls.prepare(g), temp.float().contiguous()
         B, H, T, p = wk.shape
-        plan, geo = cls.plan(p, H, causal, mask is not None), geometry(T, p)
+        plan, geo = cls.plan(p, H, causal, mask is not None, T), geometry(T, p)
         nC = geo["nC"]
         f32 = dict(device=wk.device, dtype=torch.float32)
         y, R, gtemp = torch.empty(B, H, T, **f32), torch.empty(B, H, T, **f32), torch.empty(B * H, nC, **f32)
@@ -703,11 +667,11 @@ class TritonKernels:
         sizes = (H, T, p, nC)
         with on_device(wk):
             _k_grad_totals[grid](wk, *sw, g, *sg, *masks, pi, cMN, y, tG, *sizes, eps[1], **plan["_k_grad_totals"])
-            _scan(tG, cG, "suffix", causal)
+            _scan(tG, cG, "suffix", causal, geo)
             _k_pi_grad[grid](wk, *sw, *masks, pi, cG, y, *sizes, **plan["_k_pi_grad"])
             _k_logit_grad[grid](wk, *sw, *masks, pi, u, temp, y, cS, R, gtemp, tGS, *sizes, eps[0],
                                 **plan["_k_logit_grad"])
-            _scan(tGS, cGS, "suffix", causal)
+            _scan(tGS, cGS, "suffix", causal, geo)
             _k_grad_w[(B * H * nC * geo["nK"],)](wk, *sw, g, *sg, *masks, pi, R, gtemp, cS, cMN, cG, cGS, gw,
                                                  *gw.stride()[:3], dtemp, R if dbias is None else dbias, B, H, T,
                                                  bias_width, p, nC, geo["nK"], *eps, **plan["_k_grad_w"])

@@ -188,6 +188,14 @@ def describe(compiled, read_sass, module):
                 sass_sync=None if sass is None else sorted(set(SASS_SYNC.findall(sass))))
 
 
+def plan_of(module, c):
+    """The module's TritonKernels.plan for case c: at the case's T where the plan takes one (the
+    scans' chunk totals a step and warps follow the row's chunks; the profiled source's plan does not)."""
+    args = (c["p"], c["H"], c.get("causal", True), c.get("masked", False))
+    takes_T = "T" in inspect.signature(module.TritonKernels.plan).parameters
+    return module.TritonKernels.plan(*args, **({"T": c["T"]} if takes_T and "T" in c else {}))
+
+
 def build_all(module, cases, steps, stub):
     """Every launch of the cases and decoding steps: rows (the case, the kernel, its grid, its
     plan's warps, the build's index) and the builds."""
@@ -197,7 +205,7 @@ def build_all(module, cases, steps, stub):
         stub.arch = c["arch"]
         start = len(launches)
         (run_step if c.get("step") else run_case)(module, c)
-        plan = module.TritonKernels.plan(c["p"], c["H"], c.get("causal", True), c.get("masked", False))
+        plan = plan_of(module, c)
         for name, grid, compiled in launches[start:]:
             index.setdefault(id(compiled), (len(index), compiled, set()))[2].add(c["name"])
             rows.append(dict(c, dtype=str(c["dtype"]).replace("torch.", ""), kernel=name, grid=grid,

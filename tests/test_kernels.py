@@ -580,6 +580,16 @@ TRITON_CASES = dict(  # small enough for the interpreter
                            scan_chunks=4, feature_block=4),
     noncausal_blocks_mask=dict(B=2, H=2, T=50, p=4, dtype=torch.float32, causal=False, masked=True, seed=28,
                                block_t=16, scan_chunks=2, feature_block=2, batch_block=1),
+    # heads of 64 as shipped: chunks of 32 tokens, dL/dw one program over the 64 columns; T past
+    # two chunks ending inside a third (bf16, two batch rows summed into dpos_bias; non-causal
+    # with a mask); T = 1 at three batch rows (one chunk, the scans one total a step)
+    causal_head64_bf16=dict(B=2, H=2, T=70, p=64, dtype=torch.bfloat16, causal=True, seed=29),
+    noncausal_head64_mask=dict(B=2, H=2, T=40, p=64, dtype=torch.float32, causal=False, masked=True, seed=30),
+    causal_t1_b3=dict(B=3, H=3, T=1, p=8, dtype=torch.float32, causal=True, seed=35),
+    # 9 chunks of 16 tokens scanned 4 a step (3 steps, the last part-filled), suffix and prefix
+    # carries at B = 2 with a near-zero start; the whole head in one dL/dw program
+    causal_scan_steps=dict(B=2, H=2, T=140, p=4, dtype=torch.float32, causal=True, seed=32, block_t=16,
+                           scan_chunks=4, first_scale=0.01),
 )
 # Run again, and again with the programs of every launch in reverse order (the interpreter
 # runs them first to last): the results must be the same bits. Both scan several steps a row.
@@ -592,15 +602,15 @@ CUDA_CASES = dict(  # model-sized, on a GPU only
 )
 
 
-def run_triton_case(B, H, T, p, dtype, causal, seed, masked=False, layout="model", block_t=64, first_scale=1.0,
-                    tiny=False, guards=None, bias_extra=5, scan_chunks=256, feature_block=32, batch_block=16,
-                    partial_block=256, device="cpu"):
+def run_triton_case(B, H, T, p, dtype, causal, seed, masked=False, layout="model", block_t=None, first_scale=1.0,
+                    tiny=False, guards=None, bias_extra=5, scan_chunks=None, feature_block=None, batch_block=None,
+                    partial_block=None, device="cpu"):
     """Inputs, output, Pi and gradients of one call through tssa_impl="triton" on device (on
     the CPU only under TRITON_INTERPRET=1); everything returned on the CPU. tiny: features
     under the floor (make_inputs); guards: (PI_NORM_EPS, STAT_EPS) set in model.py for the
     call; bias_extra: position bias columns past T; block_t, scan_chunks, feature_block,
     batch_block, partial_block: the kernels' BLOCK_T, SCAN_CHUNKS, FEATURE_BLOCK, BATCH_BLOCK
-    and PARTIAL_BLOCK for the call (lowered, a small case crosses their steps)."""
+    and PARTIAL_BLOCK for the call (lowered, a small case crosses their steps; None: as shipped)."""
     from kernels import triton_tssa
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, H * p, generator=g)
@@ -624,7 +634,7 @@ def run_triton_case(B, H, T, p, dtype, causal, seed, masked=False, layout="model
     knobs = ("BLOCK_T", "SCAN_CHUNKS", "FEATURE_BLOCK", "BATCH_BLOCK", "PARTIAL_BLOCK")
     saved = [getattr(triton_tssa, k) for k in knobs], model.PI_NORM_EPS, model.STAT_EPS
     for k, v in zip(knobs, (block_t, scan_chunks, feature_block, batch_block, partial_block)):
-        setattr(triton_tssa, k, v)
+        setattr(triton_tssa, k, getattr(triton_tssa, k) if v is None else v)
     model.PI_NORM_EPS, model.STAT_EPS = guards or saved[1:]
     try:
         with warnings.catch_warnings():
