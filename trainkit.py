@@ -243,7 +243,7 @@ def load_checkpoint(path, kind):
 
 # parameters renamed since checkpoints were first written: (pattern of the old name, the new name)
 RENAMED = ((r"(^|\.)c_in\.", r"\1w_proj."), (r"(^|\.)ls_1\.gamma$", r"\1attn_scale.weight"),
-           (r"(^|\.)ls_2\.gamma$", r"\1mlp_scale.weight"))
+           (r"(^|\.)ls_2\.gamma$", r"\1mlp_scale.weight"), (r"(^|\.)attn\.temp$", r"\1attn.gamma"))
 
 
 def load_weights(module, state, path):
@@ -281,7 +281,7 @@ def model_config(config_cls, ckpt, path):
                         "or use the version of nanoToST that wrote it")
     if "pi" in args and args["pi"] not in model.PI_MODES:
         raise UserError(f"{path} names pi={args['pi']!r}, a Pi this version does not know "
-                        f"({', '.join(model.PI_MODES)}): add it to model.pi_from_logits and model.PI_MODES, or use the "
+                        f"({', '.join(model.PI_MODES)}): add its function to model.PI_MODES (MATH.md §9), or use the "
                         "version of nanoToST that wrote it")
     try:
         return config_cls(**args)
@@ -464,7 +464,7 @@ def flops_per_token(gpt, T=None):
     c, T = gpt.config, T or gpt.config.block_size
     n = gpt.get_num_params(non_embedding=True)
     per_attn = {"tssa": 12 * c.n_embd, "softmax": 4 * T * c.n_embd, "linear": 4 * c.n_embd * (c.n_embd // c.n_head)}
-    return 6 * n + 3 * sum(per_attn.get(model.GPT.block_attn(c, i), 0) for i in range(c.n_layer))
+    return 6 * n + 3 * sum(per_attn.get(model.GPT.attention_of_block(c, i), 0) for i in range(c.n_layer))
 
 
 def estimate_mfu(gpt, tokens_per_second, device_name=None):

@@ -30,7 +30,7 @@ import torch
 
 import kernels.check as check
 import model
-from kernels.fused import FUSED_DTYPES, failure_of, fused_ops
+from kernels.fused import FUSED_DTYPES, FUSED_PI_MODES, failure_of, fused_ops, warn
 
 CHECK_ON_CPU = False  # tests: check and time on the CPU too (the kernels under TRITON_INTERPRET=1)
 REPEATS = 5  # timed calls of each candidate, after one that warms up (compiles)
@@ -111,8 +111,8 @@ def measure(spec):
     reference = getattr(model, form)  # as it is now
     if spec["compiled"]:
         reference = torch.compile(reference, backend=spec["backend"], dynamic=False)
-    candidates = {"triton": fused_ops("triton"), "reference": model.TSSAOps(**{
-        name: reference if name == form else getattr(model, name) for name in model.TSSAOps._fields})}
+    candidates = {"triton": fused_ops("triton"), "reference": model.TSSAOperators(**{
+        name: reference if name == form else getattr(model, name) for name in model.TSSAOperators._fields})}
     device = torch.device(spec["device"])
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         return {name: seconds(name, runner(spec, ops), device, spec["repeats"]) for name, ops in candidates.items()}
@@ -155,8 +155,7 @@ def triton_picked(device, shape_class, shape, compiled):
     if device not in _REFUSALS:
         cause = _REFUSALS[device] = triton_refusal(device)
         if cause:
-            warnings.warn(f"tssa_impl='auto': {cause}; running model.py's reference maths", RuntimeWarning,
-                          stacklevel=5)
+            warn(f"tssa_impl='auto': {cause}; running model.py's reference maths")
     if _REFUSALS[device] is not None:
         return False
     key = (device, shape_class, compiled)
@@ -191,7 +190,7 @@ def faster_is_triton(device, shape_class, shape, compiled):
 def uses_triton(form, w, masked=False, pi_mode="softmax"):
     """Whether this call runs the Triton kernels (the reference for what they never run: another
     Pi, float64)."""
-    if pi_mode != "softmax" or w.dtype not in FUSED_DTYPES:
+    if pi_mode not in FUSED_PI_MODES or w.dtype not in FUSED_DTYPES:
         return False
     if form == "causal_tssa_step":
         (B, H, p), T = w.shape, 1
@@ -222,4 +221,4 @@ def causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
     return model.causal_tssa_step(w_t, temp, bias_t, state, pi_mode)
 
 
-AUTO_OPS = model.TSSAOps(tssa, causal_tssa, causal_tssa_step)
+AUTO_OPS = model.TSSAOperators(tssa, causal_tssa, causal_tssa_step)

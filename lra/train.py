@@ -44,7 +44,7 @@ import kernels
 import trainkit as tk
 from lra.data import TASKS, get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
-from model import ATTENTIONS
+from model import ATTENTIONS, PI_MODES
 
 # -----------------------------------------------------------------------------
 # settings
@@ -61,7 +61,7 @@ pad_multiple = 64  # batches are padded to the longest sequence, rounded up to t
 load_workers = 1  # processes decoding PNGs (image tasks)
 # model
 attn = "tssa"  # a name of model.ATTENTIONS: "tssa" (ToST), "softmax" (Transformer), "linear" (linear attention)
-pi = "softmax"  # TSSA's Pi: "softmax" | "uniform" (ablation)
+pi = "softmax"  # TSSA's Pi, a name of model.PI_MODES: "softmax" | "uniform" (ablation)
 n_layer = 2
 n_head = 2
 n_embd = 64
@@ -113,7 +113,7 @@ def check_settings(C):
               positive=("learning_rate",), fraction=("dropout", "beta1", "beta2"), seed=("seed",),
               workers=("load_workers", "num_threads"), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
               choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto"), "attn": tuple(ATTENTIONS),
-                       "pi": ("softmax", "uniform"), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
+                       "pi": tuple(PI_MODES), "norm": ("pre", "post"), "tssa_impl": kernels.IMPLS,
                        "lr_schedule": ("linear", "cosine", "invsqrt", "constant")})
     cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
     cli.require(C.norm == "post" or int(C.mlp_hidden / C.n_embd * C.n_embd) == C.mlp_hidden,
@@ -256,7 +256,7 @@ def main(argv):
 
         # ---------------------------------------------------------------------
         # model, optimizer and precision, fresh or exactly as the checkpoint left them
-        model = LRAClassifier(mconf).to(device)
+        model = cli.build(LRAClassifier, mconf).to(device)  # (a ValueError: one line)
         if C.tssa_impl != "torch":  # fused operators in place of model.py's
             kernels.use(model, C.tssa_impl)
         raw_model = model  # the plain module: parameters, checkpoints
