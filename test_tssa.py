@@ -296,7 +296,7 @@ def test_pi_is_a_distribution_over_heads_and_uniform_switch():
     assert torch.all(pi_u == 0.25)
     # with Pi = 1/H, n_k = n/H and s is the plain mean of w^2 over tokens
     s = w.square().mean(dim=2, keepdim=True)
-    torch.testing.assert_close(out_u, -0.25 * w / (1 + s), rtol=1e-7, atol=1e-12)  # 1e-8 guard in n_k
+    torch.testing.assert_close(out_u, -0.25 * w * model.f_prime(s), rtol=1e-7, atol=1e-12)  # 1e-8 guard in n_k
     # the switch is one config field, and changes what the model computes
     torch.manual_seed(11)
     cfg = dict(block_size=16, vocab_size=20, n_layer=1, n_head=2, n_embd=8, layer_scale_init=1.0)

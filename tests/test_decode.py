@@ -77,9 +77,9 @@ def test_the_start_check_names_the_form_that_differs(monkeypatch):
     functions to edit; the prefill made to write nothing: the prefill is named."""
     step = model.causal_tssa_step
 
-    def halved_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+    def halved_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
         state.sum_pi_sq.mul_(0.5)
-        return step(w_t, temp, bias_t, state, pi_mode)
+        return step(w_t, gamma, pos_bias_t, state, pi_mode)
     monkeypatch.setattr(model, "causal_tssa_step", halved_step)
     line = td.decoding_differs(tiny("hybrid"))
     assert line.startswith("blocks.0.attn (TSSA): its decoding step differs from its parallel form by "), line

@@ -75,17 +75,17 @@ def decayed_prefix_sum(x):
     return torch.einsum("tu,bhup->bhtp", weights, x)
 
 
-def decayed_causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+def decayed_causal_tssa(w, gamma, pos_bias, return_pi=False, pi_mode="softmax", state=None):
     """model.causal_tssa, copied, with decayed prefix sums; given a state (the prefill), the sums
     at the last token go into it, as decayed_causal_tssa_step keeps them (§9, step 1)."""
-    model.check_shapes(w, temp)
+    model.check_shapes(w, gamma)
     B, H, T, p = w.shape
     bias = model.check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
     w_stat = w.to(model.stat_dtype(w.dtype))
     w_sq = w_stat.square()  # (B, H, T, p)
     sum_sq = decayed_prefix_sum(w_sq)
     w_sq_normed = w_sq / sum_sq.clamp_min(model.PI_NORM_EPS)
-    logits = temp.reshape(1, -1, 1).to(w_sq.dtype) * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
+    logits = gamma.reshape(1, -1, 1).to(w_sq.dtype) * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
     pi = model.pi_from_logits(logits, pi_mode)
     sum_pi_sq, sum_pi = decayed_prefix_sum(pi.unsqueeze(-1) * w_sq), decayed_prefix_sum(pi.unsqueeze(-1))
     s = sum_pi_sq / (sum_pi + model.STAT_EPS)
@@ -97,11 +97,11 @@ def decayed_causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", s
     return (out, pi.detach()) if return_pi else out
 
 
-def decayed_causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+def decayed_causal_tssa_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
     """model.causal_tssa_step after each running sum is multiplied by DECAY."""
     for running in (state.sum_sq, state.sum_pi_sq, state.sum_pi):
         running.mul_(DECAY)
-    return model.causal_tssa_step(w_t, temp, bias_t, state, pi_mode)
+    return model.causal_tssa_step(w_t, gamma, pos_bias_t, state, pi_mode)
 
 
 class DecayedTSSA(model.TSSA):
@@ -172,9 +172,9 @@ def test_math_section_9_decayed_attention_decodes_as_it_trains_after_prompts_of_
     assert m.blocks[0].attn.operators is own
 
 
-def without_prefill(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+def without_prefill(w, gamma, pos_bias, return_pi=False, pi_mode="softmax", state=None):
     """decayed_causal_tssa that leaves the decoding state as it was (issue 38's fork, before §9 said)."""
-    return decayed_causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+    return decayed_causal_tssa(w, gamma, pos_bias, return_pi, pi_mode)
 
 
 class ForgotPrefill(DecayedTSSA):
@@ -298,11 +298,11 @@ def test_a_fork_of_causal_tssa_alone_is_told_at_the_start_and_sampled_by_its_par
 SHIPPED_STEP = model.causal_tssa_step
 
 
-def decayed_shipped_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+def decayed_shipped_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
     """decayed_causal_tssa_step on the shipped step, to put in model.causal_tssa_step's place."""
     for running in (state.sum_sq, state.sum_pi_sq, state.sum_pi):
         running.mul_(DECAY)
-    return SHIPPED_STEP(w_t, temp, bias_t, state, pi_mode)
+    return SHIPPED_STEP(w_t, gamma, pos_bias_t, state, pi_mode)
 
 
 def test_an_operator_replaced_from_a_script_changes_every_form(monkeypatch):
@@ -416,8 +416,8 @@ def test_another_f_is_still_one_gradient_step_on_its_objective(monkeypatch, caus
     torch.manual_seed(0)
     B, H, T, p = 2, 3, 7, 4
     w = torch.randn(B, H, T, p, dtype=torch.float64)
-    temp, bias = torch.rand(H, dtype=torch.float64) + 0.5, torch.zeros(H, T, dtype=torch.float64)
-    out, pi = model.causal_tssa(w, temp, bias, return_pi=True) if causal else model.tssa(w, temp, return_pi=True)
+    gamma, bias = torch.rand(H, dtype=torch.float64) + 0.5, torch.zeros(H, T, dtype=torch.float64)
+    out, pi = model.causal_tssa(w, gamma, bias, return_pi=True) if causal else model.tssa(w, gamma, return_pi=True)
     ends = range(1, T + 1) if causal else [T]
     for j in ends:
         wj = w[:, :, :j].clone().requires_grad_()
@@ -467,7 +467,8 @@ def write_checkpoint(folder, change, **model_args):
 CHANGES = {  # field -> (the change, what the one line says: the registries as they are when it runs)
     "attn": (lambda c: c["model_args"].update(attn="retnet"),
              lambda: f"names attn='retnet', an attention this version does not know ({', '.join(model.ATTENTIONS)}): "
-                     "register its class in model.ATTENTIONS (MATH.md §9), or use the version of nanoToST that wrote it"),
+                     "register its class in model.ATTENTIONS (MATH.md §9), or use the version of nanoToST that "
+                     "wrote it"),
     "pi": (lambda c: c["model_args"].update(pi="sparsemax"),
            lambda: f"names pi='sparsemax', a Pi this version does not know ({', '.join(model.PI_MODES)}): add its "
                    "function to model.PI_MODES (MATH.md §9), or use the version of nanoToST that wrote it"),
@@ -531,17 +532,20 @@ def test_train_says_the_models_rules_in_one_line(argv, words, tmp_path, capsys):
 
 def lazy_f(monkeypatch):
     """f(x) = x / (1 + x) put in model.py's place, f_prime left as shipped (1 / (1 + x))."""
+    shipped_f(monkeypatch)
     monkeypatch.setattr(model, "f", lambda x: x / (1.0 + x))
 
 
-LAZY_F = r"model\.f_prime is not the derivative of model\.f \(at x = .*\): change f and f_prime together \(MATH\.md §9\)"
+LAZY_F = (r"model\.f_prime is not the derivative of model\.f \(at x = .*\): change f and f_prime together "
+          r"\(MATH\.md §9\)")
 
 
 def test_f_edited_without_f_prime_builds_no_model():
     """Every model with a TSSA (language, vision, LRA) refuses to be built, in one line that
     names MATH.md §9; with f and f_prime both changed (or both shipped) it builds."""
     from lra.encoder import LRAClassifier, LRAConfig
-    builds = [lambda: tiny(), lambda: tiny(hybrid_every=2), lambda: model.ToSTViT(model.ViTConfig(n_layer=1, n_embd=16)),
+    builds = [lambda: tiny(), lambda: tiny(hybrid_every=2),
+              lambda: model.ToSTViT(model.ViTConfig(n_layer=1, n_embd=16)),
               lambda: LRAClassifier(LRAConfig(vocab_size=5, num_classes=2, max_len=8, n_layer=1, n_embd=16, n_head=2))]
     with pytest.MonkeyPatch.context() as patch:
         lazy_f(patch)
@@ -717,8 +721,8 @@ class CountedState(model.LinearAttention):
 STATES = {"tuple": TupleState, "dict": DictState}
 BAD_STATES = {  # what the start check says of a state GPT.prefill cannot start over
     "object": (ObjectState, "blocks.0.attn (ObjectState): GPT.prefill cannot start its state over for a new prompt "
-                            "(a decoding state is tensors in a dataclass, tuple, list or dict, not SimpleNamespace): make "
-                            "ObjectState.init_state return tensors in one of those (MATH.md §9)"),
+                            "(a decoding state is tensors in a dataclass, tuple, list or dict, not SimpleNamespace): "
+                            "make ObjectState.init_state return tensors in one of those (MATH.md §9)"),
     "ones": (OnesState, "blocks.0.attn (OnesState): OnesState.init_state gives a state that is not all zeros, while "
                         "GPT.prefill starts a new prompt from zeros: make it zeros (MATH.md §9)"),
     "replaced": (ReplacedState, "blocks.0.attn (ReplacedState): its decoding state's tensors are replaced, not "
