@@ -134,10 +134,11 @@ def statistic_unused(model, layer_maps):
         w, pi, out = maps["w"], maps["pi"], maps["out"].float()
         try:
             step = -pi[..., None] * w * tost.f_prime(running_statistic(w, pi)).to(w.dtype)  # (B, H, T, p)
-            gap = (block.attn.c_proj(tost.merge_heads(step)).float() - out).abs().max() / out.abs().max()
-        except Exception as e:  # noqa: BLE001 (an attention without TSSA's parts: it says so)
-            gap = f"{type(e).__name__}"
-        if not (isinstance(gap, torch.Tensor) and gap <= STATISTIC_TOLERANCE):
+            rebuilt = block.attn.c_proj(tost.merge_heads(step)).float()
+            gap = td.relative_gap(rebuilt, out)
+        except Exception:  # noqa: BLE001 (an attention without TSSA's parts, e.g. no c_proj: said as one that differs)
+            gap = None
+        if gap is None or not gap <= STATISTIC_TOLERANCE:  # (nan differs too)
             return (f"blocks.{i}.attn ({type(block.attn).__name__}): its output is not c_proj of -Pi w f'(s) for "
                     "model.py's statistic s of its w and Pi (model.token_statistic over each prefix, MATH.md §4.3), "
                     "which the page draws: its own s differs (a fork's operators or forward)")
