@@ -24,7 +24,9 @@ import model
 BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels")}
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FUSED_PI_MODES = ("softmax",)  # the Pi modes (model.PI_MODES) the kernels compute
-INSIDE = (os.path.dirname(torch.__file__), os.path.abspath(model.__file__), os.path.dirname(os.path.abspath(__file__)))
+PROBE_ON_CPU = False  # tests: also probe the custom operators under TRITON_INTERPRET=1
+INSIDE = (os.path.join(os.path.dirname(torch.__file__), ""), os.path.abspath(model.__file__),  # what warn looks
+          os.path.join(os.path.dirname(os.path.abspath(__file__)), ""))  # past: torch/, model.py, kernels/
 
 
 def warn(message):
@@ -40,7 +42,6 @@ def warn(message):
         warnings.warn(message, RuntimeWarning, stacklevel=level)
     finally:
         warnings.formatwarning = shown
-PROBE_ON_CPU = False  # tests: also probe the custom operators under TRITON_INTERPRET=1
 
 
 def masked(w, mask):
