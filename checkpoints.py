@@ -257,7 +257,7 @@ def model_config(config_cls, ckpt, path):
                         "or use the version of nanoToST that wrote it")
     if "pi" in args and args["pi"] not in model.PI_MODES:
         raise UserError(f"{path} names pi={args['pi']!r}, a Pi this version does not know "
-                        f"({', '.join(model.PI_MODES)}): add it to model.pi_from_logits and model.PI_MODES, or use the "
+                        f"({', '.join(model.PI_MODES)}): add its function to model.PI_MODES (MATH.md §9), or use the "
                         "version of nanoToST that wrote it")
     ranged = [k for k, v in args.items() if v is not None and k in RANGED]  # (a fork's own fields: by type)
     try:
@@ -270,7 +270,7 @@ def model_config(config_cls, ckpt, path):
 
 # parameters renamed since checkpoints were first written: (pattern of the old name, the new name)
 RENAMED = ((r"(^|\.)c_in\.", r"\1w_proj."), (r"(^|\.)ls_1\.gamma$", r"\1attn_scale.weight"),
-           (r"(^|\.)ls_2\.gamma$", r"\1mlp_scale.weight"))
+           (r"(^|\.)ls_2\.gamma$", r"\1mlp_scale.weight"), (r"(^|\.)attn\.temp$", r"\1attn.gamma"))
 
 
 def renamed(state, own):
@@ -288,6 +288,7 @@ def meta_model(model_cls, config, weights, path, maker):
         raise UserError(f"{path} holds {len(weights)} weight tensors, too few for the model_args' "
                         f"{', '.join(f'{k}={v}' for k, v in sizes.items())}: the file was damaged or written by "
                         "another program")
+    cli.build(model.check_f_prime)  # a forker's f without its f' is that one line, not a fault of the file
     try:
         with torch.device("meta"):
             module = model_cls(config)

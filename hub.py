@@ -411,7 +411,7 @@ def from_pretrained(source, device="cpu", tssa_impl="torch", kind=None):
     folder = resolve(source, kind)
     config, model_config = read_config(folder, source, kind)
     cls = KINDS[config["kind"]][0]
-    model = cls(model_config)
+    model = cli.build(cls, model_config)  # (a ValueError, e.g. a forker's f: one line)
     load_weights(model, folder, source)
     if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)
         kernels.use(model, tssa_impl)

@@ -127,8 +127,8 @@ class NanoToSTLM(LM):
                                        dtype=tk.DTYPES[self.dtype], enabled=self.dtype != "float32")
         self.info, self.iter_num = ckpt["tokenizer"], ckpt.get("iter_num")
         self.encode, self.decode = td.load_tokenizer(self.info)
-        self.n_vocab = self.info["vocab_size"]  # the ids above only pad vocab_size: never greedy, never generated
-        self.parallel_only = None  # whether generation runs the parallel form (decided at the first generation)
+        self.tokenizer_vocab_size = self.info["vocab_size"]  # the ids above only pad vocab_size: never drawn
+        self.decoding_differs = None  # why generation runs the parallel form ("": it does not; asked once)
         if self.info["tokenizer"] == "char":
             chars = self.info["chars"]
             self.prefix_id, self.eot_text = (chars.index("\n") if "\n" in chars else 0), None
@@ -185,7 +185,7 @@ class NanoToSTLM(LM):
             scored = y != -1
             target = y.clamp_min(0)[..., None]
             lp = (logits.gather(-1, target)[..., 0] - logits.logsumexp(-1)) * scored  # (B, L)
-            hit = (logits[..., :self.n_vocab].argmax(-1) == y) | ~scored  # (B, L)
+            hit = (logits[..., :self.tokenizer_vocab_size].argmax(-1) == y) | ~scored  # (B, L)
             for (r, _, _), row_lp, row_hit in zip(batch, lp.sum(1).tolist(), hit.all(1).tolist()):
                 logprob[r] += row_lp
                 greedy[r] = greedy[r] and row_hit
@@ -248,15 +248,16 @@ class NanoToSTLM(LM):
         first stop string. model.generate runs GEN_CHUNK tokens at a time (the prompt and what is
         written so far encoded again in parallel), and decoding ends when every row has a stop
         string (or after max_gen_toks)."""
-        if self.parallel_only is None:  # a fork whose decoding differs from its parallel form: said once
-            self.parallel_only = bool(td.check_decoding(self.model, "generating by the parallel form instead"))
-        generate = partial(td.generate_in_parallel, self.model) if self.parallel_only else self.model.generate
+        if self.decoding_differs is None:  # a fork whose decoding differs from its parallel form: said once
+            self.decoding_differs = td.check_decoding(self.model, "generating by the parallel form instead") or ""
+        generate = partial(td.generate_in_parallel, self.model) if self.decoding_differs else self.model.generate
         idx = torch.tensor(prompts, dtype=torch.long, device=self._device)  # (B, T0)
         T0, texts = idx.shape[1], [""] * len(prompts)
         with torch.no_grad(), self.autocast:
             while idx.shape[1] - T0 < max_gen_toks:
                 n = min(GEN_CHUNK, max_gen_toks - (idx.shape[1] - T0))
-                idx = generate(idx, n, temperature=temperature, top_k=top_k, n_vocab=self.n_vocab)
+                idx = generate(idx, n, temperature=temperature, top_k=top_k,
+                               tokenizer_vocab_size=self.tokenizer_vocab_size)
                 texts = [self.decode(row[T0:]) for row in idx.tolist()]
                 if all(any(s in text for s in until) for text in texts):
                     break

@@ -9,7 +9,8 @@ as one page a student opens in a browser.
     python lm_inspect.py --init_from=<you>/pydocs-char-tost --data_dir=data   # a model export.py wrote
 
 For any train.py checkpoint with TSSA blocks (the short convolution and the hybrid included: its
-softmax blocks are listed as skipped); a softmax or linear-attention run is refused. Writes into
+softmax blocks are listed as skipped; a fork's TSSA subclass too, which a warning names where its
+output is not built from model.py's s); a softmax or linear-attention run is refused. Writes into
 <out_dir>/inspect/ (with --init_from: <folder>-inspect beside the model's folder, or <name>-inspect
 here for a Hub id; --page_dir elsewhere) as one unit: the folder is swapped whole for the new set,
 so a reader sees an earlier inspection or this one, never a mix (cli.claim_set; only the files of
@@ -51,7 +52,7 @@ import torch
 import cli
 import hub
 import kernels
-import model as tost  # tost.STAT_EPS, tost.stat_dtype (an imported constant would read as a setting)
+import model as tost  # tost.token_statistic, tost.prefix_sum, ... (model.py's own functions)
 import textdata as td
 import trainkit as tk
 from model import TSSA
@@ -80,6 +81,8 @@ tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())
 CLASSES = ("letters", "digits", "spaces", "punctuation")
+RECORD = ("z", "w", "pi", "out")  # the maps of each TSSA block the page draws (TSSA.forward's record)
+STATISTIC_TOLERANCE = 1e-4  # of a block's largest output: its step rebuilt from s (fp32, a few ops apart: ~1e-6)
 
 
 def check_settings(C):
@@ -105,19 +108,46 @@ def recorded_forward(model, idx):
     T = idx.shape[1]
     x = model.drop(model.wte(idx) + model.wpe(torch.arange(T, device=idx.device)))  # (B, T, C)
     layer_maps = []
-    for block in model.blocks:
+    for i, block in enumerate(model.blocks):
         maps = {}
         x = block(x, record=maps)
+        if isinstance(block.attn, TSSA) and not all(isinstance(maps.get(k), torch.Tensor) for k in RECORD):
+            raise cli.UserError(f"blocks.{i}.attn ({type(block.attn).__name__}) records {sorted(maps) or 'nothing'}, "
+                                f"not the maps {', '.join(RECORD)} that TSSA.forward records and lm_inspect.py draws: "
+                                "record them in its forward (record.update), as TSSA.forward does")
         layer_maps.append(maps if isinstance(block.attn, TSSA) else None)
     return model.lm_head(model.ln_f(x)), layer_maps
 
 
 def running_statistic(w, pi):
     """s_k(j) of MATH.md §4.3, the prefix Pi-weighted second moment: w (B, H, T, p), pi (B, H, T)
-    -> (B, H, T, p), in fp32 for fp16/bf16 w (as causal_tssa keeps it)."""
+    -> (B, H, T, p), in fp32 for fp16/bf16 w (as causal_tssa keeps it), by model.py's own
+    functions (the prefix sums of causal_tssa, the one definition of s: model.token_statistic)."""
     w_sq = w.to(tost.stat_dtype(w.dtype)).square()
-    pi = pi.to(w_sq.dtype)
-    return (pi[..., None] * w_sq).cumsum(2) / (pi.cumsum(2)[..., None] + tost.STAT_EPS)
+    pi = pi.to(w_sq.dtype)[..., None]  # (B, H, T, 1)
+    return tost.token_statistic(tost.prefix_sum(pi * w_sq), tost.prefix_sum(pi)[..., 0])
+
+
+@torch.no_grad()
+def statistic_unused(model, layer_maps):
+    """None where each TSSA block's output is c_proj of the step -Pi w f'(s) with model.py's s of its
+    own w and Pi (running_statistic), as TSSA.forward computes it; else one line: the first block
+    whose output is not (a fork's statistic, or its own forward), whose s the page draws as model.py's."""
+    for i, (block, maps) in enumerate(zip(model.blocks, layer_maps)):
+        if maps is None:
+            continue
+        w, pi, out = maps["w"], maps["pi"], maps["out"].float()
+        try:
+            step = -pi[..., None] * w * tost.f_prime(running_statistic(w, pi)).to(w.dtype)  # (B, H, T, p)
+            rebuilt = block.attn.c_proj(tost.merge_heads(step)).float()
+            gap = td.relative_gap(rebuilt, out)
+        except Exception:  # noqa: BLE001 (an attention without TSSA's parts, e.g. no c_proj: said as one that differs)
+            gap = None
+        if gap is None or not gap <= STATISTIC_TOLERANCE:  # (nan differs too)
+            return (f"blocks.{i}.attn ({type(block.attn).__name__}): its output is not c_proj of -Pi w f'(s) for "
+                    "model.py's statistic s of its w and Pi (model.token_statistic over each prefix, MATH.md §4.3), "
+                    "which the page draws: its own s differs (a fork's operators or forward)")
+    return None
 
 
 def entropy(pi):
@@ -464,6 +494,9 @@ def text_layers(model, idx, chosen, colours):
     """For each chosen layer, over the text idx (1, T): Pi (T, H, 4 decimals), the dominant head
     and the page's colour of each token, the mean entropy of Pi, s along the text (H, T)."""
     layer_maps = recorded_forward(model, idx)[1]
+    unused = statistic_unused(model, layer_maps)
+    if unused:  # a fork whose s is not model.py's: said, and the page drawn
+        print(f"{cli.script_name(sys.argv[0])}: warning: {unused}", file=sys.stderr)
     shown = []
     for layer in chosen:
         m = layer_maps[layer - 1]
@@ -478,8 +511,7 @@ def text_layers(model, idx, chosen, colours):
 def load(C, dev, given):
     """(model, ckpt, path) of a TSSA run (or of a model export.py wrote), or one line that says why not."""
     model, ckpt, path = td.load_reader_model(C, dev, given)
-    attns = [type(block.attn).__name__ for block in model.blocks]
-    if "TSSA" not in attns:
+    if not any(isinstance(block.attn, TSSA) for block in model.blocks):  # (a fork's subclass too)
         raise cli.UserError(f"{path} is a {model.config.attn} model: lm_inspect.py draws TSSA's Pi and statistics; "
                             "give a ToST run (attn=tssa, e.g. --out_dir=out-pydocs-char-tost)")
     threads = C.num_threads or ckpt["config"].get("num_threads", 0)

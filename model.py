@@ -8,26 +8,24 @@ One file, in the order of MATH.md:
   2. the modules built from them: `TSSA`, the MLP, the pre-norm `Block` (§5.1);
   3. ToST-GPT (§5.2): a GPT-2 skeleton with TSSA, trained in parallel, decoded from the state;
   4. ToST-ViT (§5.3-5.4): an XCiT skeleton with TSSA;
-  appendix: the baselines and variants (softmax attention and its KV cache, linear
-     attention, the short convolution) and the plumbing (resetting a decoding state).
+  appendix: the baselines and variants (the short convolution, softmax attention and its KV
+     cache, linear attention) and the plumbing that the fast paths need.
 
 Symbols (MATH.md §1.1): B batch, T tokens, C = H * p model width, H heads (the K subspaces
 U_k), p head width. w = U_k^T z, the features of each token in each head's basis: (B, H, T, p).
 Pi (B, H, T): how much each token belongs to each head (sums to 1 over heads). s (B, H, p): the
-Pi-weighted second moment of each feature of each head, the "token statistic". temp (H,): the
-temperature of Pi (MATH.md's gamma); pos_bias (H, block_size): the causal form's position bias.
+Pi-weighted second moment of each feature of each head, the "token statistic". gamma (H,): the
+temperature of Pi; pos_bias (H, block_size): b, the causal form's position bias.
 
-The functions of section 1 and the loss are the reference. kernels/ holds fused versions of
-them, which `kernels.use(model, "cpu" | "triton")` puts in a built model (TSSA.operators,
-GPT.loss), and the decoding step replayed as a CUDA graph (`kernels.capture_steps`); this file
-imports nothing of it.
+This file is the reference and imports nothing of the project: the fused kernels (kernels/) are
+checked against its functions, and put in a built model by `kernels.use`.
 
     python -c "import model; print(model.GPT.from_preset('tost-base'))"
 """
 
 import math
 from collections import namedtuple
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -38,7 +36,6 @@ import torch.nn.functional as F
 # of squares itself, unsquared (MATH.md §3.4).
 PI_NORM_EPS = 1e-12
 STAT_EPS = 1e-8  # added to the Pi-weighted token count of a head (a head no token belongs to)
-PI_MODES = ("softmax", "uniform")  # Pi from its logits: the paper's softmax over heads, or the ablation 1/H
 
 # -----------------------------------------------------------------------------
 # 1. The objective and the operator, as plain functions
@@ -54,9 +51,9 @@ def f(x):
 
 
 def f_prime(x):
-    """f'(x), the scale of the gradient step (MATH.md §2.2): the operators below look it up
-    when they run, so an edit here (or `model.f_prime = ...`) changes every form at once.
-    Change f with it: test_tssa.py checks that the operators are the gradient step on R_var."""
+    """f'(x), the scale of the gradient step (MATH.md §2.2): the operators below look it up when
+    they run, so an edit here (or `model.f_prime = ...`) changes every form at once. Change f with
+    it: a TSSA refuses to be built where f_prime is not f's derivative (check_f_prime)."""
     return 1.0 / (1.0 + x)
 
 
@@ -65,121 +62,88 @@ def stat_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
+def token_statistic(sum_pi_w_sq, sum_pi):
+    """s (MATH.md §1.3, §3.3), the Pi-weighted mean of w^2 over the tokens a head sees (all, or a prefix:
+    §4.3), from their sums of Pi w^2 (..., p) and of Pi (...,): the objective's, each operator's and lm_inspect's."""
+    return sum_pi_w_sq / (sum_pi.unsqueeze(-1) + STAT_EPS)
+
+
 def compression_objective(w, pi, mask=None):
     """Variational compression term R_var(Z | Pi, U) of MATH.md §1.3 (paper eq. 4), per sample.
     w = U^T z: (B, H, T, p) features in each head's basis; pi: (B, H, T) memberships;
     mask: optional (B, T) bool of real tokens; f: the concave function above.
         R_var = 1/2 sum_k (n_k / n) sum_i f(s_ki),  s_ki = (1/n_k) sum_j Pi[j,k] w[j,i]^2
     Returns (B,) in the dtype of w (use float64 for finite differences)."""
-    if mask is None:
-        mask = torch.ones(w.shape[0], w.shape[2], dtype=torch.bool, device=w.device)
-    m = mask.to(w.dtype)  # (B, T)
+    m = w.new_ones(w.shape[0], w.shape[2]) if mask is None else mask.to(w.dtype)  # (B, T)
     pi = pi.to(w.dtype) * m[:, None, :]  # (B, H, T)
-    n = m.sum(dim=1)  # (B,)
-    n_k = pi.sum(dim=2)  # (B, H)
-    s = (pi.unsqueeze(-1) * w.square()).sum(dim=2) / n_k.clamp_min(STAT_EPS).unsqueeze(-1)  # (B, H, p)
+    n, n_k = m.sum(dim=1), pi.sum(dim=2)  # (B,), (B, H)
+    s = token_statistic((pi.unsqueeze(-1) * w.square()).sum(dim=2), n_k)  # (B, H, p)
     return 0.5 * ((n_k / n[:, None]) * f(s).sum(dim=-1)).sum(dim=-1)  # (B,)
 
 
-def check_shapes(w, temp, mask=None):
-    """Refuse w that is not (B, H, T, p), a temperature without one value per head, a padding mask not (B, T)."""
-    if w.dim() != 4:
-        raise ValueError(f"w must have shape (B, H, T, p), got {tuple(w.shape)}")
-    H = w.shape[1]
-    if temp.numel() != H:
-        raise ValueError(f"temp must have one value per head ({H}), got shape {tuple(temp.shape)}")
-    if mask is not None and mask.shape != (w.shape[0], w.shape[2]):
-        raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
-
-
-def check_pos_bias(pos_bias, H, T, dtype):
-    """pos_bias (H, T_max) or (H, T_max, 1) covering T tokens; returns it as (H, T_max)."""
-    if pos_bias.dim() == 3:
-        pos_bias = pos_bias.squeeze(-1)
-    if pos_bias.dim() != 2 or pos_bias.shape[0] != H:
-        raise ValueError(f"pos_bias must have shape (H, T_max) or (H, T_max, 1) with H={H}, "
-                         f"got {tuple(pos_bias.shape)}")
-    if T > pos_bias.shape[1]:
-        raise ValueError(f"sequence length {T} exceeds the position bias length (block_size) {pos_bias.shape[1]}")
-    return pos_bias.to(stat_dtype(dtype))
+# How Pi comes from its logits (B, H, ...), over the heads (dim 1): each mode (the setting `pi`, the
+# operators' pi_mode) is a function here. The paper's softmax; the ablation 1/H (MATH.md §3.3).
+PI_MODES = {"softmax": lambda logits: logits.softmax(dim=1),  # fp32: logits are fp32
+            "uniform": lambda logits: torch.full_like(logits, 1.0 / logits.shape[1])}
 
 
 def pi_from_logits(logits, pi_mode):
-    """Pi over heads (dim 1) from logits (B, H, ...): softmax, or the uniform 1/H ablation."""
-    if pi_mode == "uniform":
-        return torch.full_like(logits, 1.0 / logits.shape[1])
-    return logits.softmax(dim=1)  # fp32: logits are fp32
+    """Pi (B, H, ...), summing to 1 over the heads, from its logits by the mode PI_MODES names."""
+    return PI_MODES[pi_mode](logits)
 
 
-def tssa(w, temp, return_pi=False, mask=None, pi_mode="softmax"):
-    """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); temp: (H,) or (H, 1), Pi's temperature gamma;
+def tssa(w, gamma, return_pi=False, mask=None, pi_mode="softmax"):
+    """Non-causal TSSA (MATH.md §3). w: (B, H, T, p); gamma: (H,) or (H, 1), Pi's temperature;
     mask: optional (B, T) bool, True for real tokens; padded tokens take no part in any
     statistic and get a zero output. Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
-    check_shapes(w, temp, mask)
-    w_stat = w.to(stat_dtype(w.dtype))  # w in the statistics' dtype: fp32 whatever the input dtype
+    check_shapes(w, gamma, mask)
+    dtype, w = w.dtype, w.to(stat_dtype(w.dtype))  # the statistics in fp32 whatever the input dtype
     if mask is not None:
-        w_stat = w_stat * mask[:, None, :, None]  # padded tokens contribute nothing
-    w_sq = w_stat.square()  # (B, H, T, p)
+        w = w * mask[:, None, :, None]  # padded tokens contribute nothing
+    w_sq = w.square()  # (B, H, T, p)
     # Pi: each feature L2-normalised over the tokens (as F.normalize: the norm floored at
-    # PI_NORM_EPS), squared norm per head, softmax over heads
+    # PI_NORM_EPS), squared norm per head, then over the heads by pi_mode
     w_sq_normed = w_sq / w_sq.sum(dim=2, keepdim=True).clamp_min(PI_NORM_EPS ** 2)  # (B, H, T, p)
-    logits = temp.reshape(1, -1, 1).to(w_sq.dtype) * w_sq_normed.sum(dim=-1)  # (B, H, T)
+    logits = gamma.reshape(1, -1, 1).to(w.dtype) * w_sq_normed.sum(dim=-1)  # (B, H, T)
     pi = pi_from_logits(logits, pi_mode)  # (B, H, T), sums to 1 over H
     if mask is not None:
         pi = pi * mask[:, None, :]
-    # token statistic: Pi-weighted second moment of each feature, per head
-    n_k = pi.sum(dim=2)  # (B, H)
-    s = (pi.unsqueeze(-1) * w_sq).sum(dim=2) / (n_k.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
-    # one gradient step on R_var: scale by -Pi f'(s) (f = log(1 + x): -Pi / (1 + s))
-    out = -pi.unsqueeze(-1) * w_stat * f_prime(s.unsqueeze(2))  # (B, H, T, p)
-    out = out.to(w.dtype)
+    s = token_statistic((pi.unsqueeze(-1) * w_sq).sum(dim=2), pi.sum(dim=2))  # (B, H, p)
+    out = (-pi.unsqueeze(-1) * w * f_prime(s.unsqueeze(2))).to(dtype)  # one gradient step on R_var (B, H, T, p)
     return (out, pi.detach()) if return_pi else out
 
 
-def prefix_sum(x, block=32):
-    """x.cumsum(2) for x (B, H, T, p). Under torch.compile, nested scans of at most `block` tokens
-    (within each block, then the blocks' totals alike): Inductor sends a longer scan over few rows
-    (B H p < 64 per SM) to its split-scan kernel, which torch 2.11 fails to build."""
-    T = x.shape[2]
-    if T <= block or not torch.compiler.is_compiling():
-        return x.cumsum(2)
-    blocks = F.pad(x, (0, 0, 0, -T % block)).unflatten(2, (-1, block)).cumsum(3)  # (B, H, n, block, p)
-    before = F.pad(prefix_sum(blocks[:, :, :, -1], block)[:, :, :-1], (0, 0, 1, 0))  # (B, H, n, p): earlier blocks
-    return (blocks + before.unsqueeze(3)).flatten(2, 3)[:, :, :T]
-
-
-def causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+def causal_tssa(w, gamma, pos_bias, return_pi=False, pi_mode="softmax", state=None):
     """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
-    sums. w: (B, H, T, p); temp: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
+    sums. w: (B, H, T, p); gamma: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
     added per feature before the sum. state: a TSSAState, when decoding: the prompt's running
     sums at its last token are written to it, and causal_tssa_step goes on from them (the
     prefill). Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
-    check_shapes(w, temp)
+    check_shapes(w, gamma)
     B, H, T, p = w.shape
     bias = check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
-    w_stat = w.to(stat_dtype(w.dtype))
-    w_sq = w_stat.square()  # (B, H, T, p)
+    dtype, w = w.dtype, w.to(stat_dtype(w.dtype))
+    w_sq = w.square()  # (B, H, T, p)
     # Pi[j] from the prefix: features normalised by their running sum of squares (floored)
-    sum_sq = prefix_sum(w_sq)  # (B, H, T, p)
+    sum_sq = prefix_sum(w_sq)  # (B, H, T, p): the sums over tokens t <= j (cumsum; appendix)
     w_sq_normed = w_sq / sum_sq.clamp_min(PI_NORM_EPS)  # (B, H, T, p)
-    logits = temp.reshape(1, -1, 1).to(w_sq.dtype) * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
+    logits = gamma.reshape(1, -1, 1).to(w.dtype) * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
     pi = pi_from_logits(logits, pi_mode)  # (B, H, T)
-    # prefix statistic s_k(j) = sum_{t<=j} Pi w^2 / sum_{t<=j} Pi
-    sum_pi_sq, sum_pi = prefix_sum(pi.unsqueeze(-1) * w_sq), prefix_sum(pi.unsqueeze(-1))  # (B, H, T, p), (.., 1)
-    s = sum_pi_sq / (sum_pi + STAT_EPS)  # (B, H, T, p)
-    out = (-pi.unsqueeze(-1) * w_stat * f_prime(s)).to(w.dtype)  # (B, H, T, p)
+    # the prefix statistic s_k(j), from the sums of Pi w^2 and of Pi over tokens t <= j
+    sum_pi_sq, sum_pi = prefix_sum(pi.unsqueeze(-1) * w_sq), prefix_sum(pi.unsqueeze(-1))[..., 0]  # (.., p), (B, H, T)
+    s = token_statistic(sum_pi_sq, sum_pi)  # (B, H, T, p)
+    out = (-pi.unsqueeze(-1) * w * f_prime(s)).to(dtype)  # (B, H, T, p)
     if state is not None:  # a prompt before decoding: the sums as its last token sees them
         state.sum_sq.copy_(sum_sq[:, :, -1])
         state.sum_pi_sq.copy_(sum_pi_sq[:, :, -1])
-        state.sum_pi.copy_(sum_pi[:, :, -1, 0])
+        state.sum_pi.copy_(sum_pi[:, :, -1])
     return (out, pi.detach()) if return_pi else out
 
 
 @dataclass
 class TSSAState:
     """Everything causal TSSA remembers of the past (MATH.md §4.4): three running sums per
-    head, the same size whatever the length. Written in place, never replaced, so that a
-    decoding step has fixed shapes and a CUDA graph can replay it."""
+    head, the same size whatever the length, written in place (never replaced)."""
 
     sum_sq: torch.Tensor  # (B, H, p) running sum of w^2
     sum_pi_sq: torch.Tensor  # (B, H, p) running sum of Pi * w^2
@@ -198,27 +162,27 @@ class TSSAState:
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
-def causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
-    """One token of causal TSSA in O(H p) (MATH.md §4.4): w_t (B, H, p) its features, bias_t
-    (H,) its position bias. The sums of `state` take in this token, in place. Returns out_t
-    (B, H, p), equal to causal_tssa's output at this position."""
-    dt, H = state.sum_sq.dtype, w_t.shape[1]  # fp32 state (fp64 for fp64 inputs)
-    w_stat = w_t.to(dt)
-    w_sq = w_stat.square()  # (B, H, p)
+def causal_tssa_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
+    """One token of causal TSSA in O(H p) (MATH.md §4.4): w_t (B, H, p) its features, pos_bias_t
+    (H,) its column of the position bias. The sums of `state` take in this token, in place.
+    Returns out_t (B, H, p), equal to causal_tssa's output at this position."""
+    dtype, H = w_t.dtype, w_t.shape[1]
+    w_t = w_t.to(state.sum_sq.dtype)  # the state's dtype: fp32 (fp64 for fp64 inputs)
+    w_sq = w_t.square()  # (B, H, p)
     state.sum_sq.add_(w_sq)
-    normed = w_sq / state.sum_sq.clamp_min(PI_NORM_EPS) + bias_t.to(dt).reshape(1, H, 1)  # (B, H, p)
-    pi = pi_from_logits(temp.to(dt).reshape(1, H) * normed.sum(-1), pi_mode)  # (B, H)
+    normed = w_sq / state.sum_sq.clamp_min(PI_NORM_EPS) + pos_bias_t.to(w_t.dtype).reshape(1, H, 1)  # (B, H, p)
+    pi = pi_from_logits(gamma.to(w_t.dtype).reshape(1, H) * normed.sum(-1), pi_mode)  # (B, H)
     state.sum_pi_sq.add_(pi.unsqueeze(-1) * w_sq)
     state.sum_pi.add_(pi)
-    s = state.sum_pi_sq / (state.sum_pi.unsqueeze(-1) + STAT_EPS)  # (B, H, p)
-    return (-pi.unsqueeze(-1) * w_stat * f_prime(s)).to(w_t.dtype)
+    s = token_statistic(state.sum_pi_sq, state.sum_pi)  # (B, H, p)
+    return (-pi.unsqueeze(-1) * w_t * f_prime(s)).to(dtype)
 
 
-# The three operators a TSSA runs. model.py's are looked up by name each time they run (as f_prime
+# The three operators a TSSA runs. Section 1's are looked up by name each time they run (as f_prime
 # is), so `model.causal_tssa = my_version` from a script changes every form that uses it.
-TSSAOps = namedtuple("TSSAOps", "tssa causal_tssa causal_tssa_step")
-REFERENCE_OPS = TSSAOps(lambda *a, **k: tssa(*a, **k), lambda *a, **k: causal_tssa(*a, **k),
-                        lambda *a, **k: causal_tssa_step(*a, **k))
+TSSAOperators = namedtuple("TSSAOperators", "tssa causal_tssa causal_tssa_step")
+REFERENCE_OPERATORS = TSSAOperators(lambda *a, **k: tssa(*a, **k), lambda *a, **k: causal_tssa(*a, **k),
+                                    lambda *a, **k: causal_tssa_step(*a, **k))
 
 # -----------------------------------------------------------------------------
 # 2. The modules: x (B, T, C) -> (B, T, C)
@@ -238,7 +202,7 @@ class TSSA(nn.Module):
     """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
     heads stacked), the operator, a free output projection (MATH.md §2.3). causal=True adds
     the learned per-head position bias of the causal form (its length is config.block_size).
-    self.operators: the three operator functions it runs: section 1's (REFERENCE_OPS), a
+    self.operators: the three operator functions it runs: section 1's (REFERENCE_OPERATORS), a
     subclass's own (MATH.md §9), or fused versions of section 1's (kernels/).
     Opt-in variant (causal only, GPTConfig.short_conv = k > 0): a ShortConv of kernel k on the
     input, before the projection, which gives each token a channel to the k - 1 before it."""
@@ -250,13 +214,14 @@ class TSSA(nn.Module):
             raise ValueError(f"n_embd ({C}) must be divisible by n_head ({H})")
         if config.pi not in PI_MODES:
             raise ValueError(f"pi must be one of {', '.join(PI_MODES)}, got {config.pi!r}")
-        self.n_head, self.causal, self.pi_mode = H, causal, config.pi
-        self.operators = REFERENCE_OPS
+        check_f_prime()  # f and f_prime changed together, or refused in one line (MATH.md §9)
+        self.n_head, self.causal, self.pi_mode = H, causal, config.pi  # pi_mode: the setting pi (PI_MODES)
+        self.operators = REFERENCE_OPERATORS
         self.w_proj = nn.Linear(C, C, bias=config.bias)  # w = U^T z for all heads at once
         self.c_proj = nn.Linear(C, C, bias=config.bias)  # replaces (tau / n) [U_1 .. U_K]
-        self.temp = nn.Parameter(torch.ones(H))  # per-head temperature of Pi (MATH.md's gamma)
+        self.gamma = nn.Parameter(torch.ones(H))  # per-head temperature of Pi (MATH.md §3.1)
         if causal:
-            self.pos_bias = nn.Parameter(torch.zeros(H, config.block_size))
+            self.pos_bias = nn.Parameter(torch.zeros(H, config.block_size))  # b (MATH.md §4.2)
         k = getattr(config, "short_conv", 0) if causal else 0  # GPTConfig only
         self.conv = ShortConv(C, k) if k else None
         self.dropout = nn.Dropout(config.dropout)
@@ -268,31 +233,30 @@ class TSSA(nn.Module):
         z = x if self.conv is None else self.conv(x, state)  # (B, T, C)
         w = split_heads(self.w_proj(z), self.n_head)  # (B, H, T, p)
         if not self.causal:
-            out, pi = self.operators.tssa(w, self.temp, return_pi=True, mask=mask, pi_mode=self.pi_mode)
+            out, pi = self.operators.tssa(w, self.gamma, return_pi=True, mask=mask, pi_mode=self.pi_mode)
         elif state is None or w.shape[2] > 1:  # training, or the prompt of a decoding (it fills the state)
-            out, pi = self.operators.causal_tssa(w, self.temp, self.pos_bias, return_pi=True, pi_mode=self.pi_mode,
+            out, pi = self.operators.causal_tssa(w, self.gamma, self.pos_bias, return_pi=True, pi_mode=self.pi_mode,
                                                  state=state)
         else:  # one new token from the recurrent state; past block_size, the last learned bias
-            position = state.pos.clamp(max=self.pos_bias.shape[1] - 1).view(1)  # a device index: no host sync
-            bias_t, pi = self.pos_bias.index_select(1, position).squeeze(1), None  # (H,); a step records no Pi
-            out = self.operators.causal_tssa_step(w[:, :, 0], self.temp, bias_t, state, self.pi_mode).unsqueeze(2)
+            pos_bias_t = self.pos_bias.index_select(1, position_index(state.pos, self.pos_bias.shape[1]))[:, 0]  # (H,)
+            out = self.operators.causal_tssa_step(w[:, :, 0], self.gamma, pos_bias_t, state, self.pi_mode)
+            out, pi = out.unsqueeze(2), None  # (a step records no Pi)
         y = self.dropout(self.c_proj(merge_heads(out)))  # (B, T, C)
         if record is not None:
             record.update(z=z, w=w, pi=pi, out=y)
         return y
 
     def init_state(self, B, pos):
-        C, p = self.w_proj.in_features, self.w_proj.in_features // self.n_head
-        weight = self.w_proj.weight
-        state = TSSAState.zeros(B, self.n_head, p, weight.device, weight.dtype, pos)
-        if self.conv is not None:
-            state.conv = weight.new_zeros(B, self.conv.kernel_size - 1, C)
+        """An empty TSSAState for B sequences: the running sums (and the short convolution's inputs), zeros."""
+        weight, H, C = self.w_proj.weight, self.n_head, self.w_proj.in_features
+        state = TSSAState.zeros(B, H, C // H, weight.device, weight.dtype, pos)
+        state.conv = None if self.conv is None else weight.new_zeros(B, self.conv.kernel_size - 1, C)
         return state
 
 
 # Every attention a config can name (`attn`), and so every script's choices: the baselines add
 # themselves in the appendix. A new attention is its class, (config, causal) -> module with
-# forward(x, mask, state, record) and init_state(B, pos), and one entry here.
+# forward(x, mask, state, record) and init_state(B, pos), and one entry here (MATH.md §9).
 ATTENTIONS = {"tssa": TSSA}
 
 
@@ -341,8 +305,9 @@ class DropPath(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + g1 * Attn(LN(x)), then x + g2 * MLP(LN(x)). Built from a model
-    config (GPTConfig, ViTConfig or lra's LRAConfig: the fields read here are common to all)."""
+    """Pre-norm block (MATH.md §5.1): x + attn_scale * Attn(ln_1(x)), then x + mlp_scale * MLP(ln_2(x)),
+    the layer scales MATH.md's g_1 and g_2. Built from a model config (GPTConfig, ViTConfig or lra's
+    LRAConfig: the fields read here are common to all)."""
 
     def __init__(self, config, causal, attn=None):
         super().__init__()
@@ -375,7 +340,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm
     attn: str = "tssa"  # a name of ATTENTIONS: "tssa", "softmax" (the GPT-2 baseline), "linear", ...
-    pi: str = "softmax"  # "softmax" | "uniform" (ablation: Pi = 1/H)
+    pi: str = "softmax"  # how Pi comes from its logits, a name of PI_MODES: "softmax", "uniform" (ablation 1/H)
     layer_scale_init: float | None = 1e-5  # None: no layer scale (GPT-2)
     mlp_ratio: float = 4.0  # MLP hidden width / n_embd
     drop_path: float = 0.0  # stochastic depth (not used by the language recipes)
@@ -405,20 +370,9 @@ GPT_PRESETS = {  # parameter counts include the position embedding, not the padd
 }
 
 
-def cross_entropy_loss(x, weight, targets):
-    """The mean cross-entropy of the logits x @ weight^T (x (N, C), weight (V, C): the tied
-    head) against targets (N,), -1 not scored; the softmax in fp32 under autocast."""
-    logits = F.linear(x, weight).float()  # (N, V)
-    return F.cross_entropy(logits, targets, ignore_index=-1)
-
-
-@dataclass
-class DecodeState:
-    """A decoding in progress: the position (a device tensor, so a step needs no host sync)
-    and each block's state (TSSAState; KVCache or LinearState for the baselines)."""
-
-    pos: torch.Tensor  # () int64: tokens seen so far
-    layers: list
+# A decoding in progress: pos, the tokens seen so far (() int64, on the device), and layers, each
+# block's state (TSSAState; KVCache or LinearState for the baselines; a fork's own: MATH.md §9).
+DecodeState = namedtuple("DecodeState", "pos layers")
 
 
 class GPT(nn.Module):
@@ -430,18 +384,17 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(Block(c, causal=True, attn=self.block_attn(c, i)) for i in range(c.n_layer))
+        self.blocks = nn.ModuleList(Block(c, causal=True, attn=self.attention_of_block(c, i)) for i in range(c.n_layer))
         self.ln_f = nn.LayerNorm(c.n_embd, eps=c.ln_eps, bias=c.bias)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
-        self.loss = cross_entropy_loss  # kernels.use(..., chunked_loss=True): one that never holds all logits
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2L)
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
 
     @staticmethod
-    def block_attn(c, i):
+    def attention_of_block(c, i):
         """The attention of block i: config.attn, or softmax for every hybrid_every-th block."""
         if c.hybrid_every and (i + 1) % c.hybrid_every == 0:
             return "softmax"
@@ -467,7 +420,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         """idx: (B, T) token ids, T <= block_size. Without targets: (logits (B, T, V), None).
-        With targets (B, T) (-1: not scored): (None, loss), the mean cross-entropy by self.loss."""
+        With targets (B, T) (-1: not scored): (None, the mean cross-entropy)."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
         B, T = idx.shape
@@ -480,7 +433,13 @@ class GPT(nn.Module):
         x = self.ln_f(x)
         if targets is None:
             return self.lm_head(x), None
-        return None, self.loss(x.view(B * T, -1), self.lm_head.weight, targets.reshape(B * T))
+        return None, self.loss(x, targets)
+
+    def loss(self, x, targets):
+        """The mean cross-entropy of the logits lm_head(x) (x (B, T, C)) against targets (B, T), -1
+        not scored; the softmax in fp32 under autocast."""
+        logits = self.lm_head(x).float()  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
 
     # Decoding (MATH.md §4.4): the prompt runs in parallel once and fills each block's state;
     # then every token is one `step` from the states, O(1) for TSSA whatever the length.
@@ -491,12 +450,13 @@ class GPT(nn.Module):
 
     def prefill(self, idx, state):
         """Start decoding after the prompt idx (B, T): its first block_size tokens in parallel,
-        any rest token by token. Overwrites `state`. Returns the next token's logits (B, V)."""
-        reset_state_(state)
+        any rest token by token. Starts `state` over. Returns the next token's logits (B, V)."""
+        for tensor in state_tensors(state):  # a new prompt starts over: the same buffers, zeroed (appendix)
+            tensor.zero_()
         T = min(idx.shape[1], self.config.block_size)
         x = self.drop(self.wte(idx[:, :T]) + self.wpe(torch.arange(T, device=idx.device)))
         for block, layer in zip(self.blocks, state.layers):
-            x = block(x, state=layer)
+            x = block(x, state=layer)  # each block writes the prompt into its state
         state.pos.fill_(T)
         logits = self.lm_head(self.ln_f(x[:, -1]))
         for t in range(T, idx.shape[1]):
@@ -505,28 +465,29 @@ class GPT(nn.Module):
 
     def step(self, tok, state):
         """One token tok (B, 1) -> the next token's logits (B, V); the states advance in place.
-        Fixed shapes, the position on the device, no host sync: a CUDA graph can replay it.
-        Past block_size, TSSA reuses the last learned position (embedding and bias)."""
-        position = state.pos.clamp(max=self.config.block_size - 1).view(1)
-        x = self.drop(self.wte(tok) + self.wpe(position))  # (B, 1, C)
+        Past block_size, the last learned position is reused (embedding, and TSSA's bias)."""
+        x = self.drop(self.wte(tok) + self.wpe(position_index(state.pos, self.config.block_size)))  # (B, 1, C)
         for block, layer in zip(self.blocks, state.layers):
             x = block(x, state=layer)
         state.pos.add_(1)
         return self.lm_head(self.ln_f(x[:, -1]))
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, tokenizer_vocab_size=None):
         """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens).
-        temperature 0: greedy; top_k: draw among the k likeliest; n_vocab: the tokenizer's
-        vocabulary (the ids that only pad vocab_size are never drawn)."""
-        if any(isinstance(b.attn, SoftmaxAttention) for b in self.blocks):  # KV caches: a sliding window
-            return generate_in_window(self, idx, max_new_tokens, temperature, top_k, n_vocab)
+        temperature 0: greedy; top_k: draw among the k likeliest; tokenizer_vocab_size: the ids
+        of the tokenizer (those above it only pad config.vocab_size, and are never drawn)."""
         state = self.init_state(idx.shape[0])
-        logits = self.prefill(idx, state)  # (B, V): the prompt in parallel fills the state
+        kv_caches = [layer.max_len for layer in state.layers if hasattr(layer, "max_len")]  # of block_size tokens
+        window = min(kv_caches, default=idx.shape[1] + max_new_tokens)  # the tokens the states hold: TSSA's, all
+        logits = self.prefill(idx[:, -window:], state)  # (B, V): the prompt, in parallel, fills the state
         for _ in range(max_new_tokens):
-            tok = sample_token(logits[:, :n_vocab], temperature, top_k)  # (B, 1)
+            tok = sample_token(logits[:, :tokenizer_vocab_size], temperature, top_k)  # (B, 1)
             idx = torch.cat([idx, tok], dim=1)
-            logits = self.step(tok, state)  # one token from the state, O(1) for TSSA
+            if idx.shape[1] <= window:
+                logits = self.step(tok, state)  # one token from the state, O(1) for TSSA
+            else:  # a full KV cache: the last block_size tokens again, in parallel (GPT-2's sliding window)
+                logits = self.prefill(idx[:, -window:], state)
         return idx
 
 
@@ -657,7 +618,7 @@ class ViTConfig:
     ln_eps: float = 1e-6  # LayerNorm epsilon everywhere in the ViT (as released)
     layer_scale_init: float | None = 1.0  # 1.0 for 12 layers, 1e-5 for 24 (MATH.md §5.3); None: none
     attn: str = "tssa"  # a name of ATTENTIONS ("softmax", "linear": ViT baselines at the same size)
-    pi: str = "softmax"
+    pi: str = "softmax"  # a name of PI_MODES
     bias: bool = True  # biases in the blocks' Linear and LayerNorm layers (as released)
     n_cls_layers: int = 2
 
@@ -739,10 +700,10 @@ class ToSTViT(nn.Module):
 
 
 # =============================================================================
-# Appendix. Baselines, variants and plumbing: what the sections above use but need not
-# show. The softmax baseline (GPT-2) and its KV cache; linear attention (Katharopoulos et al.
-# 2020) and its state; the short convolution (a ToST variant); the hybrid stack is
-# GPT.block_attn. Then resetting a decoding state.
+# Appendix. What the sections above use but need not show: the short convolution (a ToST variant),
+# the softmax baseline (GPT-2) with its KV cache, linear attention (Katharopoulos et al. 2020) with its
+# state; then checks (shapes, f_prime against f) and the plumbing of the fast paths (torch.compile's
+# scans, CUDA graphs' device-side positions and in-place states).
 
 
 class ShortConv(nn.Module):
@@ -859,27 +820,22 @@ def causal_linear_attention(q, k, v, S0=None, z0=None, chunk=LINEAR_CHUNK):
     masked product (phi(q) phi(k)^T) v; across chunks the sums of the earlier chunks. Time
     linear in T, memory (T / chunk) p^2 per head. Sums in fp32 (at least, autocast off).
     Returns y (B, H, T, p) in that dtype and the sums after the last token (S, z)."""
-    with torch.autocast(q.device.type, enabled=False):
-        return _causal_linear_sums(q, k, v, S0, z0, chunk)
-
-
-def _causal_linear_sums(q, k, v, S0, z0, chunk):
     B, H, T, p = q.shape
-    dt = stat_dtype(v.dtype)
-    c = min(chunk, T)
+    dt, c = stat_dtype(v.dtype), min(chunk, T)
     n = -(-T // c)  # chunks
     pad = n * c - T  # zero keys and values add nothing; padded queries are dropped
-    q, k, v = (F.pad(t.to(dt), (0, 0, 0, pad)).view(B, H, n, c, p) for t in (q, k, v))
-    kv = k.transpose(-1, -2) @ v  # (B, H, n, p, p): each chunk's sum of phi(k) v^T
-    ks = k.sum(3)  # (B, H, n, p)
-    S0 = q.new_zeros(B, H, 1, p, p) if S0 is None else S0.to(dt)[:, :, None]
-    z0 = q.new_zeros(B, H, 1, p) if z0 is None else z0.to(dt)[:, :, None]
-    S_before = torch.cat([S0, S0 + kv.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p, p): earlier chunks
-    z_before = torch.cat([z0, z0 + ks.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p)
-    a = (q @ k.transpose(-1, -2)).tril()  # (B, H, n, c, c): within the chunk, s <= t
-    num = a @ v + q @ S_before  # (B, H, n, c, p)
-    den = a.sum(-1) + (q * z_before[:, :, :, None, :]).sum(-1)  # (B, H, n, c)
-    y = (num / (den.unsqueeze(-1) + LINEAR_EPS)).reshape(B, H, n * c, p)[:, :, :T]
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v = (F.pad(t.to(dt), (0, 0, 0, pad)).view(B, H, n, c, p) for t in (q, k, v))
+        kv = k.transpose(-1, -2) @ v  # (B, H, n, p, p): each chunk's sum of phi(k) v^T
+        ks = k.sum(3)  # (B, H, n, p)
+        S0 = q.new_zeros(B, H, 1, p, p) if S0 is None else S0.to(dt)[:, :, None]
+        z0 = q.new_zeros(B, H, 1, p) if z0 is None else z0.to(dt)[:, :, None]
+        S_before = torch.cat([S0, S0 + kv.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p, p): earlier chunks
+        z_before = torch.cat([z0, z0 + ks.cumsum(2)[:, :, :-1]], dim=2)  # (B, H, n, p)
+        a = (q @ k.transpose(-1, -2)).tril()  # (B, H, n, c, c): within the chunk, s <= t
+        num = a @ v + q @ S_before  # (B, H, n, c, p)
+        den = a.sum(-1) + (q * z_before[:, :, :, None, :]).sum(-1)  # (B, H, n, c)
+        y = (num / (den.unsqueeze(-1) + LINEAR_EPS)).reshape(B, H, n * c, p)[:, :, :T]
     return y, (S_before[:, :, -1] + kv[:, :, -1], z_before[:, :, -1] + ks[:, :, -1])
 
 
@@ -926,25 +882,69 @@ class LinearAttention(SoftmaxAttention):
 ATTENTIONS.update(softmax=SoftmaxAttention, linear=LinearAttention)
 
 
-def generate_in_window(model, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None):
-    """GPT.generate for a model with softmax blocks: their KV caches hold block_size tokens, so
-    past that the window slides and is encoded again, as GPT-2 does."""
-    bs, state = model.config.block_size, model.init_state(idx.shape[0])
-    logits = model.prefill(idx[:, -bs:], state)
-    for _ in range(max_new_tokens):
-        tok = sample_token(logits[:, :n_vocab], temperature, top_k)  # (B, 1)
-        full = idx.shape[1] >= bs  # the caches hold min(tokens so far, block_size)
-        idx = torch.cat([idx, tok], dim=1)
-        logits = model.prefill(idx[:, -bs:], state) if full else model.step(tok, state)
-    return idx
+def check_shapes(w, gamma, mask=None):
+    """Refuse w that is not (B, H, T, p), a gamma without one value per head, a padding mask not (B, T)."""
+    if w.dim() != 4:
+        raise ValueError(f"w must have shape (B, H, T, p), got {tuple(w.shape)}")
+    H = w.shape[1]
+    if gamma.numel() != H:
+        raise ValueError(f"gamma (Pi's temperature) must have one value per head ({H}), got shape {tuple(gamma.shape)}")
+    if mask is not None and mask.shape != (w.shape[0], w.shape[2]):
+        raise ValueError(f"mask must have shape (B, T) = {(w.shape[0], w.shape[2])}, got {tuple(mask.shape)}")
 
 
-def reset_state_(state):
-    """Zero a DecodeState in place: its buffers stay where they are, so a step recorded as a
-    CUDA graph still applies to it after a new prompt."""
-    for layer in state.layers:
-        for field in fields(layer):
-            value = getattr(layer, field.name)
-            if isinstance(value, torch.Tensor):
-                value.zero_()
-    state.pos.zero_()
+def check_pos_bias(pos_bias, H, T, dtype):
+    """pos_bias (H, T_max) or (H, T_max, 1) covering T tokens; returns it as (H, T_max)."""
+    if pos_bias.dim() == 3:
+        pos_bias = pos_bias.squeeze(-1)
+    if pos_bias.dim() != 2 or pos_bias.shape[0] != H:
+        raise ValueError(f"pos_bias must have shape (H, T_max) or (H, T_max, 1) with H={H}, "
+                         f"got {tuple(pos_bias.shape)}")
+    if T > pos_bias.shape[1]:
+        raise ValueError(f"sequence length {T} exceeds the position bias length (block_size) {pos_bias.shape[1]}")
+    return pos_bias.to(stat_dtype(dtype))
+
+
+def check_f_prime():
+    """Refuse (ValueError, one line) an f_prime that is not the derivative of f, which autograd takes
+    at a few points in float64: f edited and f_prime not would step on one objective, measure another."""
+    with torch.device("cpu"), torch.inference_mode(False), torch.enable_grad():  # (whatever a caller set)
+        x = torch.tensor([0.0, 0.5, 2.0, 10.0, 1e3], dtype=torch.float64, requires_grad=True)
+        df = torch.autograd.grad(f(x).sum(), x)[0]
+        given = torch.as_tensor(f_prime(x.detach()), dtype=torch.float64).expand_as(df)
+        i = (given - df).abs().argmax()
+    if not torch.allclose(given, df, rtol=1e-6, atol=1e-12):
+        raise ValueError(f"model.f_prime is not the derivative of model.f (at x = {x[i]:g}: f_prime gives "
+                         f"{given[i]:.6g}, f's derivative {df[i]:.6g}): change f and f_prime together (MATH.md §9)")
+
+
+def prefix_sum(x, block=32):
+    """x.cumsum(2) for x (B, H, T, p): causal_tssa's sums over tokens t <= j. Under torch.compile,
+    nested scans of at most `block` tokens (in each block, then the blocks' totals): Inductor sends
+    a longer scan over few rows (B H p < 64 per SM) to a split-scan kernel torch 2.11 fails to build."""
+    T = x.shape[2]
+    if T <= block or not torch.compiler.is_compiling():
+        return x.cumsum(2)
+    blocks = F.pad(x, (0, 0, 0, -T % block)).unflatten(2, (-1, block)).cumsum(3)  # (B, H, n, block, p)
+    before = F.pad(prefix_sum(blocks[:, :, :, -1], block)[:, :, :-1], (0, 0, 1, 0))  # (B, H, n, p): earlier blocks
+    return (blocks + before.unsqueeze(3)).flatten(2, 3)[:, :, :T]
+
+
+def position_index(pos, length):
+    """The decoding position pos (() int64) as a (1,) index into a table of `length`, past its end the last:
+    on the device, so that a step reads nothing back to the host (a CUDA graph replays it: kernels/cuda_graph.py)."""
+    return pos.clamp(max=length - 1).view(1)
+
+
+def state_tensors(state):
+    """Every tensor of a decoding state (MATH.md §9): a tensor, or a dataclass, tuple, list or dict
+    of them, nested (None, numbers and strings hold none). Anything else: TypeError."""
+    if isinstance(state, torch.Tensor):
+        yield state
+    elif is_dataclass(state) or isinstance(state, (tuple, list, dict)):
+        parts = ([getattr(state, field.name) for field in fields(state)] if is_dataclass(state) else
+                 state.values() if isinstance(state, dict) else state)
+        for part in parts:
+            yield from state_tensors(part)
+    elif not (state is None or isinstance(state, (bool, int, float, str))):
+        raise TypeError(f"a decoding state is tensors in a dataclass, tuple, list or dict, not {type(state).__name__}")

@@ -58,7 +58,7 @@ def main(argv):
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)
     # a fork whose decoding (prompt, then steps) differs from its parallel form: said, and sampled by the latter
-    parallel_only = td.check_decoding(model, "sampling by the parallel form instead (a full forward per token)")
+    decoding_differs = td.check_decoding(model, "sampling by the parallel form instead (a full forward per token)")
     if C.cuda_graph == "auto":
         kernels.capture_steps(model)  # on CUDA, each step is one replay of a recorded graph
     if C.compile:
@@ -78,10 +78,10 @@ def main(argv):
           f"{c.block_size}, {info['tokenizer']} tokenizer; {C.num_samples} samples of {C.max_new_tokens} "
           f"tokens on {device}")
     t0 = time.time()
-    generate = partial(td.generate_in_parallel, model) if parallel_only else model.generate
+    generate = partial(td.generate_in_parallel, model) if decoding_differs else model.generate
     with torch.no_grad(), ctx:
         out = generate(idx, C.max_new_tokens, temperature=C.temperature, top_k=C.top_k or None,
-                       n_vocab=info["vocab_size"])
+                       tokenizer_vocab_size=info["vocab_size"])
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.time() - t0

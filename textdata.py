@@ -17,8 +17,9 @@ Reading:   open_dataset (checked), read_batch (which stops when the files change
            wrote, or its Hub id: hub.from_pretrained), load_reader_model (which a reader's settings
            name: --init_from, --ckpt_path, --out_dir), prompt_text,
            SAMPLING_SETTINGS / check_generation
-Decoding:  decoding_differs / check_decoding (prefill + steps against the parallel form, per
-           attention), generate_in_parallel (sampling by the parallel form alone)
+Decoding:  decoding_differs / check_decoding (prefill + steps against the parallel form: per
+           attention, then the model as GPT.generate runs it, its state started over for a new
+           prompt), generate_in_parallel (sampling by the parallel form alone)
 Writing:   ArgumentParser, command_line, check_destination, input_copy (a pipe read once),
            check_text_file, check_utf8 (UTF-8 and no NUL byte throughout), file_source,
            already_prepared, write_splits (all or nothing)
@@ -244,7 +245,7 @@ def load_language_model(path, device, tssa_impl="torch", exported=False):
         return gpt, info
     ckpt = tk.load_checkpoint(path, "language")
     check_tokenizer_named(ckpt["tokenizer"], path)
-    gpt = GPT(checkpoints.model_config(GPTConfig, ckpt, path))
+    gpt = cli.build(GPT, checkpoints.model_config(GPTConfig, ckpt, path))  # (a ValueError, e.g. a forker's f: one line)
     tk.load_weights(gpt, ckpt.pop("model"), path)
     ckpt.pop("optimizer", None)
     if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)
@@ -271,16 +272,16 @@ def load_reader_model(C, device, given=()):
 # leaves) against the parallel form; a fork whose two forms differ is told so at the start
 
 DECODE_TOKENS = 6  # the check's sequence: a 1-token prompt then 5 steps; a 4-token prompt then 2 steps
-DECODE_TOLERANCE = 1e-3  # of the largest parallel output (fp32 sums in other orders differ ~1e-6)
+DECODE_TOLERANCE = 1e-3  # of the largest output of either form (fp32 sums in other orders differ ~1e-6)
 
 
 def decoding_forms(attn):
     """How a forker names the forms of an attention module: (the step, the parallel form, the
-    prefill). A TSSA's are its operators' functions (model.py's by their names); another
-    attention's, its forward given a state."""
-    if isinstance(attn, TSSA):
+    prefill). A TSSA that runs TSSA.forward: its operators' functions (model.py's by their
+    names); any other attention (a TSSA subclass with its own forward too): its forward."""
+    if isinstance(attn, TSSA) and type(attn).forward is TSSA.forward:
         ops = attn.operators
-        step, parallel = (("model.causal_tssa_step", "model.causal_tssa") if ops is model.REFERENCE_OPS else
+        step, parallel = (("model.causal_tssa_step", "model.causal_tssa") if ops is model.REFERENCE_OPERATORS else
                           [getattr(fn, "__qualname__", repr(fn)) for fn in (ops.causal_tssa_step, ops.causal_tssa)])
         return step, parallel, f"{parallel} given state="
     name = type(attn).__name__
@@ -296,7 +297,6 @@ def form_differs(attn, x):
     attn.eval()
     try:
         full = attn(x).float()  # (1, T, C)
-        scale = full.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
         T = x.shape[1]
         for k, form in [(1, "step")] + ([(T - 2, "prefill")] if T >= 4 else []):  # (a prompt of 2+ tokens)
             pos = torch.zeros((), dtype=torch.long, device=x.device)  # GPT.step's counter, advanced here
@@ -308,9 +308,8 @@ def form_differs(attn, x):
                     got.append(attn(x[:, t:t + 1], state=state))
             except Exception as e:  # noqa: BLE001 (a form that cannot run is reported, as one that differs)
                 edit = step if form == "step" else prefill
-                return (f"its {form} raised {type(e).__name__} ({(str(e).strip().splitlines() or [''])[0][:120]}): edit {edit} "
-                        "(MATH.md §9)")
-            gap = ((torch.cat(got, 1).float() - full).abs().max() / scale).item()
+                return f"its {form} raised {first_line(e)}: edit {edit} (MATH.md §9)"
+            gap = relative_gap(torch.cat(got, 1).float(), full)
             if not gap <= DECODE_TOLERANCE:  # (nan differs too)
                 if form == "step":
                     return (f"its decoding step differs from its parallel form by {gap:.2g} of the largest output "
@@ -323,11 +322,75 @@ def form_differs(attn, x):
     return None
 
 
+def relative_gap(got, want):
+    """The largest difference of got and want, relative to the largest value of either (at most 2)."""
+    largest = torch.maximum(got.abs().max(), want.abs().max()).clamp_min(torch.finfo(torch.float32).tiny)
+    return ((got - want).abs().max() / largest).item()
+
+
+def first_line(e):
+    """An exception as `Type (its first line)`, for a one-line message."""
+    return f"{type(e).__name__} ({(str(e).strip().splitlines() or [''])[0][:120]})"
+
+
+def state_differs(gpt, state):
+    """None where every block's state of a new decoding (GPT.init_state) is what GPT.prefill can
+    start over for a new prompt: tensors (in a dataclass, tuple, list or dict: model.state_tensors),
+    zeros; else one line naming the block and its init_state."""
+    for i, (block, layer) in enumerate(zip(gpt.blocks, state.layers)):
+        where = f"blocks.{i}.attn ({type(block.attn).__name__})"
+        try:
+            tensors = list(model.state_tensors(layer))
+        except TypeError as e:
+            return (f"{where}: GPT.prefill cannot start its state over for a new prompt ({e}): make "
+                    f"{type(block.attn).__name__}.init_state return tensors in one of those (MATH.md §9)")
+        if any(t.any() for t in tensors):
+            return (f"{where}: {type(block.attn).__name__}.init_state gives a state that is not all zeros, while "
+                    "GPT.prefill starts a new prompt from zeros: make it zeros (MATH.md §9)")
+    return None
+
+
+def generation_differs(gpt, T):
+    """None where gpt decodes as GPT.generate runs it (GPT.init_state, GPT.prefill, which starts the
+    state over, and GPT.step) to the logits of its parallel forward: a 1-token prompt then steps from
+    a new state, a (T - 2)-token prompt then steps in the same state (a new prompt), every tensor of
+    the state written in place (a CUDA graph of GPT.step replays the same buffers); else one line."""
+    weight = gpt.lm_head.weight
+    idx = torch.randint(0, gpt.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(0))
+    idx = idx.to(weight.device)
+    full = gpt(idx)[0][0].float()  # (T, V)
+    state, buffers = gpt.init_state(1), None
+    line = state_differs(gpt, state)
+    if line:
+        return line
+    for k in [1] + ([T - 2] if T >= 4 else []):
+        try:
+            got = [gpt.prefill(idx[:, :k], state)[0]] + [gpt.step(idx[:, t:t + 1], state)[0] for t in range(k, T)]
+        except Exception as e:  # noqa: BLE001 (a decoding that cannot run is reported, as one that differs)
+            return f"GPT.prefill then GPT.step raised {first_line(e)} (MATH.md §9)"
+        gap = relative_gap(torch.stack(got).float(), full[k - 1:])
+        if not gap <= DECODE_TOLERANCE:
+            prompt = "a 1-token prompt" if buffers is None else f"a new {k}-token prompt in the same state"
+            return (f"GPT.prefill then GPT.step differ from GPT.forward by {gap:.2g} of the largest logit ({prompt}, "
+                    "then steps): GPT.prefill starts a state over by zeroing its tensors, so keep in tensors "
+                    "whatever the state changes (MATH.md §9)")
+        now = [[t.data_ptr() for t in model.state_tensors(layer)] for layer in state.layers]
+        moved = [i for i, (was, is_) in enumerate(zip(buffers or now, now)) if was != is_]
+        if moved:
+            return (f"blocks.{moved[0]}.attn ({type(gpt.blocks[moved[0]].attn).__name__}): its decoding state's "
+                    "tensors are replaced, not written in place, and a CUDA graph of GPT.step (sample.py on a GPU) "
+                    "would replay the old ones: write them in place (copy_, add_; MATH.md §9)")
+        buffers = now
+    return None
+
+
 @torch.no_grad()
 def decoding_differs(gpt, tokens=DECODE_TOKENS):
-    """None where every attention of gpt decodes as its parallel form computes (form_differs on
-    a random x (1, tokens, C), once per kind of attention: class and operators), else one line:
-    the block, the form that differs (the step, or the prefill) and what to edit."""
+    """None where gpt decodes as its parallel form computes, else one line: the block, the form
+    that differs (the step, the prefill, the state) and what to edit. First each kind of attention
+    alone (form_differs on a random x (1, tokens, C), once per class and operators), then the
+    model as GPT.generate runs it (generation_differs). The model is left in the modes it was in,
+    and the global RNG is not drawn from."""
     weight, T = gpt.lm_head.weight, min(tokens, gpt.config.block_size)
     x = torch.randn(1, T, gpt.config.n_embd, generator=torch.Generator().manual_seed(0))  # the global RNG untouched
     seen = set()
@@ -338,7 +401,13 @@ def decoding_differs(gpt, tokens=DECODE_TOKENS):
             line = form_differs(block.attn, x.to(weight.device, weight.dtype))
             if line:
                 return f"blocks.{i}.attn ({type(block.attn).__name__}): {line}"
-    return None
+    modes = {module: module.training for module in gpt.modules()}
+    gpt.eval()
+    try:
+        return generation_differs(gpt, T)
+    finally:
+        for module, training in modes.items():
+            module.train(training)
 
 
 def refuse_renamed_operators(gpt):
@@ -363,12 +432,12 @@ def check_decoding(gpt, then, speak=True):
 
 
 @torch.no_grad()
-def generate_in_parallel(gpt, idx, max_new_tokens, temperature=1.0, top_k=None, n_vocab=None):
+def generate_in_parallel(gpt, idx, max_new_tokens, temperature=1.0, top_k=None, tokenizer_vocab_size=None):
     """GPT.generate by the parallel form alone (for a model whose decoding differs from it): each
     new token from a full forward over the last block_size tokens, O(T) per token."""
     for _ in range(max_new_tokens):
         logits, _ = gpt(idx[:, -gpt.config.block_size:])  # (B, T, V)
-        idx = torch.cat([idx, model.sample_token(logits[:, -1, :n_vocab], temperature, top_k)], dim=1)
+        idx = torch.cat([idx, model.sample_token(logits[:, -1, :tokenizer_vocab_size], temperature, top_k)], dim=1)
     return idx
 
 

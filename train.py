@@ -70,7 +70,7 @@ n_embd = 768
 dropout = 0.0
 bias = False
 attn = "tssa"  # a name of model.ATTENTIONS: "tssa", "softmax" (GPT-2), "linear" (linear attention, elu + 1)
-pi = "softmax"  # "softmax" or "uniform" (ablation: every token in every group equally)
+pi = "softmax"  # a name of model.PI_MODES: "softmax", or "uniform" (ablation: every token in every group equally)
 layer_scale_init = 1e-5  # 0: no layer scale (GPT-2)
 short_conv = 0  # opt-in ToST variant: causal depthwise convolution of this kernel size before TSSA (0: off)
 hybrid_every = 0  # opt-in variant: every k-th block uses softmax attention (0: off)
@@ -200,7 +200,7 @@ def main(argv):
         model_args = {k: getattr(C, k) for k in MODEL_KEYS}
         model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
         model_args["vocab_size"] = (meta["vocab_size"] + 63) // 64 * 64  # GPT-2's 50257 -> 50304: faster matmuls
-        model = GPT(GPTConfig(**model_args)).to(device)
+        model = cli.build(GPT, GPTConfig(**model_args)).to(device)  # (a ValueError: one line)
         td.check_decoding(model, "training goes on (it runs the parallel form)", d.is_master)  # a fork's, said now
         if C.tssa_impl != "torch" or C.chunked_loss:  # fused operators or the chunked loss in place of model.py's
             kernels.use(model, C.tssa_impl, C.chunked_loss, timed_at=(C.batch_size, T, dtype, C.compile))
@@ -235,7 +235,7 @@ def main(argv):
         eval_model = model
         if d.ddp:
             model = DDP(model, device_ids=[d.local_rank] if device.startswith("cuda") else None,
-                        find_unused_parameters=C.pi == "uniform")  # uniform Pi leaves temp unused
+                        find_unused_parameters=C.pi != "softmax")  # (uniform Pi leaves gamma unused)
 
         # ---------------------------------------------------------------------
         # logging: log.jsonl is what plots and tests read (a scratch run starts it afresh, a resumed one

@@ -454,7 +454,7 @@ def flops_per_token(gpt, T=None):
     c, T = gpt.config, T or gpt.config.block_size
     n = gpt.get_num_params(non_embedding=True)
     per_attn = {"tssa": 12 * c.n_embd, "softmax": 4 * T * c.n_embd, "linear": 4 * c.n_embd * (c.n_embd // c.n_head)}
-    return 6 * n + 3 * sum(per_attn.get(model.GPT.block_attn(c, i), 0) for i in range(c.n_layer))
+    return 6 * n + 3 * sum(per_attn.get(model.GPT.attention_of_block(c, i), 0) for i in range(c.n_layer))
 
 
 def estimate_mfu(gpt, tokens_per_second, device_name=None):

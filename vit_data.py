@@ -472,7 +472,7 @@ def load_vit_model(path, device="cpu", tssa_impl="torch", **overrides):
     its weights, TSSA run by `tssa_impl`, on `device`. Anything else is one line (trainkit)."""
     ckpt = tk.load_checkpoint(path, "vit")
     config = dataclasses.replace(checkpoints.model_config(ViTConfig, ckpt, path), **overrides)
-    model = ToSTViT(config)
+    model = cli.build(ToSTViT, config)  # (a ValueError, e.g. a forker's f: one line)
     tk.load_weights(model, ckpt["model"], path)
     if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)
         kernels.use(model, tssa_impl)

@@ -86,7 +86,7 @@ dropout = 0.0
 drop_path = 0.0  # stochastic depth, the same rate in every ToST block
 layer_scale_init = 1.0  # 0: no layer scale
 attn = "tssa"  # a name of model.ATTENTIONS: "tssa", "softmax", "linear" (baselines at the same size)
-pi = "softmax"  # "softmax" | "uniform" (ablation)
+pi = "softmax"  # a name of model.PI_MODES: "softmax" | "uniform" (ablation)
 n_cls_layers = 2
 tssa_impl = "torch"
 # AdamW, learning-rate schedule (trainkit's get_lr: warmup, then decay to min_lr at lr_decay_iters)
@@ -241,7 +241,7 @@ def main(argv):
         else:
             model_args = {k: getattr(C, k) for k in MODEL_KEYS}
             model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
-            model = ToSTViT(ViTConfig(**model_args, num_classes=num_classes))
+            model = cli.build(ToSTViT, ViTConfig(**model_args, num_classes=num_classes))  # (a ValueError: one line)
             if C.tssa_impl != "torch":  # fused operators in place of model.py's
                 kernels.use(model, C.tssa_impl)
         model = model.to(device)
@@ -271,7 +271,7 @@ def main(argv):
         eval_model = model  # evaluation skips DDP (no gradients)
         if d.ddp:
             model = DDP(model, device_ids=[d.local_rank] if device.startswith("cuda") else None,
-                        find_unused_parameters=C.pi == "uniform")  # uniform Pi leaves temp unused
+                        find_unused_parameters=C.pi != "softmax")  # (uniform Pi leaves gamma unused)
 
         # ---------------------------------------------------------------------
         # logging

@@ -1,7 +1,7 @@
 """
 kernels: opt-in fused TSSA kernels (same maths as model.py, fewer passes over memory).
 
-model.py's functions are the reference and the default (tssa_impl="torch"); model.py knows
+model.py's functions are the reference and the default (tssa_impl="torch"); model.py imports
 nothing of this package. A script swaps the operators of every TSSA module of a built model:
     model = kernels.use(GPT(config), "cpu")      # or "triton"; "torch" puts the reference back
   "cpu"     cpu.py + tssa_cpu.c: C kernels compiled once with the system C compiler, OpenMP
@@ -27,11 +27,13 @@ warning) where a kernel cannot be built or run; triton_ops.py registers the Trit
 backward as torch.library custom operators, which torch.compile keeps inside its graph;
 gpu_check.py checks the Triton kernels on a GPU (accuracy, determinism, > 2^31 elements,
 compute-sanitizer, profile). Two more fast paths that are not TSSA: cross_entropy.py, the loss
-without the (B, T, V) logits (kernels.use(..., chunked_loss=True)), and cuda_graph.py, a
-decoding step replayed as a CUDA graph, op by op or compiled (kernels.capture_steps(model,
-compiled=...)). Pi comes back detached, as from model.py;
-gradients flow to w, temp and pos_bias. The guards PI_NORM_EPS and STAT_EPS are model.py's,
-passed to every kernel call.
+without the (B, T, V) logits (kernels.use(..., chunked_loss=True) makes it a GPT's loss), and
+cuda_graph.py, a decoding step replayed as a CUDA graph, op by op or compiled
+(kernels.capture_steps(model, compiled=...)). Pi comes back detached, as from model.py;
+gradients flow to w, gamma (Pi's temperature, temp below) and pos_bias. The kernels compute
+Pi by a softmax over the heads (FUSED_PI_MODES): another of model.PI_MODES is refused by "cpu"
+and "triton", and run by model.py's maths under "auto" with its one warning. The guards
+PI_NORM_EPS and STAT_EPS are model.py's, passed to every kernel call.
 
     python -m pytest -q tests/test_kernels.py        # every fused path == the reference
     python bench.py --suites=op --impls=torch,cpu,sdpa --T=16384 --modes=fwdbwd
@@ -57,6 +59,7 @@ read every head's per-token scalar (u, or Pi dL/dPi) for the tokens of their hea
 """
 
 import os
+from types import MethodType
 
 import torch
 
@@ -64,27 +67,27 @@ import model
 from cli import ConfigError
 from kernels import auto, check
 from kernels.auto import AUTO_OPS
-from kernels.cross_entropy import chunked_cross_entropy
+from kernels.cross_entropy import gpt_loss
 from kernels.cuda_graph import CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
-from kernels.fused import BACKENDS, fused_ops
+from kernels.fused import BACKENDS, FUSED_PI_MODES, fused_ops, warn
 
 IMPLS = ("torch", "cpu", "triton", "auto")  # the values of every script's tssa_impl setting
 
 
 def ops_for(impl):
-    """The operator functions (model.TSSAOps: tssa, causal_tssa, causal_tssa_step) of impl."""
+    """The operator functions (model.TSSAOperators: tssa, causal_tssa, causal_tssa_step) of impl."""
     if impl not in IMPLS:
         raise ValueError(f"tssa_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     if impl == "auto":
         auto.forced()  # (a wrong NANOTOST_AUTO: one line now)
         return AUTO_OPS
-    return model.REFERENCE_OPS if impl == "torch" else fused_ops(impl)
+    return model.REFERENCE_OPERATORS if impl == "torch" else fused_ops(impl)
 
 
 def owned(ops):
     """Whether ops are model.py's reference or fused kernels of this package: the operators use()
     may replace. A module with any other (a forker's subclass, its own functions) keeps them."""
-    return ops in (model.REFERENCE_OPS, AUTO_OPS) or any(ops == fused_ops(impl) for impl in BACKENDS)
+    return ops in (model.REFERENCE_OPERATORS, AUTO_OPS) or any(ops == fused_ops(impl) for impl in BACKENDS)
 
 
 def check_f_prime(impl):
@@ -130,27 +133,41 @@ def check_maths(impl):
 def use(module, impl, chunked_loss=False, timed_at=None):
     """Run every model.TSSA inside `module` (a GPT, a ToSTViT, an LRA classifier, ...) with the
     operators of impl; with chunked_loss, every model.GPT computes its loss CE_CHUNK tokens at a
-    time (kernels/cross_entropy.py; otherwise model.cross_entropy_loss). Returns the module.
+    time (kernels/cross_entropy.py; otherwise model.GPT.loss). Returns the module.
     timed_at: (B, T, dtype, compiled), the batches the module (on its device) will run: "auto"
     then decides its causal TSSAs' pick now, in this process (auto.decide_before_compile).
     Only operators this package owns are replaced: a TSSA with its own (a subclass, a forker's
     functions) keeps them under "torch" and "auto", and "cpu" or "triton" refuses it, as they
-    refuse another f or model.py's operators edited (check_maths). "auto" finds either on its
-    first call, and runs the reference with a warning.
+    refuse another f, model.py's operators edited (check_maths) and a Pi mode the kernels do not
+    compute. "auto" finds an edit on its first call, and runs the reference with a warning, as
+    it does for a Pi mode the kernels do not compute (said here, once).
     Pick them before torch.compile."""
     ops = ops_for(impl)
     if impl in BACKENDS:
         check_f_prime(impl)
         check_maths(impl)
+    reference_only = set()  # the Pi modes of model.py alone that "auto" runs by the reference
     for name, m in module.named_modules():
+        where = f"{name or 'the model'} ({type(m).__qualname__})"
         if isinstance(m, model.TSSA) and not owned(m.operators):
             if impl in BACKENDS:
-                raise ConfigError(f"tssa_impl={impl} runs the shipped TSSA only; {name or 'the model'} "
-                                  f"({type(m).__qualname__}) has its own operators: use tssa_impl=torch")
+                raise ConfigError(f"tssa_impl={impl} runs the shipped TSSA only; {where} has its own operators: "
+                                  "use tssa_impl=torch")
         elif isinstance(m, model.TSSA):
+            if impl != "torch" and m.pi_mode not in FUSED_PI_MODES:
+                if impl in BACKENDS:
+                    raise ConfigError(f"tssa_impl={impl} computes Pi by a softmax over the heads, and {where} "
+                                      f"takes pi={m.pi_mode!r}: use tssa_impl=torch, which runs "
+                                      f"model.PI_MODES[{m.pi_mode!r}]")
+                reference_only.add(m.pi_mode)
             m.operators = ops
         if isinstance(m, model.GPT):
-            m.loss = chunked_cross_entropy if chunked_loss else model.cross_entropy_loss
+            m.__dict__.pop("loss", None)  # model.GPT.loss, or the chunked one
+            if chunked_loss:
+                m.loss = MethodType(gpt_loss, m)
+    if reference_only:
+        warn(f"tssa_impl='auto': pi={', '.join(map(repr, sorted(reference_only)))} is model.py's alone (the Triton "
+             "kernels compute a softmax Pi); running model.py's reference maths")
     if impl == "auto" and timed_at is not None:
         auto.decide_before_compile(module, *timed_at)
     return module

@@ -45,7 +45,7 @@ import kernels.auto_cache as auto_cache
 import kernels.check as check
 import model
 from cli import ConfigError
-from kernels.fused import FUSED_DTYPES, failure_of, fused_ops
+from kernels.fused import FUSED_DTYPES, FUSED_PI_MODES, failure_of, fused_ops, warn
 
 CHECK_ON_CPU = False  # tests: check and time on the CPU too (the kernels under TRITON_INTERPRET=1)
 CALLS = 10  # calls of a candidate queued back to back in one timed window, after one that warms up
@@ -168,8 +168,8 @@ def measure(spec):
     reference = getattr(model, form)  # as it is now
     if spec["compiled"]:
         reference = torch.compile(reference, backend=spec["backend"], dynamic=False)
-    candidates = {"triton": fused_ops("triton"), "reference": model.TSSAOps(**{
-        name: reference if name == form else getattr(model, name) for name in model.TSSAOps._fields})}
+    candidates = {"triton": fused_ops("triton"), "reference": model.TSSAOperators(**{
+        name: reference if name == form else getattr(model, name) for name in model.TSSAOperators._fields})}
     device = torch.device(spec["device"])
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         return {name: seconds(name, runner(spec, ops), device, spec["calls"], spec["rounds"])
@@ -218,8 +218,7 @@ def triton_picked(device, shape_class, shape, compiled):
     if force != "torch" and device not in _REFUSALS:
         cause = _REFUSALS[device] = triton_refusal(device)
         if cause:
-            warnings.warn(f"tssa_impl='auto': {cause}; running model.py's reference maths", RuntimeWarning,
-                          stacklevel=5)
+            warn(f"tssa_impl='auto': {cause}; running model.py's reference maths")
     if force != "torch" and _REFUSALS[device] is not None:
         return False
     _PICKS[key] = decide(device, shape_class, shape, compiled, force)
@@ -310,17 +309,17 @@ def decide_before_compile(module, B, T, dtype, compiled):
     if getattr(torch, dtype, None) not in FUSED_DTYPES:
         return
     for m in module.modules():
-        if isinstance(m, model.TSSA) and m.causal and m.operators is AUTO_OPS and m.pi_mode == "softmax":
+        if isinstance(m, model.TSSA) and m.causal and m.operators is AUTO_OPS and m.pi_mode in FUSED_PI_MODES:
             H = m.n_head
             p = m.w_proj.in_features // H
             shape_class = ("causal_tssa", rounded_up(B), H, rounded_up(T), p, dtype, False)
-            triton_picked(str(m.temp.device), shape_class, None if compiled else (B, H, T, p), compiled)
+            triton_picked(str(m.gamma.device), shape_class, None if compiled else (B, H, T, p), compiled)
 
 
 def uses_triton(form, w, masked=False, pi_mode="softmax"):
     """Whether this call runs the Triton kernels (the reference for what they never run: another
     Pi, float64)."""
-    if pi_mode != "softmax" or w.dtype not in FUSED_DTYPES:
+    if pi_mode not in FUSED_PI_MODES or w.dtype not in FUSED_DTYPES:
         return False
     if form == "causal_tssa_step":
         (B, H, p), T = w.shape, 1
@@ -351,4 +350,4 @@ def causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
     return model.causal_tssa_step(w_t, temp, bias_t, state, pi_mode)
 
 
-AUTO_OPS = model.TSSAOps(tssa, causal_tssa, causal_tssa_step)
+AUTO_OPS = model.TSSAOperators(tssa, causal_tssa, causal_tssa_step)

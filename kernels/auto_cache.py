@@ -144,7 +144,7 @@ def maths_digest():
     at this moment (a fork's replacement included), and every function (wherever defined: a
     fork's f_prime), class of their module and constant that they read, transitively
     (f_prime, prefix_sum, PI_NORM_EPS, ...)."""
-    todo = [getattr(model, name) for name in model.TSSAOps._fields]
+    todo = [getattr(model, name) for name in model.TSSAOperators._fields]
     seen, parts = set(), []
     while todo:
         obj = todo.pop()

@@ -1,13 +1,14 @@
 """
-The language-modelling loss without the (N, V) logits: model.cross_entropy_loss's maths (the
-mean cross-entropy of x @ weight^T against the targets, -1 not scored), CE_CHUNK tokens at a
-time, each chunk's gradients made as the forward goes. Opt-in, for long contexts:
+The language-modelling loss without the (N, V) logits: model.GPT.loss's maths (the mean
+cross-entropy of x @ weight^T against the targets, -1 not scored), CE_CHUNK tokens at a time,
+each chunk's gradients made as the forward goes. Opt-in, for long contexts (gpt_loss becomes the
+GPT's loss):
     kernels.use(model, impl, chunked_loss=True)      # train.py: --chunked_loss=True
 torch >= 2.13 has F.linear_cross_entropy with a chunked path, but (2.13, CPU) it computes the
 logits in fp32 under bf16 autocast and falls back to eager inside torch.compile; this one keeps
 the logits in the autocast dtype and compiles.
 
-    python -m pytest -q tests/test_decode.py -k cross_entropy     # == model.cross_entropy_loss
+    python -m pytest -q tests/test_decode.py -k cross_entropy     # == model.GPT.loss
 """
 
 import torch
@@ -59,5 +60,11 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 
 def chunked_cross_entropy(x, weight, targets):
-    """model.cross_entropy_loss, chunked: x (N, C), weight (V, C), targets (N,) -> the mean loss."""
+    """F.cross_entropy(x @ weight^T, targets), chunked: x (N, C), weight (V, C), targets (N,) -> the mean loss."""
     return LinearCrossEntropy.apply(x, weight, targets)
+
+
+def gpt_loss(gpt, x, targets):
+    """model.GPT.loss, chunked (the GPT's loss once kernels.use(..., chunked_loss=True) binds it):
+    x (B, T, C) before the tied head, targets (B, T) -> the mean loss."""
+    return chunked_cross_entropy(x.flatten(0, 1), gpt.lm_head.weight, targets.flatten())

@@ -2,15 +2,19 @@
 The autograd glue of the fused kernels, and the operator functions tssa_impl="cpu" / "triton"
 hands to model.TSSA (fused_ops). Each has the signature of its model.py twin and falls back
 to it where the kernels do not apply or cannot run:
-  - silently, by design: float64 inputs, the uniform-Pi ablation, a decoding step that needs
-    gradients (the kernels are fp32 statistics with a softmax Pi, the step has no backward);
+  - silently, by design: float64 inputs, a Pi mode other than softmax (kernels.use refuses it
+    for "cpu" and "triton"), a decoding step that needs gradients (the kernels are fp32
+    statistics with a softmax Pi, the step has no backward);
   - with ONE warning per implementation and process, naming the cause: the kernels cannot be
     built or imported (no C compiler, no Triton), the tensor's device is not theirs, or a
     launch raised (e.g. a Triton compile error; then the reference for the rest of the run).
     A failing backward recomputes the gradients through the reference instead.
+Every warning of the package is one line (warn), attributed to the line that ran the model.
 """
 
 import importlib
+import os
+import sys
 import warnings
 
 import torch
@@ -19,7 +23,25 @@ import model
 
 BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels")}
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FUSED_PI_MODES = ("softmax",)  # the Pi modes (model.PI_MODES) the kernels compute
 PROBE_ON_CPU = False  # tests: also probe the custom operators under TRITON_INTERPRET=1
+INSIDE = (os.path.join(os.path.dirname(torch.__file__), ""), os.path.abspath(model.__file__),  # what warn looks
+          os.path.join(os.path.dirname(os.path.abspath(__file__)), ""))  # past: torch/, model.py, kernels/
+
+
+def warn(message):
+    """warnings.warn(message, RuntimeWarning) as one line, attributed to the line that ran the model:
+    the first caller outside torch, model.py and this package (a script's line, a notebook's cell)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(INSIDE):
+        frame, level = frame.f_back, level + 1
+    shown = warnings.formatwarning
+    warnings.formatwarning = lambda text, category, filename, lineno, line=None: (
+        f"{filename}:{lineno}: {category.__name__}: {text}\n")  # (the source line left out)
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=level)
+    finally:
+        warnings.formatwarning = shown
 
 
 def masked(w, mask):
@@ -125,12 +147,11 @@ class FusedOps:
     def warn(self, cause):
         if self.fallback is None:
             self.fallback = cause
-            warnings.warn(f"tssa_impl={self.impl!r}: {cause}; running model.py's reference maths instead",
-                          RuntimeWarning, stacklevel=4)
+            warn(f"tssa_impl={self.impl!r}: {cause}; running model.py's reference maths instead")
 
     def kernels_for(self, w, pi_mode="softmax"):
         """The kernel class that runs w, or None for the reference."""
-        if pi_mode != "softmax" or w.dtype not in FUSED_DTYPES:
+        if pi_mode not in FUSED_PI_MODES or w.dtype not in FUSED_DTYPES:
             return None
         if self.failure is None and self.kernels is None:
             module, name = BACKENDS[self.impl]
@@ -171,7 +192,7 @@ class FusedOps:
     def _traced(self, w, temp, pos_bias, mask, causal, return_pi, pi_mode, state=None):
         """The Triton custom operators (kernels/triton_ops.py), traced into the graph; the
         reference maths where they do not apply or did not pass the start-up probe."""
-        if pi_mode != "softmax" or w.dtype not in FUSED_DTYPES or not _triton_ready(w.device.type):
+        if pi_mode not in FUSED_PI_MODES or w.dtype not in FUSED_DTYPES or not _triton_ready(w.device.type):
             return (model.causal_tssa(w, temp, pos_bias, return_pi, pi_mode, state=state) if causal
                     else model.tssa(w, temp, return_pi, mask, pi_mode))
         model.check_shapes(w, temp)
@@ -258,10 +279,10 @@ def failure_of(impl):
 
 
 def fused_ops(impl):
-    """model.TSSAOps of the fused kernels of impl ("cpu" or "triton")."""
+    """model.TSSAOperators of the fused kernels of impl ("cpu" or "triton")."""
     if impl not in BACKENDS:
         raise ValueError(f"fused kernels exist for {sorted(BACKENDS)}, not {impl!r}")
     if impl not in _OPS:
         _OPS[impl] = FusedOps(impl)
     ops = _OPS[impl]
-    return model.TSSAOps(ops.tssa, ops.causal_tssa, ops.causal_tssa_step)
+    return model.TSSAOperators(ops.tssa, ops.causal_tssa, ops.causal_tssa_step)

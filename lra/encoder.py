@@ -41,7 +41,7 @@ class LRAConfig:
     mlp_hidden: int = 128  # hidden width of each block's MLP
     dropout: float = 0.1
     attn: str = "tssa"  # a name of model.ATTENTIONS: "tssa", "softmax", "linear", ...
-    pi: str = "softmax"  # TSSA's Pi: "softmax" | "uniform"
+    pi: str = "softmax"  # TSSA's Pi, a name of model.PI_MODES: "softmax" | "uniform"
     norm: str = "pre"  # "pre" | "post"
     two_tower: bool = False  # retrieval: two documents, one shared encoder
     bias: bool = True

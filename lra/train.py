@@ -62,7 +62,7 @@ pad_multiple = 64  # batches are padded to the longest sequence, rounded up to t
 load_workers = 1  # processes decoding PNGs (image tasks)
 # model
 attn = "tssa"  # a name of model.ATTENTIONS: "tssa" (ToST), "softmax" (Transformer), "linear" (linear attention)
-pi = "softmax"  # TSSA's Pi: "softmax" | "uniform" (ablation)
+pi = "softmax"  # TSSA's Pi, a name of model.PI_MODES: "softmax" | "uniform" (ablation)
 n_layer = 2
 n_head = 2
 n_embd = 64
@@ -261,7 +261,7 @@ def main(argv):
 
         # ---------------------------------------------------------------------
         # model, optimizer and precision, fresh or exactly as the checkpoint left them
-        model = LRAClassifier(mconf).to(device)
+        model = cli.build(LRAClassifier, mconf).to(device)  # (a ValueError: one line)
         if C.tssa_impl != "torch":  # fused operators in place of model.py's
             kernels.use(model, C.tssa_impl)
         raw_model = model  # the plain module: parameters, checkpoints

@@ -69,7 +69,7 @@ def scaled(op, factor):
 def reference_case(name):
     """Pi of the reference on a case of the check, and the case's (T, p)."""
     T, p = check.size("cpu")
-    out, pi, *grads = check.parallel(name, model.REFERENCE_OPS, torch.device("cpu"), T, p, 0)
+    out, pi, *grads = check.parallel(name, model.REFERENCE_OPERATORS, torch.device("cpu"), T, p, 0)
     return pi.detach(), T, p
 
 
@@ -87,7 +87,7 @@ def test_the_cases_have_pi_near_0_and_1_and_features_of_every_scale(name):
 def test_the_non_causal_case_has_padding_and_the_decoding_steps_have_peaked_pi():
     pi, T, p = reference_case("tssa")
     assert (pi[0, :, 2 * T // 3:] == 0).all() and (pi[1, :, T // 2] == 0).all()  # padded tokens: no part
-    prefill, (_, step_pi, *after) = check.decoding(model.REFERENCE_OPS, torch.device("cpu"), T, p)
+    prefill, (_, step_pi, *after) = check.decoding(model.REFERENCE_OPERATORS, torch.device("cpu"), T, p)
     assert step_pi.min() < 1e-4 and step_pi.max() > 1 - 1e-4
     assert torch.allclose(prefill[2].sum(1), torch.full((check.B,), float(T)))  # the prefill: the prompt's sums
 
@@ -154,17 +154,17 @@ FORKS = {  # fork -> what the one line says ({n}: a size, where the fork does no
     "s clipped": (s_clipped, "causal_tssa in the update -Pi w f'(s) (by {n} of its largest value), tssa in the "
                              "update -Pi w f'(s) (by {n} of its largest value), causal_tssa_step in the update -Pi w "
                              "f'(s) (by {n} of its largest value)" + TORCH),
-    # 0.9 times the update: 0.1 / 0.9 of the fork's own
-    "the step rescaled": (step_rescaled, "causal_tssa in the update -Pi w f'(s) (by 0.11 of its largest value), tssa "
-                                         "in the update -Pi w f'(s) (by 0.11 of its largest value), causal_tssa_step "
-                                         "in the update -Pi w f'(s) (by 0.11 of its largest value)" + TORCH),
+    # 0.9 times the update: 0.1 of the larger, the kernels' own
+    "the step rescaled": (step_rescaled, "causal_tssa in the update -Pi w f'(s) (by 0.1 of its largest value), tssa "
+                                         "in the update -Pi w f'(s) (by 0.1 of its largest value), causal_tssa_step "
+                                         "in the update -Pi w f'(s) (by 0.1 of its largest value)" + TORCH),
     "s clipped in causal_tssa alone": (lambda mp: s_clipped(mp, ["causal_tssa"]),
                                        "causal_tssa in the update -Pi w f'(s) (by {n} of its largest value)" + BOTH),
     "the step rescaled in causal_tssa_step alone": (lambda mp: step_rescaled(mp, ["causal_tssa_step"]),
-                                                    "causal_tssa_step in the update -Pi w f'(s) (by 0.11 of its "
+                                                    "causal_tssa_step in the update -Pi w f'(s) (by 0.1 of its "
                                                     "largest value)" + BOTH),
     "the step rescaled in tssa alone": (lambda mp: step_rescaled(mp, ["tssa"]),
-                                        "tssa in the update -Pi w f'(s) (by 0.11 of its largest value)" + TORCH),
+                                        "tssa in the update -Pi w f'(s) (by 0.1 of its largest value)" + TORCH),
 }
 
 
@@ -182,6 +182,17 @@ def test_a_fork_is_refused_by_every_fused_implementation_in_one_line(monkeypatch
     assert found, str(e.value)
     assert all(float(n) > 10 * check.TOLERANCE for n in found.groups())  # far past the shipped maths' rounding
     kernels.use(tiny(), "torch")  # what the advice runs: the reference follows the fork
+
+
+def test_a_quantity_one_side_has_as_0_differs_by_1_not_by_its_ratio_to_a_floor():
+    """Each head's difference relative to the larger of the two largest values: a gradient that a
+    fork has as exactly 0 (a Pi its temperature does not reach) against the kernels' differs by 1,
+    never by ~1e24 of a floor; 0.9 times a quantity by 0.1; opposite signs by 2."""
+    small = torch.full((2, 3), 7.6e-6)
+    assert check.per_head(small, torch.zeros(2, 3), (0,)) == 1.0 == check.per_head(torch.zeros(2, 3), small, (0,))
+    assert check.per_head(torch.ones(2, 3), torch.full((2, 3), 0.9), (0,)) == pytest.approx(0.1, rel=1e-6)
+    assert check.per_head(-torch.ones(1, 3), torch.ones(1, 3), (0,)) == 2.0
+    assert check.per_head(torch.zeros(2, 3), torch.zeros(2, 3), (0,)) == 0.0
 
 
 @needs_c

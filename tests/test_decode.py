@@ -8,14 +8,14 @@ Decoding that a CUDA graph can replay, and the loss that lets a long context fit
   - prefill + steps give the logits of the full parallel forward (every attention kind);
     a new prompt reuses the same buffers; so does the step compiled (kernels.CompiledStep).
     The scripts' start check (textdata.decoding_differs) agrees for every kind and names the
-    form that differs (the step, or the prefill) and the functions to edit.
+    form that differs (the step, the prefill, the state) and the functions to edit.
+    The kinds are read from the registries: every attention of model.ATTENTIONS and every Pi of
+    model.PI_MODES, with the variants (MATH.md §9: a fork registered in model.py is tested here).
   - kernels/cross_entropy.py's chunked loss equals F.cross_entropy (loss and both gradients)
     without holding the (N, V) logits at once, and a GPT computes the same loss either way.
 
     python -m pytest -q tests/test_decode.py
 """
-
-import dataclasses
 
 import pytest
 import torch
@@ -28,8 +28,10 @@ import textdata as td
 from kernels import cross_entropy
 from model import GPT, GPTConfig
 
-KINDS = {"tssa": dict(attn="tssa"), "tssa+short_conv": dict(attn="tssa", short_conv=4),
-         "softmax": dict(attn="softmax", layer_scale_init=None), "linear": dict(attn="linear"),
+KINDS = {**{attn: dict(attn=attn) for attn in model.ATTENTIONS},  # every attention, every Pi, and the variants
+         **{f"tssa pi={pi}": dict(attn="tssa", pi=pi) for pi in model.PI_MODES if pi != "softmax"},
+         "tssa+short_conv": dict(attn="tssa", short_conv=4), "softmax, no layer scale": dict(attn="softmax",
+                                                                                              layer_scale_init=None),
          "hybrid": dict(attn="tssa", hybrid_every=2, short_conv=3)}
 
 
@@ -46,12 +48,23 @@ def to_edit(m):
     return lambda text: f"{text}\nprefill + steps differ from GPT.forward: edit {edit} together (MATH.md §9)"
 
 
+def fused_refuses(m):
+    """Whether tssa_impl=cpu/triton refuse m: a TSSA with its own operators, or a Pi they do not compute."""
+    return any(isinstance(b.attn, model.TSSA) and (not kernels.owned(b.attn.operators)
+                                                   or b.attn.pi_mode not in kernels.FUSED_PI_MODES) for b in m.blocks)
+
+
 @pytest.mark.parametrize("impl", ["torch", "cpu"])
 def test_the_start_check_finds_every_kind_decoding_as_it_trains_and_leaves_the_model_as_it_was(impl):
     """textdata.decoding_differs, which train.py, sample.py and lm-eval's generation run first: None
-    for every attention the code ships (and the C kernels' forms), the model left in the mode it
-    was in, and the global RNG not drawn from (a run's batches and dropout stay what they were)."""
+    for every attention the code ships (and the C kernels' forms where they take it: they refuse a
+    kind whose maths they do not compute, in one line), the model left in the mode it was in, and
+    the global RNG not drawn from (a run's batches and dropout stay what they were)."""
     for kind in KINDS:
+        if impl != "torch" and fused_refuses(tiny(kind)):
+            with pytest.raises(ValueError, match=f"^tssa_impl={impl} .*: use tssa_impl=torch"):
+                kernels.use(tiny(kind), impl)
+            continue
         m = kernels.use(tiny(kind).train(), impl)
         rng = torch.get_rng_state()
         assert td.decoding_differs(m) is None, kind
@@ -64,9 +77,9 @@ def test_the_start_check_names_the_form_that_differs(monkeypatch):
     functions to edit; the prefill made to write nothing: the prefill is named."""
     step = model.causal_tssa_step
 
-    def halved_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+    def halved_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
         state.sum_pi_sq.mul_(0.5)
-        return step(w_t, temp, bias_t, state, pi_mode)
+        return step(w_t, gamma, pos_bias_t, state, pi_mode)
     monkeypatch.setattr(model, "causal_tssa_step", halved_step)
     line = td.decoding_differs(tiny("hybrid"))
     assert line.startswith("blocks.0.attn (TSSA): its decoding step differs from its parallel form by "), line
@@ -95,14 +108,8 @@ class OpLog(TorchDispatchMode):
 
 
 def state_storage(state):
-    """(layer, field) -> data_ptr of every tensor of a DecodeState."""
-    ptrs = {("pos",): state.pos.data_ptr()}
-    for i, layer in enumerate(state.layers):
-        for f in dataclasses.fields(layer):
-            value = getattr(layer, f.name)
-            if isinstance(value, torch.Tensor):
-                ptrs[(i, f.name)] = value.data_ptr()
-    return ptrs
+    """The data_ptr of every tensor of a DecodeState, in order (model.state_tensors)."""
+    return [t.data_ptr() for t in model.state_tensors(state)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -205,12 +212,12 @@ def test_chunked_cross_entropy_equals_cross_entropy_in_chunks(monkeypatch, dtype
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["reference", "chunked"])
 def test_gpt_loss_is_the_cross_entropy_of_its_logits_under_bf16_autocast(monkeypatch, chunked):
-    """The model's loss (model.cross_entropy_loss, or the chunked one that kernels.use puts in:
-    bf16 logits, fp32 softmax) against F.cross_entropy on the bf16 logits of the forward without
-    targets, cast to fp32: 1e-3 (bf16 logits, sums in another order)."""
+    """The model's loss (model.GPT.loss, or the chunked one that kernels.use puts in: bf16 logits,
+    fp32 softmax) against F.cross_entropy on the bf16 logits of the forward without targets, cast
+    to fp32: 1e-3 (bf16 logits, sums in another order). kernels.use puts model.GPT.loss back."""
     monkeypatch.setattr(cross_entropy, "CE_CHUNK", 16)  # several chunks of the 72 tokens
-    m = kernels.use(tiny("tssa").train(), "torch", chunked_loss=chunked)
-    assert m.loss is (cross_entropy.chunked_cross_entropy if chunked else model.cross_entropy_loss)
+    m = kernels.use(kernels.use(tiny("tssa").train(), "torch", chunked_loss=not chunked), "torch", chunked_loss=chunked)
+    assert m.loss.__func__ is (cross_entropy.gpt_loss if chunked else GPT.loss)
     idx = torch.randint(0, 31, (3, 24))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, loss = m(idx, idx)

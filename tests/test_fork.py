@@ -12,7 +12,17 @@ The forks a researcher makes, each made from MATH.md §9 alone and checked where
   - another Pi (a temperature inside pi_from_logits): every form follows it, tssa_impl=cpu refuses it;
   - another f (x / (1 + x), so f' = 1 / (1 + x)^2): the parallel forward, the decoding step and
     the objective all follow model.f / model.f_prime, the step stays a gradient step on R_var,
-    and the fused implementations refuse it;
+    and the fused implementations refuse it; f edited alone (f_prime left) is refused in one
+    line by every script that builds a model;
+  - a new Pi by §9's recipe (a function, one entry in model.PI_MODES): the trainers offer it,
+    it trains, samples and decodes as it trains; tssa_impl=cpu and triton refuse it in one line,
+    auto runs it by model.py with one warning;
+  - states of one's own (a tuple, a dict): they train, start over for a new prompt and sample
+    through the scripts; a state GPT.prefill cannot start over (not tensors in a dataclass,
+    tuple, list or dict; not zeros at first; a Python number it changes; tensors replaced, not
+    written in place) is told at the start in one line that names init_state or the state;
+  - a TSSA subclass with its own forward: the start check names that forward; lm_inspect.py
+    draws a subclass's checkpoint, and says in one line where a block's s is not model.py's;
   - the causal statistics changed in causal_tssa only (the step left as shipped): train.py and
     sample.py say at the start, in one line, that the step differs and what to edit; train.py
     trains, sample.py samples by the parallel form;
@@ -27,7 +37,10 @@ argument this version does not know) are one line from sample.py, evaluate.py, l
 """
 
 import os
+import re
 import sys
+import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -62,17 +75,17 @@ def decayed_prefix_sum(x):
     return torch.einsum("tu,bhup->bhtp", weights, x)
 
 
-def decayed_causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+def decayed_causal_tssa(w, gamma, pos_bias, return_pi=False, pi_mode="softmax", state=None):
     """model.causal_tssa, copied, with decayed prefix sums; given a state (the prefill), the sums
     at the last token go into it, as decayed_causal_tssa_step keeps them (§9, step 1)."""
-    model.check_shapes(w, temp)
+    model.check_shapes(w, gamma)
     B, H, T, p = w.shape
     bias = model.check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
     w_stat = w.to(model.stat_dtype(w.dtype))
     w_sq = w_stat.square()  # (B, H, T, p)
     sum_sq = decayed_prefix_sum(w_sq)
     w_sq_normed = w_sq / sum_sq.clamp_min(model.PI_NORM_EPS)
-    logits = temp.reshape(1, -1, 1).to(w_sq.dtype) * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
+    logits = gamma.reshape(1, -1, 1).to(w_sq.dtype) * (w_sq_normed + bias[None, :, :, None]).sum(dim=-1)  # (B, H, T)
     pi = model.pi_from_logits(logits, pi_mode)
     sum_pi_sq, sum_pi = decayed_prefix_sum(pi.unsqueeze(-1) * w_sq), decayed_prefix_sum(pi.unsqueeze(-1))
     s = sum_pi_sq / (sum_pi + model.STAT_EPS)
@@ -84,11 +97,11 @@ def decayed_causal_tssa(w, temp, pos_bias, return_pi=False, pi_mode="softmax", s
     return (out, pi.detach()) if return_pi else out
 
 
-def decayed_causal_tssa_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+def decayed_causal_tssa_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
     """model.causal_tssa_step after each running sum is multiplied by DECAY."""
     for running in (state.sum_sq, state.sum_pi_sq, state.sum_pi):
         running.mul_(DECAY)
-    return model.causal_tssa_step(w_t, temp, bias_t, state, pi_mode)
+    return model.causal_tssa_step(w_t, gamma, pos_bias_t, state, pi_mode)
 
 
 class DecayedTSSA(model.TSSA):
@@ -96,7 +109,7 @@ class DecayedTSSA(model.TSSA):
 
     def __init__(self, config, causal=False):
         super().__init__(config, causal)
-        self.operators = model.TSSAOps(model.tssa, decayed_causal_tssa, decayed_causal_tssa_step)
+        self.operators = model.TSSAOperators(model.tssa, decayed_causal_tssa, decayed_causal_tssa_step)
 
 
 def shipped_f(monkeypatch):
@@ -159,9 +172,9 @@ def test_math_section_9_decayed_attention_decodes_as_it_trains_after_prompts_of_
     assert m.blocks[0].attn.operators is own
 
 
-def without_prefill(w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
+def without_prefill(w, gamma, pos_bias, return_pi=False, pi_mode="softmax", state=None):
     """decayed_causal_tssa that leaves the decoding state as it was (issue 38's fork, before §9 said)."""
-    return decayed_causal_tssa(w, temp, pos_bias, return_pi, pi_mode)
+    return decayed_causal_tssa(w, gamma, pos_bias, return_pi, pi_mode)
 
 
 class ForgotPrefill(DecayedTSSA):
@@ -208,13 +221,14 @@ def spying(function, name, calls):
     return spy
 
 
-def greedy_by_parallel_form(out_dir, n):
-    """What n greedy tokens after PROMPT are by the parallel form (a full forward per token) of
+def greedy_by_parallel_form(out_dir, n, prompt=PROMPT):
+    """What n greedy tokens after the prompt are by the parallel form (a full forward per token) of
     the checkpoint in out_dir, as the maths running now computes them."""
     gpt, ckpt = td.load_language_model(out_dir, "cpu")
     encode, decode = td.load_tokenizer(ckpt["tokenizer"])
-    idx = torch.tensor([encode(PROMPT)])
-    return decode(td.generate_in_parallel(gpt, idx, n, temperature=0)[0].tolist())
+    idx = torch.tensor([encode(prompt)])
+    out = td.generate_in_parallel(gpt, idx, n, temperature=0, tokenizer_vocab_size=ckpt["tokenizer"]["vocab_size"])
+    return decode(out[0].tolist())
 
 
 def test_a_registered_attention_trains_and_samples_its_own_maths_through_the_scripts(registered, book, tmp_path,
@@ -248,6 +262,13 @@ def test_a_registered_attention_trains_and_samples_its_own_maths_through_the_scr
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "names attn='decayed', an attention this version does not know" in err
     assert "register its class in model.ATTENTIONS (MATH.md §9)" in err
+    # lm_inspect.py draws the subclass (its Pi, its R_var), and says that the page's s is not its own
+    monkeypatch.setitem(model.ATTENTIONS, "decayed", DecayedTSSA)
+    out = tmp_path / "decayed"
+    code, stdout, err = call_main(lm_inspect, f"--out_dir={out}", "--n_windows=2", "--batch_size=2", capsys=capsys)
+    assert code == 0 and (out / "inspect" / "index.html").exists(), err
+    assert len(err.strip().splitlines()) == 1 and (": warning: blocks.0.attn (DecayedTSSA): its output is not c_proj "
+                                                   "of -Pi w f'(s) for model.py's statistic s") in err, err
 
 
 # -----------------------------------------------------------------------------
@@ -277,11 +298,11 @@ def test_a_fork_of_causal_tssa_alone_is_told_at_the_start_and_sampled_by_its_par
 SHIPPED_STEP = model.causal_tssa_step
 
 
-def decayed_shipped_step(w_t, temp, bias_t, state, pi_mode="softmax"):
+def decayed_shipped_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
     """decayed_causal_tssa_step on the shipped step, to put in model.causal_tssa_step's place."""
     for running in (state.sum_sq, state.sum_pi_sq, state.sum_pi):
         running.mul_(DECAY)
-    return SHIPPED_STEP(w_t, temp, bias_t, state, pi_mode)
+    return SHIPPED_STEP(w_t, gamma, pos_bias_t, state, pi_mode)
 
 
 def test_an_operator_replaced_from_a_script_changes_every_form(monkeypatch):
@@ -324,7 +345,7 @@ class OldNamedOperators(model.TSSA):
 
     def __init__(self, config, causal=False):
         super().__init__(config, causal)
-        self.ops = model.TSSAOps(model.tssa, decayed_causal_tssa, decayed_causal_tssa_step)
+        self.ops = model.TSSAOperators(model.tssa, decayed_causal_tssa, decayed_causal_tssa_step)
 
 
 @pytest.mark.parametrize("script", ["train", "sample"])
@@ -395,8 +416,8 @@ def test_another_f_is_still_one_gradient_step_on_its_objective(monkeypatch, caus
     torch.manual_seed(0)
     B, H, T, p = 2, 3, 7, 4
     w = torch.randn(B, H, T, p, dtype=torch.float64)
-    temp, bias = torch.rand(H, dtype=torch.float64) + 0.5, torch.zeros(H, T, dtype=torch.float64)
-    out, pi = model.causal_tssa(w, temp, bias, return_pi=True) if causal else model.tssa(w, temp, return_pi=True)
+    gamma, bias = torch.rand(H, dtype=torch.float64) + 0.5, torch.zeros(H, T, dtype=torch.float64)
+    out, pi = model.causal_tssa(w, gamma, bias, return_pi=True) if causal else model.tssa(w, gamma, return_pi=True)
     ends = range(1, T + 1) if causal else [T]
     for j in ends:
         wj = w[:, :, :j].clone().requires_grad_()
@@ -443,13 +464,14 @@ def write_checkpoint(folder, change, **model_args):
     return gpt
 
 
-CHANGES = {
+CHANGES = {  # field -> (the change, what the one line says: the registries as they are when it runs)
     "attn": (lambda c: c["model_args"].update(attn="retnet"),
-             "names attn='retnet', an attention this version does not know (tssa, softmax, linear): register its "
-             "class in model.ATTENTIONS (MATH.md §9), or use the version of nanoToST that wrote it"),
+             lambda: f"names attn='retnet', an attention this version does not know ({', '.join(model.ATTENTIONS)}): "
+                     "register its class in model.ATTENTIONS (MATH.md §9), or use the version of nanoToST that "
+                     "wrote it"),
     "pi": (lambda c: c["model_args"].update(pi="sparsemax"),
-           "names pi='sparsemax', a Pi this version does not know (softmax, uniform): add it to model.pi_from_logits "
-           "and model.PI_MODES, or use the version of nanoToST that wrote it"),
+           lambda: f"names pi='sparsemax', a Pi this version does not know ({', '.join(model.PI_MODES)}): add its "
+                   "function to model.PI_MODES (MATH.md §9), or use the version of nanoToST that wrote it"),
     "tokenizer": (lambda c: c["tokenizer"].update(tokenizer="llama"),
                   "names tokenizer 'llama', which this version does not know (it reads char, gpt2"),
     "model argument": (lambda c: c["model_args"].update(rope_base=10000.0),
@@ -465,17 +487,25 @@ def test_a_checkpoint_naming_what_this_version_does_not_know_is_one_line(script,
     write_checkpoint(tmp_path, CHANGES[field][0])
     code, _, err = call_main(script, f"--out_dir={tmp_path}", capsys=capsys)
     assert code == 1 and len(err.strip().splitlines()) == 1, err
-    assert CHANGES[field][1] in err, err
+    said = CHANGES[field][1]
+    assert (said() if callable(said) else said) in err, err
 
 
-def test_a_checkpoint_of_the_names_before_issue_38_loads_with_the_same_weights(tmp_path):
-    """Parameters renamed (TSSA.c_in -> w_proj, Block.ls_1/ls_2.gamma -> attn_scale/mlp_scale.weight):
-    a checkpoint that holds the old names loads, each tensor where it belongs."""
-    gpt = write_checkpoint(tmp_path, lambda c: c.update(model={
-        key.replace("w_proj.", "c_in.").replace("attn_scale.weight", "ls_1.gamma").replace("mlp_scale.weight",
-                                                                                           "ls_2.gamma"): value
-        for key, value in c["model"].items()}))
-    assert "blocks.0.ls_1.gamma" in tk.load_checkpoint(str(tmp_path / "ckpt.pt"), "language")["model"]
+OLD_NAMES = (("w_proj.", "c_in."), ("attn_scale.weight", "ls_1.gamma"), ("mlp_scale.weight", "ls_2.gamma"),
+             ("attn.gamma", "attn.temp"))  # (now, before issue 38 / issue 46)
+
+
+def test_a_checkpoint_of_the_names_before_issues_38_and_46_loads_with_the_same_weights(tmp_path):
+    """Parameters renamed (TSSA.c_in -> w_proj, Block.ls_1/ls_2.gamma -> attn_scale/mlp_scale.weight,
+    TSSA.temp -> gamma, MATH.md's symbol): a checkpoint that holds the old names loads, each tensor
+    where it belongs (trainkit.RENAMED)."""
+    def old(key):
+        for now, before in OLD_NAMES:
+            key = key.replace(now, before)
+        return key
+    gpt = write_checkpoint(tmp_path, lambda c: c.update(model={old(key): value for key, value in c["model"].items()}))
+    stored = tk.load_checkpoint(str(tmp_path / "ckpt.pt"), "language")["model"]
+    assert "blocks.0.ls_1.gamma" in stored and "blocks.0.attn.temp" in stored and "blocks.0.attn.gamma" not in stored
     loaded, _ = td.load_language_model(str(tmp_path), "cpu")
     for key, value in gpt.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
@@ -494,3 +524,294 @@ def test_train_says_the_models_rules_in_one_line(argv, words, tmp_path, capsys):
     code, _, err = call_main(train, f"--out_dir={tmp_path / 'o'}", *TINY, *argv, capsys=capsys)
     assert code == 1 and words in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()  # refused before any work
+
+
+# -----------------------------------------------------------------------------
+# f edited alone: the first thing a reader of §1 tries
+
+
+def lazy_f(monkeypatch):
+    """f(x) = x / (1 + x) put in model.py's place, f_prime left as shipped (1 / (1 + x))."""
+    shipped_f(monkeypatch)
+    monkeypatch.setattr(model, "f", lambda x: x / (1.0 + x))
+
+
+LAZY_F = (r"model\.f_prime is not the derivative of model\.f \(at x = .*\): change f and f_prime together "
+          r"\(MATH\.md §9\)")
+
+
+def test_f_edited_without_f_prime_builds_no_model():
+    """Every model with a TSSA (language, vision, LRA) refuses to be built, in one line that
+    names MATH.md §9; with f and f_prime both changed (or both shipped) it builds."""
+    from lra.encoder import LRAClassifier, LRAConfig
+    builds = [lambda: tiny(), lambda: tiny(hybrid_every=2),
+              lambda: model.ToSTViT(model.ViTConfig(n_layer=1, n_embd=16)),
+              lambda: LRAClassifier(LRAConfig(vocab_size=5, num_classes=2, max_len=8, n_layer=1, n_embd=16, n_head=2))]
+    with pytest.MonkeyPatch.context() as patch:
+        lazy_f(patch)
+        for build in builds:
+            with pytest.raises(ValueError, match="^" + LAZY_F + "$"):
+                build()
+        saturating_f(patch)  # f' changed with it: the model builds
+        for build in builds:
+            build()
+    tiny(attn="softmax")  # (no TSSA, nothing to check)
+
+
+@pytest.mark.parametrize("script", [train, sample, evaluate, lm_inspect], ids=lambda s: s.__name__)
+def test_f_edited_without_f_prime_is_one_line_from_every_script(script, book, tmp_path, capsys, monkeypatch):
+    """train.py before any work (no out_dir), and the scripts that load a checkpoint (written before
+    the edit): one line, not the old operator run with the new objective."""
+    if script is not train:
+        write_checkpoint(tmp_path, lambda ckpt: None)
+    lazy_f(monkeypatch)
+    argv = [*book, f"--out_dir={tmp_path / 'out'}"] if script is train else [f"--out_dir={tmp_path}"]
+    code, _, err = call_main(script, *argv, capsys=capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert re.search(LAZY_F, err), err
+    assert not (tmp_path / "out").exists()
+
+
+# -----------------------------------------------------------------------------
+# a new Pi, by §9's recipe: a function of the logits and one entry in model.PI_MODES
+
+
+def half_temperature_pi(logits):
+    """Pi from its logits at half their scale: a softmax over the heads (dim 1) of logits / 2."""
+    return (logits / 2.0).softmax(dim=1)
+
+
+@pytest.fixture
+def new_pi(monkeypatch):
+    shipped_f(monkeypatch)
+    monkeypatch.setitem(model.PI_MODES, "half", half_temperature_pi)
+
+
+def test_math_section_9_a_new_pi_decodes_as_it_trains_and_changes_the_model(new_pi):
+    torch.manual_seed(0)
+    m = tiny(pi="half")
+    assert all(b.attn.pi_mode == "half" for b in m.blocks)
+    for prompt in (1, 16, m.config.block_size):
+        full = decode_equals_parallel(m, prompt)
+    assert (full - decode_equals_parallel(tiny(), 1)).abs().max() > 1e-4  # its own Pi, not the softmax's
+    assert td.decoding_differs(m) is None
+
+
+def test_a_new_pi_trains_and_samples_through_the_scripts_and_the_fused_kernels_say_so(new_pi, book, tmp_path,
+                                                                                      capsys, monkeypatch):
+    out = tmp_path / "half"
+    code, stdout, err = call_main(train, *book, f"--out_dir={out}", "--pi=half", capsys=capsys)
+    assert code == 0 and "warning" not in err and "iter 5:" in stdout, err  # the trainer offers it
+    assert tk.load_checkpoint(str(out), "language")["model_args"]["pi"] == "half"
+    code, stdout, err = call_main(sample, f"--out_dir={out}", f"--start={PROMPT}", "--max_new_tokens=12",
+                                  "--num_samples=1", "--temperature=0", capsys=capsys)
+    assert code == 0 and "warning" not in err, err  # it decodes as it trains: by its state
+    assert greedy_by_parallel_form(str(out), 12) in stdout
+    for impl in ("cpu", "triton"):  # the kernels compute a softmax Pi: one line, before any work
+        code, _, err = call_main(train, *book, f"--out_dir={tmp_path / impl}", "--pi=half", f"--tssa_impl={impl}",
+                                 capsys=capsys)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert (f"tssa_impl={impl} computes Pi by a softmax over the heads, and blocks.0.attn (TSSA) takes pi='half': "
+                "use tssa_impl=torch, which runs model.PI_MODES['half']") in err
+        assert not (tmp_path / impl).exists()
+    code, _, err = call_main(sample, f"--out_dir={out}", "--tssa_impl=cpu", "--max_new_tokens=2", capsys=capsys)
+    assert code == 1 and "computes Pi by a softmax over the heads" in err and len(err.strip().splitlines()) == 1
+    with pytest.warns(RuntimeWarning) as said:  # auto: model.py's maths, said once
+        code, stdout, err = call_main(train, *book, f"--out_dir={tmp_path / 'auto'}", "--pi=half",
+                                      "--tssa_impl=auto", capsys=capsys)
+    assert code == 0 and "iter 5:" in stdout, err
+    lines = [str(w.message) for w in said if "tssa_impl='auto'" in str(w.message)]
+    assert lines == ["tssa_impl='auto': pi='half' is model.py's alone (the Triton kernels compute a softmax Pi); "
+                     "running model.py's reference maths"], lines
+
+
+def test_a_warning_of_the_kernels_is_one_line_attributed_to_the_line_that_ran_the_model(new_pi):
+    """Shown as Python shows it (formatwarning, no filter): the file and line of the caller outside
+    torch, model.py and kernels/ (here: this test), and no second line quoting a source line."""
+    shown = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: shown.append(
+            warnings.formatwarning(message, category, filename, lineno, line))  # what Python writes to stderr
+        kernels.use(tiny(pi="half"), "auto")  # the line said
+    err = "".join(shown)
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"{__file__}:") and ": RuntimeWarning: tssa_impl='auto': pi='half'" in err, err
+
+
+# -----------------------------------------------------------------------------
+# states of one's own (MATH.md §9, step 2): tensors in a tuple, a dict, ...
+
+
+class TupleState(model.LinearAttention):
+    """Linear attention whose decoding state is a tuple (S, z) of its running sums."""
+
+    def init_state(self, B, pos):
+        linear = super().init_state(B, pos)
+        return linear.S, linear.z
+
+    def forward(self, x, mask=None, state=None, record=None):
+        sums = None if state is None else model.LinearState(*self.sums(state), pos=None)  # the same tensors
+        return super().forward(x, mask, sums, record)
+
+    def sums(self, state):
+        return state
+
+
+class DictState(TupleState):
+    """The same, its state a dict {"S": ..., "z": ...}."""
+
+    def init_state(self, B, pos):
+        return dict(zip("Sz", super().init_state(B, pos)))
+
+    def sums(self, state):
+        return state["S"], state["z"]
+
+
+class ObjectState(TupleState):
+    """The same, its state a plain object: GPT.prefill cannot start it over."""
+
+    def init_state(self, B, pos):
+        S, z = super().init_state(B, pos)
+        return SimpleNamespace(S=S, z=z)
+
+    def sums(self, state):
+        return state.S, state.z
+
+
+class OnesState(TupleState):
+    """The same, with a third tensor made as ones: not the zeros a new prompt starts from."""
+
+    def init_state(self, B, pos):
+        return (*super().init_state(B, pos), torch.ones(1))
+
+    def sums(self, state):
+        return state[:2]
+
+
+class ReplacedState(DictState):
+    """The dict state, its sums replaced after each call instead of written in place."""
+
+    def forward(self, x, mask=None, state=None, record=None):
+        y = super().forward(x, mask, state, record)
+        if state is not None:
+            state.update(S=state["S"].clone(), z=state["z"].clone())
+        return y
+
+
+class CountedState(model.LinearAttention):
+    """Linear attention plus (the token's position) * a fixed direction on its output, the position
+    counted in its state by a Python int: the parallel form and the steps from a new state agree,
+    but a new prompt in the same state (which GPT.prefill starts over by zeroing tensors) goes on
+    counting. (The direction is not constant over the channels, which a LayerNorm would undo.)"""
+
+    def init_state(self, B, pos):
+        linear = super().init_state(B, pos)
+        linear.seen = 0
+        return linear
+
+    def forward(self, x, mask=None, state=None, record=None):
+        first = 0 if state is None else state.seen
+        if state is not None:
+            state.seen += x.shape[1]
+        positions = torch.arange(first, first + x.shape[1], dtype=x.dtype)[:, None]  # (T, 1)
+        return super().forward(x, mask, state, record) + positions * torch.linspace(-0.1, 0.1, x.shape[-1])
+
+
+STATES = {"tuple": TupleState, "dict": DictState}
+BAD_STATES = {  # what the start check says of a state GPT.prefill cannot start over
+    "object": (ObjectState, "blocks.0.attn (ObjectState): GPT.prefill cannot start its state over for a new prompt "
+                            "(a decoding state is tensors in a dataclass, tuple, list or dict, not SimpleNamespace): "
+                            "make ObjectState.init_state return tensors in one of those (MATH.md §9)"),
+    "ones": (OnesState, "blocks.0.attn (OnesState): OnesState.init_state gives a state that is not all zeros, while "
+                        "GPT.prefill starts a new prompt from zeros: make it zeros (MATH.md §9)"),
+    "replaced": (ReplacedState, "blocks.0.attn (ReplacedState): its decoding state's tensors are replaced, not "
+                                "written in place"),
+    "counted": (CountedState, "GPT.prefill then GPT.step differ from GPT.forward by "),
+}
+
+
+@pytest.mark.parametrize("kind", STATES)
+def test_math_section_9_a_state_of_its_own_decodes_as_it_trains_and_starts_over(kind, monkeypatch):
+    monkeypatch.setitem(model.ATTENTIONS, kind, STATES[kind])
+    m = tiny(attn=kind)
+    assert isinstance(m.init_state(1).layers[0], (tuple, dict))
+    for prompt in (1, 16, m.config.block_size):  # each prompt in a new state
+        decode_equals_parallel(m, prompt)
+    idx = torch.randint(0, 31, (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        state = m.init_state(2)
+        m.prefill(idx[:, :9], state)
+        again = m.prefill(idx[:, :4], state)  # a new prompt in the same state: started over
+        torch.testing.assert_close(again, m(idx[:, :4])[0][:, -1], rtol=0, atol=1e-5)
+    assert td.decoding_differs(m) is None
+
+
+@pytest.mark.parametrize("kind", BAD_STATES)
+def test_a_state_generate_cannot_start_over_is_told_at_the_start_and_sampled_by_the_parallel_form(kind, monkeypatch,
+                                                                                                 tmp_path, capsys):
+    cls, said = BAD_STATES[kind]
+    monkeypatch.setitem(model.ATTENTIONS, kind, cls)
+    assert td.decoding_differs(tiny(attn=kind)).startswith(said)
+    write_checkpoint(tmp_path, lambda ckpt: None, attn=kind, layer_scale_init=1.0)  # (1e-5 would hide a difference)
+    code, stdout, err = call_main(sample, f"--out_dir={tmp_path}", "--start=ab", "--max_new_tokens=6",
+                                  "--num_samples=1", "--temperature=0", capsys=capsys)
+    assert code == 0 and len(err.strip().splitlines()) == 1, err
+    assert said in err and err.strip().endswith("sampling by the parallel form instead (a full forward per token)")
+    assert greedy_by_parallel_form(str(tmp_path), 6, "ab") in stdout
+
+
+def test_a_state_of_its_own_trains_and_samples_through_the_scripts(book, tmp_path, capsys, monkeypatch):
+    """The tuple state through train.py (its start check says nothing) and sample.py, which
+    decodes by GPT.prefill and GPT.step (no parallel form), as the parallel form computes."""
+    monkeypatch.setitem(model.ATTENTIONS, "tuple", TupleState)
+    out = tmp_path / "tuple"
+    code, stdout, err = call_main(train, *book, f"--out_dir={out}", "--attn=tuple", capsys=capsys)
+    assert code == 0 and "warning" not in err and "iter 5:" in stdout, err
+    parallel = td.generate_in_parallel
+    monkeypatch.setattr(td, "generate_in_parallel", None)  # sample.py must not need it
+    code, stdout, err = call_main(sample, f"--out_dir={out}", f"--start={PROMPT}", "--max_new_tokens=12",
+                                  "--num_samples=1", "--temperature=0", capsys=capsys)
+    assert code == 0 and "warning" not in err, err
+    monkeypatch.setattr(td, "generate_in_parallel", parallel)
+    assert greedy_by_parallel_form(str(out), 12) in stdout
+
+
+# -----------------------------------------------------------------------------
+# a TSSA subclass with its own forward
+
+
+class HalfStepTSSA(model.TSSA):
+    """A TSSA whose own forward halves the output of a decoding step (not of the parallel form)."""
+
+    def forward(self, x, mask=None, state=None, record=None):
+        y = super().forward(x, mask, state, record)
+        return 0.5 * y if state is not None and x.shape[1] == 1 else y
+
+
+class ScaledInputTSSA(model.TSSA):
+    """A TSSA whose own forward scales its input by 2 first: it decodes as it trains, and records
+    z, w, pi and out as TSSA.forward does (its step built from model.py's s)."""
+
+    def forward(self, x, mask=None, state=None, record=None):
+        return super().forward(2.0 * x, mask, state, record)
+
+
+def test_the_start_check_names_the_forward_a_tssa_subclass_runs(monkeypatch):
+    shipped_f(monkeypatch)
+    monkeypatch.setitem(model.ATTENTIONS, "half_step", HalfStepTSSA)
+    line = td.decoding_differs(tiny(attn="half_step"))
+    assert line.startswith("blocks.0.attn (HalfStepTSSA): its decoding step differs from its parallel form"), line
+    assert line.endswith("edit HalfStepTSSA.forward of one token from a state and HalfStepTSSA.forward together "
+                         "(MATH.md §9)") and "model.causal_tssa" not in line, line
+
+
+def test_lm_inspect_draws_a_tssa_subclass_with_its_own_forward(book, tmp_path, capsys, monkeypatch):
+    shipped_f(monkeypatch)
+    monkeypatch.setitem(model.ATTENTIONS, "scaled", ScaledInputTSSA)
+    out = tmp_path / "scaled"
+    code, _, err = call_main(train, *book, f"--out_dir={out}", "--attn=scaled", "--max_iters=2", capsys=capsys)
+    assert code == 0 and "warning" not in err, err
+    code, stdout, err = call_main(lm_inspect, f"--out_dir={out}", "--n_windows=2", "--batch_size=2", capsys=capsys)
+    assert code == 0 and err == "" and (out / "inspect" / "index.html").exists(), err  # its s is model.py's: no word
+    assert "layer 2: entropy of Pi" in stdout

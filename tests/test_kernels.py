@@ -317,7 +317,7 @@ def tiny_gpt(tssa_impl="torch", **kw):
 
 @needs_c
 def test_setting_picks_the_implementation_and_the_reference_where_kernels_do_not_apply():
-    assert tiny_gpt().blocks[0].attn.operators is model.REFERENCE_OPS  # the default: model.py's maths
+    assert tiny_gpt().blocks[0].attn.operators is model.REFERENCE_OPERATORS  # the default: model.py's maths
     ops = tiny_gpt(tssa_impl="cpu").blocks[0].attn.operators
     assert ops.causal_tssa.__self__ is fused._OPS["cpu"]
     with pytest.raises(ValueError, match="tssa_impl must be one of"):

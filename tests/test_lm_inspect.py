@@ -35,7 +35,7 @@ import textdata as td  # noqa: E402
 import train  # noqa: E402
 import trainkit as tk  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
-from model import compression_objective, split_heads  # noqa: E402
+from model import compression_objective, f_prime, split_heads  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on a shared machine
 CORPUS = "Return the value of x.\nIf 3 items are given, add them: a, b and c!\n\tSee also: 42 (the answer).\n"
@@ -119,7 +119,7 @@ def test_the_pages_pi_entropy_and_statistic_are_the_blocks_own(run):
             assert np.allclose(shown["s_mean"], s.mean(-1).numpy(), rtol=1e-4, atol=0)
             # and it is the statistic the layer used: its step rebuilt from s is the block's own output
             s = lm_inspect.running_statistic(m["w"], m["pi"])  # (1, H, T, p)
-            step = -m["pi"][..., None] * m["w"] / (1 + s)  # (1, H, T, p)
+            step = -m["pi"][..., None] * m["w"] * f_prime(s)  # (1, H, T, p), whatever f is
             rebuilt = attn.c_proj(step.transpose(1, 2).reshape(1, s.shape[2], -1))
             assert torch.allclose(rebuilt, m["out"], rtol=1e-5, atol=1e-6)  # fp32, a few ops apart
 

@@ -606,8 +606,8 @@ def test_generate_never_samples_the_padded_vocabulary_ids():
     idx = torch.zeros(4, 1, dtype=torch.long)
     with torch.no_grad():
         unmasked = model.generate(idx, 100, temperature=50.0)[:, 1:]
-        masked = model.generate(idx, 100, temperature=50.0, n_vocab=107)[:, 1:]
-        greedy = model.generate(idx, 20, temperature=0, n_vocab=3)[:, 1:]
+        masked = model.generate(idx, 100, temperature=50.0, tokenizer_vocab_size=107)[:, 1:]
+        greedy = model.generate(idx, 20, temperature=0, tokenizer_vocab_size=3)[:, 1:]
     assert (unmasked >= 107).any()  # the check below can fail: without the mask padding ids come up
     assert masked.max() < 107 and greedy.max() < 3
     with pytest.raises(ValueError, match="temperature"):
