@@ -225,8 +225,6 @@ def main(argv):
         start = ckpt["iter_num"] * accum if C.init_from == "resume" else 0  # this process's next micro-step
         train_loader, val_loader = vit_data.loaders(train_src, val_src, C, d, start)  # (checked: >= 1 batch)
         mix = vit_data.mixer(C, num_classes)  # the recipe's mixup / cutmix and label smoothing
-        if d.is_master:
-            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
         torch.manual_seed(C.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
         np.random.seed((C.seed + d.rank) % 2**32)  # timm's Mixup draws from numpy's and python's generators
         random.seed(C.seed + d.rank)
@@ -248,6 +246,8 @@ def main(argv):
         if d.ddp and C.sync_bn and device.startswith("cuda"):  # the patch embedding's BatchNorm over all GPUs
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         raw_model = model  # the plain module: parameters, checkpoints
+        if d.is_master:  # (once the model and its operators are accepted: a refusal leaves no out_dir)
+            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
 
         # ---------------------------------------------------------------------
         # optimizer and precision: autocast for the forward pass, a GradScaler for float16
