@@ -310,7 +310,9 @@ def table_gpu_main_job(data):
                      profile_cell(r.get("profile"))])
     if not rows:
         return section_line(data, ["main_job"]).strip() or "No rows."
-    head = section_line(data, ["main_job"]) + f"`{s.get('command')}` on {s.get('data')}.\n\n"
+    commands = [r["command"] for r in rows if r.get("command")] or [s.get("command")]  # each row ran its own
+    others = " (the other rows: the same with their config and `--tssa_impl`)" if len(set(commands)) > 1 else ""
+    head = section_line(data, ["main_job"]) + f"`{commands[0]}` on {s.get('data')}{others}.\n\n"
     foot = ("\n\nProfile: GPU busy ms of one compiled micro-step (12 x 1,024 tokens, forward and backward) and "
             "the share of each kind of kernel, told by name (benchkit/main_job.py's KERNEL_KINDS).") if any(
         r.get("profile") for r in rows) else ""
@@ -555,11 +557,20 @@ def summary_decode(data):
 
 
 def summary_main_job(data):
-    job = next((r for r in section(data, "main_job").get("rows", []) if ok(r) and r.get("arch", "tost") == "tost"), None)
-    if not job:
+    """Every ToST main job measured (one per tssa_impl), GPT-2's beside them."""
+    rows = [r for r in section(data, "main_job").get("rows", []) if ok(r)]
+    tost = [r for r in rows if r.get("arch", "tost") == "tost"]
+    if not tost:
         return None
-    mfu = f", {job['mfu']:.0%} MFU" if job.get("mfu") is not None else ""
-    return f"- the main job (`{job['config']}`, one GPU's share): {num(job['tokens_per_s'])} tokens/s{mfu}."
+
+    def told(r):
+        impl = f"`{r['impl']}`, " if r.get("impl") else ""
+        mfu = f"{r['mfu']:.0%} MFU" if r.get("mfu") is not None else "MFU not known"
+        return f"{num(r['tokens_per_s'])} tokens/s ({impl}{mfu})"
+    gpt2 = next((r for r in rows if r.get("arch") == "gpt2"), None)
+    beside = f"; GPT-2 Base's (`{gpt2['config']}`): {told(gpt2)}" if gpt2 else ""
+    return (f"- the main job (`{tost[0]['config']}`, one GPU's share): "
+            f"{', '.join(told(r) for r in tost)}{beside}.")
 
 
 def table_gpu_summary(data):

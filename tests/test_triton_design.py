@@ -85,10 +85,21 @@ def test_the_scans_are_sized_to_the_chunks():
     assert [(s["steps"], s["warps"]) for s in old] == [(1, 8)] * 4
 
 
-def recorded_launches():
-    """[(B, T, the launch as results/nvidia-h200.json recorded it)] of its kernel_times section."""
+def kernel_times_of(commit):
+    """The kernel_times part results/nvidia-h200.json holds for `commit` (a current section or,
+    once a later headline replaced it, a part of its history)."""
     with open(H200_REPORT) as f:
-        section = json.load(f)["sections"]["kernel_times"]
+        report = json.load(f)
+    parts = [report["sections"].get("kernel_times")] + report.get("history", [])
+    found = [p for p in parts if p and p.get("section", "kernel_times") == "kernel_times"
+             and str(p.get("commit", "")).startswith(commit)]
+    assert len(found) == 1, f"results/nvidia-h200.json holds {len(found)} kernel_times parts of {commit}"
+    return found[0]
+
+
+def recorded_launches(commit="35ffd52"):
+    """[(B, T, the launch as results/nvidia-h200.json recorded it)] of its kernel_times at `commit`."""
+    section = kernel_times_of(commit)
     assert section["H"] == HEADS and section["p"] == HEAD_WIDTH and section["dtype"] == "bfloat16"
     return [(r["B"], r["T"], launch) for r in section["rows"] for launch in r["launches"]]
 
