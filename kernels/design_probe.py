@@ -184,27 +184,45 @@ def current(shapes):
     tt.GROUP_CHUNKS, tt.MAX_GROUPS = base[1:]
 
 
+def recorded_kernel_times(report, commit):
+    """{(B, T): [each launch's measured GPU us]} of the kernel_times part of `report` (a current
+    section or a part of its history) measured at `commit`."""
+    with open(report) as f:
+        data = json.load(f)
+    parts = [data["sections"].get("kernel_times")] + data.get("history", [])
+    for part in parts:
+        if part and part.get("section", "kernel_times") == "kernel_times" and \
+                str(part.get("commit", "")).startswith(commit):
+            return {(r["B"], r["T"]): [launch["gpu_us"] for launch in r["launches"]] for r in part["rows"]}
+    return {}
+
+
 def model_tables(shapes=((1, 16384), (16, 1024), (1, 65536)), report="results/nvidia-h200.json"):
     """Markdown tables of kernels/launch_model.py's figures (modelled, not measured; no GPU is
-    used): each launch of one fwd+bwd (12 heads of 64, bf16, causal) of the kernels of 35ffd52
-    and of now, their programs and warps, the H200's measured time of the old ones (the report's
-    kernel_times) beside the model's, and the model's time of the new ones on the H200 and H100."""
+    used): each launch of one fwd+bwd (12 heads of 64, bf16, causal) of the kernels the H200
+    measured (35ffd52, 88ecccebc71c) and of now, their programs and warps, the measured time of
+    each measured kernel (the report's kernel_times) beside the model's, and the model's time of
+    today's on the H200 and H100."""
     sys.path.insert(0, os.getcwd())
     from kernels import launch_model as lm, triton_tssa as tt
-    with open(report) as f:
-        measured = {(r["B"], r["T"]): [launch["gpu_us"] for launch in r["launches"]]
-                    for r in json.load(f)["sections"]["kernel_times"]["rows"]}
+    kept = [(lm.AT_35FFD52, recorded_kernel_times(report, "35ffd52")),
+            (lm.AT_88ECCCE, recorded_kernel_times(report, "88ecccebc71c"))]
     us = lambda plan, gpu: f"{lm.modelled_time_s(plan, gpu) * 1e6:,.1f}"  # noqa: E731
     for B, T in shapes:
-        old, new = lm.plan_for(lm.AT_35FFD52, B, 12, T, 64), tt.launch_plan(B, 12, T, 64)
-        got = measured.get((B, T), [float("nan")] * len(old))
-        print(f"\n**B={B}, T={T:,}** (µs)\n\n| # | launch | programs × warps, 35ffd52 → now | H200 measured, 35ffd52 "
-              "| model, 35ffd52 (H200) | model now, H200 | model now, H100 |\n|---|---|---|---|---|---|---|")
-        for i, (o, n) in enumerate(zip(old, new)):
+        plans = [lm.plan_for(kernels, B, 12, T, 64) for kernels, _ in kept] + [tt.launch_plan(B, 12, T, 64)]
+        got = [measured.get((B, T), [float("nan")] * len(plans[0])) for _, measured in kept]
+        print(f"\n**B={B}, T={T:,}** (µs; H200 measured and modelled at 35ffd52 and at 88ecccebc71c, "
+              "the model of now)\n\n| # | launch | programs × warps, 35ffd52 → 88ecccebc71c → now | 35ffd52 "
+              "measured | model | 88ecccebc71c measured | model | now: model, H200 | H100 |\n"
+              "|---|---|---|---|---|---|---|---|---|")
+        for i, launches in enumerate(zip(*plans)):
+            o = launches[0]
             name = f"`{o['kernel']}`" + (f" ({o['mode']}, {o['carries']})" if "mode" in o else "")
-            print(f"| {i} | {name} | {o['grid']:,} × {o['warps']} → {n['grid']:,} × {n['warps']} | {got[i]:,.1f} "
-                  f"| {us(o, 'h200')} | {us(n, 'h200')} | {us(n, 'h100')} |")
-        print(f"| | total | | {sum(got):,.1f} | {us(old, 'h200')} | {us(new, 'h200')} | {us(new, 'h100')} |")
+            shape = " → ".join(f"{x['grid']:,} × {x['warps']}" for x in launches)
+            pairs = " | ".join(f"{g[i]:,.1f} | {us(x, 'h200')}" for g, x in zip(got, launches))
+            print(f"| {i} | {name} | {shape} | {pairs} | {us(launches[-1], 'h200')} | {us(launches[-1], 'h100')} |")
+        pairs = " | ".join(f"{sum(g):,.1f} | {us(p, 'h200')}" for g, p in zip(got, plans))
+        print(f"| | total | | {pairs} | {us(plans[-1], 'h200')} | {us(plans[-1], 'h100')} |")
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ A description of the kernels (`kernels` below) is a dict: the knobs that cut a r
 chunks and blocks (triton_tssa.py's BLOCK_T, TILE_VALUES, FEATURE_BLOCK, SCAN_CHUNKS,
 SCAN_COLUMNS, BATCH_BLOCK), how the scans are sized, and WORK: each chunk kernel's warps and
 what one of its programs does. triton_tssa.described() gives the kernels as they are (its
-knobs read at call time); AT_35FFD52 the kernels that results/nvidia-h200.json measured
-(commit 35ffd52), priced by the same model: tests/test_triton_design.py holds the model to
-every launch time recorded there.
+knobs read at call time); AT_35FFD52 and AT_88ECCCE the kernels results/nvidia-h200.json
+measured (commits 35ffd52 and 88ecccebc71c), priced by the same model:
+tests/test_triton_design.py holds the model to every launch time recorded there.
 
 The model of one launch (the constants below, fitted to those 36 launch times on the H200,
 Triton 3.6; the copy rates measured):
@@ -99,6 +99,21 @@ AT_35FFD52 = dict(
         # heads (a sum, this head's column), dtemp's partial
         "_k_grad_w": work(4, (4, 0), (1, 0), 3),  # M, S, their suffix sums G_M, G_S; n; D, A and 1/n
     })
+
+
+# The kernels of commit 88ecccebc71c, as results/nvidia-h200.json measured them: B1 at 4 warps
+# with two sums over features, the scans sized to the row, and dL/dw one program a chunk and head
+# (64 columns, 8 values of its tile a thread: 8 warps). Measured, B1 and dL/dw took 1.4x and 2x
+# what this model gives them (tests/test_triton_design.py); the chunk kernels of now are these
+# with dL/dw back at 16 columns and 4 warps (triton_tssa.py).
+AT_88ECCCE = dict(
+    AT_35FFD52, name="88ecccebc71c", FEATURE_BLOCK=64, DW_VALUES=8, scans_sized=True, scan_warps=None,
+    dbias_b1_direct=True,
+    WORK=dict(
+        AT_35FFD52["WORK"],  # F1-F4, B2, B3: as they were
+        _k_grad_totals=work(4, (2, 1), (4, 3), 1),  # M, the suffix of dL/dM; scans of Pi and dL/dN (its total
+        # the suffix's first value), two sums over features (non-causal: two, and dL/dN's total); D; 1/n a token
+        _k_grad_w=work(None, (4, 0), (1, 0), 2)))  # warps: DW_VALUES a thread; M, S, G_M, G_S; n; D and A (1/n a token)
 
 
 def cdiv(a, b):

@@ -22,19 +22,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_model import AT_35FFD52, BACKWARD, COPY_RATE, FORWARD, modelled_time_s, plan_for, work  # noqa: F401
+from kernels.launch_model import AT_35FFD52, AT_88ECCCE, BACKWARD, COPY_RATE, FORWARD  # noqa: F401
+from kernels.launch_model import modelled_time_s, plan_for, work  # noqa: F401
 from kernels.launch_model import geometry as cut
 
 BLOCK_T = 64  # tokens per chunk, at most (fewer when p is large: a tile holds TILE_VALUES)
 TILE_VALUES = 2048  # values of a (BT, P) tile, at most: BT = 32 tokens for heads of 64
-FEATURE_BLOCK = 64  # dL/dw's columns a program, at most: a whole head of 64 (one program a chunk and head)
+FEATURE_BLOCK = 16  # dL/dw's columns a program, at most: four programs a chunk and head of 64 (measured: below)
 SCAN_CHUNKS = 256  # chunk totals a scan program adds a step, at most (fewer where the row has fewer chunks)
 SCAN_COLUMNS = 8  # columns of the totals a scan program owns (its warps: 8 totals a thread)
 BATCH_BLOCK = 16  # batch rows dL/dw's reductions over the batch load a step
 PARTIAL_BLOCK = 256  # dtemp partials (chunks) they load a step
 NUM_WARPS = 4  # a chunk launch's warps (4 beat 8 at every tile size on the H200: results/nvidia-h200-probe.json),
-DW_VALUES = 8  # but dL/dw's: 8 values of its (BT, BK) tile a thread (more spill past 128 registers under Triton 3.6)
-MAX_REGISTERS = 128  # dL/dw's registers a thread, at most (ptxas would take 138: one program an SM, not two)
+DW_VALUES = 4  # and dL/dw's: 4 values of its (BT, BK) tile a thread (4 warps; 8 a thread spilled at 4 warps under 3.6)
+MAX_REGISTERS = 128  # dL/dw's registers a thread, at most (a bound the build test holds it to)
 # Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when this file is imported
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -56,10 +57,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #                               head's y: R = temp dL/dlogit, dtemp partials; chunk totals
 #                               of dL/dS                                                -> tGS
 #             S  _k_scan        suffix carries of dL/dS                                 -> cGS
-#             B4 _k_grad_w      dL/dw, a program per chunk and head over a head's 64 columns
-#                               (FEATURE_BLOCK at most: heads of 128 take two); the programs
-#                               of batch row 0 also sum dpos_bias over the batch (one (batch,
-#                               BT) tile a step; R itself at B = 1) and dtemp
+#             B4 _k_grad_w      dL/dw, a program per chunk, head and block of 16 columns
+#                               (FEATURE_BLOCK); the programs of batch row 0 and block 0
+#                               also sum dpos_bias over the batch (one (batch, BT) tile a
+#                               step; R itself at B = 1) and dtemp
 # The non-causal form has no scans inside a tile: its carries are the row's totals (the scan
 # launches' TOTAL mode), the same everywhere. cS and cMN, the chunk carries of S and of (M, N),
 # are what the forward saves for the backward (about 2/BT of w's size each, in fp32).
@@ -74,15 +75,16 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # registers kept too little memory in flight, and the heaviest launch (dL/dw, 16 warps, 128
 # registers) ran one program per SM: the earlier streaming design took 0.86 ms at B=1 T=16K
 # where each launch streams in ~20 us (results/nvidia-h200-profile-9b494a4.json). Here every
-# launch has B*H*nC programs of 4 warps (dL/dw 8), and the carries cost one small launch each.
-# What the H200 measured of these kernels at 35ffd52 (results/nvidia-h200.json, kernel_times),
-# and what changed since: dL/dw ran FEATURE_BLOCK = 16 columns a program, four programs a tile
-# each repeating the tile's four scans (24,576 programs at B=1 T=16K: 120 us of the 354); now one
-# program a chunk and head (8 warps: 4 spill under Triton 3.6), its tiles added into dw one by
-# one. B1 ran 8 warps, whose reductions cost twice the 4-warp ones (81 us): now 4 warps and two
-# sums over features where there were three. The scans added 256 chunk totals a step whatever
-# the row held (at B=16 T=1K, 32: 7/8 masked, 8 warps): now as many as the row has, up to 256,
-# with warps for 8 totals a thread. The launch model prices both (kernels/launch_model.py).
+# launch has B*H*nC programs of 4 warps (dL/dw 4 times as many), and the carries cost one small launch each.
+# What the H200 measured (results/nvidia-h200.json, kernel_times; SPEED.md has the tables). At
+# 35ffd52: dL/dw 120 us of the 354 at B=1 T=16K (16 columns a program, 4 warps: 24,576 programs),
+# B1 81 (8 warps), the scans 7/8 masked at B=16 T=1K. At 88ecccebc71c: B1 at 4 warps with two sums
+# over features where there were three, 55 us; the scans sized to the row's chunks (as many
+# totals a step as the row has, up to 256, warps for 8 a thread), 2.7 us where they took 11; and
+# dL/dw as one 8-warp program a chunk and head (64 columns, 8 values a thread), 154 us: slower
+# than the four 16-column programs, which scan disjoint columns and so repeat no scan. dL/dw is
+# therefore back at 16 columns and 4 warps, its tiles still added into dw one by one and the
+# batch sums first. The launch model prices each (kernels/launch_model.py).
 
 # what a scan launch writes for chunk c: the sum of the totals before c, after c, or all
 PREFIX, SUFFIX, TOTAL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -412,10 +414,10 @@ def _k_grad_w(w_ptr, s_b, s_h, s_t, g_ptr, g_b, g_h, g_t, mask_ptr, m_b, m_t, pi
               BT: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, BB: tl.constexpr, RB: tl.constexpr):
     """B4: dL/dw = Pi (2 w G_M - D g) + 2 w (R A + G_S) at BK columns (0 at padding: w and Pi
     are), G_M and G_S the suffix sums of dL/dM and dL/dS: the later chunks' (cG, cGS) and the
-    tile's. A program per (batch row, chunk, head, column block), blocks fastest: one block, a
-    whole head, up to FEATURE_BLOCK columns. Each term is added into dw as soon as it is
-    made, so that no more tiles are live than the registers hold. The programs of batch row 0
-    and block 0 also reduce over the batch first (_batch_sums)."""
+    tile's. A program per (batch row, chunk, head, column block of BK = FEATURE_BLOCK), blocks
+    fastest. Each term is added into dw as soon as it is made, so that no more tiles are live
+    than the registers hold. The programs of batch row 0 and block 0 also reduce over the
+    batch first (_batch_sums)."""
     pid = tl.program_id(0)
     k = pid % nK
     rest = pid // nK
@@ -510,11 +512,7 @@ KERNELS = tuple(dict.fromkeys(FORWARD + BACKWARD)) + ("_k_step",)  # each kernel
 # work(warps, token-axis scans of a tile, other reductions, each (causal, non-causal),
 # divisions a value)), as the code above reads, and as its sm_90 build shows (its tt.scan and
 # tt.reduce ops, its MUFU.RCP a value).
-WORK = dict(
-    AT_35FFD52["WORK"],  # F1-F4, B2, B3: as they were
-    _k_grad_totals=work(NUM_WARPS, (2, 1), (4, 3), 1),  # M, the suffix of dL/dM; scans of Pi and dL/dN (its total
-    # the suffix's first value), two sums over features (non-causal: two, and dL/dN's total); D; 1/n a token
-    _k_grad_w=work(None, (4, 0), (1, 0), 2))  # warps: DW_VALUES a thread; M, S, G_M, G_S; n; D and A (1/n a token)
+WORK = AT_88ECCCE["WORK"]  # as at 88ecccebc71c: dL/dw's warps from DW_VALUES (4 a thread now)
 
 
 def described():
