@@ -69,7 +69,7 @@ from kernels import auto, check
 from kernels.auto import AUTO_OPS
 from kernels.cross_entropy import gpt_loss
 from kernels.cuda_graph import CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
-from kernels.fused import BACKENDS, FUSED_PI_MODES, fused_ops, warn
+from kernels.fused import BACKENDS, FUSED_PI_MODES, built_impls, fused_ops, marks_applied, warn
 
 IMPLS = ("torch", "cpu", "triton", "auto")  # the values of every script's tssa_impl setting
 
@@ -80,6 +80,7 @@ def ops_for(impl):
         raise ValueError(f"tssa_impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     if impl == "auto":
         auto.forced()  # (a wrong NANOTOST_AUTO: one line now)
+        marks_applied()  # (auto's own torch.compiler marks)
         return AUTO_OPS
     return model.REFERENCE_OPERATORS if impl == "torch" else fused_ops(impl)
 
@@ -87,7 +88,7 @@ def ops_for(impl):
 def owned(ops):
     """Whether ops are model.py's reference or fused kernels of this package: the operators use()
     may replace. A module with any other (a forker's subclass, its own functions) keeps them."""
-    return ops in (model.REFERENCE_OPERATORS, AUTO_OPS) or any(ops == fused_ops(impl) for impl in BACKENDS)
+    return ops in (model.REFERENCE_OPERATORS, AUTO_OPS) or any(ops == fused_ops(impl) for impl in built_impls())
 
 
 def check_f_prime(impl):

@@ -45,7 +45,7 @@ import kernels.auto_cache as auto_cache
 import kernels.check as check
 import model
 from cli import ConfigError
-from kernels.fused import FUSED_DTYPES, FUSED_PI_MODES, failure_of, fused_ops, warn
+from kernels.fused import FUSED_DTYPES, FUSED_PI_MODES, compiler_mark, failure_of, fused_ops, warn
 
 CHECK_ON_CPU = False  # tests: check and time on the CPU too (the kernels under TRITON_INTERPRET=1)
 CALLS = 10  # calls of a candidate queued back to back in one timed window, after one that warms up
@@ -205,7 +205,7 @@ def rounded_up(n):
     return b
 
 
-@torch.compiler.assume_constant_result  # asked once while Dynamo traces, then a constant of the graph
+@compiler_mark("assume_constant_result")  # asked once while Dynamo traces, then a constant of the graph
 def triton_picked(device, shape_class, shape, compiled):
     """Whether "auto" runs the Triton kernels for a call of this shape class on device (strings
     and ints): checked on the device's first call, decided on the shape class's first (decide).

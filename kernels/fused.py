@@ -44,6 +44,31 @@ def warn(message):
         warnings.formatwarning = shown
 
 
+_MARKS = []  # [(function, torch.compiler's mark)]: applied by marks_applied() once a fused path is built
+
+
+def compiler_mark(name):
+    """torch.compiler.<name> (disable, assume_constant_result) for a fused path, applied when a
+    fused implementation is first asked for (marks_applied), not at import: the decorators import
+    Dynamo, about 1.3 s of every process's start, which a run of model.py's maths never needs."""
+    def later(fn):
+        _MARKS.append((fn, name))
+        return fn
+    return later
+
+
+def marks_applied():
+    """Replace each function compiler_mark noted (a method by its class, a function by its
+    module, looked up at call time) by its marked form; once per process."""
+    while _MARKS:
+        fn, name = _MARKS.pop()
+        *path, attr = fn.__qualname__.split(".")
+        owner = sys.modules[fn.__module__]
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, attr, getattr(torch.compiler, name)(fn))
+
+
 def masked(w, mask):
     """w with the padded tokens zeroed (mask (B, T) bool or float, or None: w itself)."""
     return w if mask is None else w * mask[:, None, :, None].to(w.dtype)
@@ -202,7 +227,7 @@ class FusedOps:
         keep_sums(state, w, pi)
         return (out, pi) if return_pi else out
 
-    @torch.compiler.disable  # Dynamo must not trace into ctypes calls or Triton launches
+    @compiler_mark("disable")  # Dynamo must not trace into ctypes calls or Triton launches
     def _tssa(self, w, temp, return_pi=False, mask=None, pi_mode="softmax"):
         model.check_shapes(w, temp, mask)
         res = None
@@ -212,7 +237,7 @@ class FusedOps:
             return model.tssa(w, temp, return_pi, mask, pi_mode)
         return res if return_pi else res[0]
 
-    @torch.compiler.disable
+    @compiler_mark("disable")
     def _causal_tssa(self, w, temp, pos_bias, return_pi=False, pi_mode="softmax", state=None):
         model.check_shapes(w, temp)
         B, H, T, p = w.shape
@@ -225,7 +250,7 @@ class FusedOps:
         keep_sums(state, w, res[1])
         return res if return_pi else res[0]
 
-    @torch.compiler.disable
+    @compiler_mark("disable")
     def causal_tssa_step(self, w_t, temp, bias_t, state, pi_mode="softmax"):
         """The fused step runs when decoding (no gradient wanted) from an fp32 contiguous
         state on w_t's device; otherwise model.causal_tssa_step. bias_t (H,): this token's
@@ -248,7 +273,7 @@ class FusedOps:
 _OPS = {}  # impl -> FusedOps: one per process, so each warns at most once
 
 
-@torch.compiler.assume_constant_result  # asked once while Dynamo traces, then a constant of the graph
+@compiler_mark("assume_constant_result")  # asked once while Dynamo traces, then a constant of the graph
 def _triton_ready(device_type):
     """Whether the Triton custom operators can run on device_type: Triton imports, the
     operators are registered, and (on a GPU) a small forward and backward runs. Otherwise the
@@ -278,11 +303,17 @@ def failure_of(impl):
     return _OPS[impl].failure if impl in _OPS else None
 
 
+def built_impls():
+    """The fused implementations this process has built operators for (fused_ops)."""
+    return list(_OPS)
+
+
 def fused_ops(impl):
     """model.TSSAOperators of the fused kernels of impl ("cpu" or "triton")."""
     if impl not in BACKENDS:
         raise ValueError(f"fused kernels exist for {sorted(BACKENDS)}, not {impl!r}")
     if impl not in _OPS:
+        marks_applied()
         _OPS[impl] = FusedOps(impl)
     ops = _OPS[impl]
     return model.TSSAOperators(ops.tssa, ops.causal_tssa, ops.causal_tssa_step)

@@ -984,3 +984,29 @@ def test_triton_custom_ops_pass_opcheck():
         out, pi, u, cS, cMN = op(w, temp, bias, None, True, 1e-12, 1e-8)
     args = (w.detach(), torch.randn_like(out), temp.detach(), pi, u, None, cS, cMN, True, 1e-12, 1e-8, 80)
     torch.library.opcheck(torch.ops.nanotost.tssa_bwd.default, args)
+
+
+MARKS_SCRIPT = r"""
+import sys
+import hub, kernels, textdata, trainkit  # what the scripts import at their start
+from kernels import auto, fused
+kernels.owned(kernels.ops_for("torch"))  # a run of model.py's maths: nothing of Dynamo
+assert "torch._dynamo" not in sys.modules, "Dynamo imported before any fused path was asked for"
+assert not hasattr(fused.FusedOps._tssa, "_torchdynamo_disable")
+kernels.ops_for("auto")  # the first fused path: every mark applied, as the decorators did
+for fn in (fused.FusedOps._tssa, fused.FusedOps._causal_tssa, fused.FusedOps.causal_tssa_step):
+    assert getattr(fn, "_torchdynamo_disable", False), fn
+assert fused._triton_ready._dynamo_marked_constant and auto.triton_picked._dynamo_marked_constant
+print("ok")
+"""
+
+
+def test_dynamo_is_imported_only_when_a_fused_path_is_asked_for():
+    """torch.compiler's marks on the fused paths (disable, assume_constant_result) import Dynamo,
+    1.3 s of a process's start: they are applied when tssa_impl asks for a fused path (cpu, triton,
+    auto), so a script on the default maths starts without it, and every mark is in place before
+    the first fused call (a fresh process: pytest has imported Dynamo)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", MARKS_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
