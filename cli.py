@@ -916,6 +916,14 @@ def require(condition, message):
         raise ConfigError(message)
 
 
+def unread(given, names, why):
+    """Refuse, in one line, the settings among `names` that were given (a config file or
+    --key=value) where this run never reads them: a setting given must do something. why: which
+    mode reads them and what to do."""
+    ignored = [f"--{k}" for k in names if k in given]
+    require(not ignored, f"{', '.join(ignored)}: {why}")
+
+
 def build(make, *args, **kwargs):
     """make(*args, **kwargs), a ValueError it raises (a library's rule between settings, as
     model.GPTConfig's) given as one line (ConfigError): the rule is written once, where it belongs."""

@@ -115,7 +115,6 @@ def check_settings(C):
     cli.build(GPTConfig, **{k: getattr(C, k) for k in MODEL_KEYS})  # the model's own rules between settings
     cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     cli.require(C.out_dir and C.dataset, "out_dir and dataset must not be empty")
-    cli.require(C.init_from != "finetune" or C.finetune_from, "init_from='finetune' needs --finetune_from=<a ckpt.pt>")
 
 
 @torch.no_grad()
@@ -144,6 +143,7 @@ def main(argv):
     # before any work, so a mistake costs one line now rather than a crash an hour in
     C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
+    tk.check_init_from(C, given)  # (finetune_from: read by a finetune alone)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)

@@ -312,6 +312,16 @@ def _logged_before(line, it):
 # training: resume, the learning-rate schedule, a non-finite loss, the RNGs
 
 
+def check_init_from(C, given, written_by="a ckpt.pt"):
+    """init_from="finetune" needs --finetune_from; a new run (scratch, or auto) never reads it,
+    so there it is refused, never ignored (a resume may keep it from the command that began it)."""
+    cli.require(C.init_from != "finetune" or C.finetune_from,
+                f"init_from='finetune' needs --finetune_from=<{written_by}>")
+    cli.unread(given, ("finetune_from",) if C.init_from in ("scratch", "auto") else (),
+               f"read by --init_from=finetune alone (a new run from its weights), not by --init_from={C.init_from}: "
+               "add --init_from=finetune, or drop it")
+
+
 def init_from_auto(C, ckpt_path):
     """init_from="auto" becomes "resume" where ckpt_path exists, else "scratch". Returns how to
     continue the run after a stop: the same command where it resumes by itself (resume, auto),

@@ -146,8 +146,6 @@ def check_settings(C):
     cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     cli.require(C.out_dir, "out_dir must not be empty")
     cli.require(C.dataset != "folder" or C.data_dir, "dataset='folder' needs --data_dir=<a folder of class folders>")
-    cli.require(C.init_from != "finetune" or C.finetune_from,
-                "init_from='finetune' needs --finetune_from=<a ckpt.pt written by vit_train.py>")
 
 
 @torch.no_grad()
@@ -178,6 +176,7 @@ def main(argv):
     # settings: the globals above, then config files and --key=value, then checks
     C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
+    tk.check_init_from(C, given, "a ckpt.pt written by vit_train.py")  # (finetune_from: a finetune's alone)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)

@@ -90,7 +90,7 @@ def run(C, given):
         if key not in given:
             setattr(C, key, value)
     quick_defaults(C, given)
-    check_settings(C, HEADLINE)
+    check_settings(C, HEADLINE, given)
     if C.plan_from:
         return plan.show(C, HEADLINE)
     given_commit()  # NANOTOST_COMMIT's form, before any work (meta records it)

@@ -493,7 +493,7 @@ def check_out(C):
 def run(C, given):
     """--report: every setting checked, then the sections (this module's docstring)."""
     quick_defaults(C, given)
-    check_settings(C, SECTIONS)
+    check_settings(C, SECTIONS, given)
     given_commit()  # NANOTOST_COMMIT's form, before any work (meta records it)
     check_out(C)
     chosen = chosen_sections(C, SECTIONS)

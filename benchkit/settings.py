@@ -95,10 +95,29 @@ def check_measurable(C, sections):
                                           f"than {least:g} s")
 
 
-def check_settings(C, sections=None):
+# The settings one mode reads and the other does not (bench.py's settings, by the code that
+# reads them): a setting given must do something, so giving one to the other mode is refused.
+SUITES_ONLY = ("suites", "impls", "modes", "causal", "max_case_s")
+REPORTS_ONLY = ("sections", "section_s", "budget_s", "remeasure", "train_tokens", "main_iters", "main_tssa_impl",
+                "plan_from", "compile_cache")
+
+
+def check_mode_settings(C, given):
+    """Refuse, in one line, the settings given that the chosen mode never reads."""
+    if C.report or C.headline:
+        cli.unread(given, SUITES_ONLY, "a setting of the suites (bench.py without --report or --headline), which "
+                                       "this command does not run: drop it")
+    else:
+        cli.unread(given, REPORTS_ONLY, "a setting of --report and --headline, which this command does not run: "
+                                        "drop it, or add --report or --headline")
+
+
+def check_settings(C, sections=None, given=()):
     """Every setting, checked before any work (a refusal measures and writes nothing); sections:
-    the report's or the headline's ({name: Section}), which --sections and --section_s name.
+    the report's or the headline's ({name: Section}), which --sections and --section_s name;
+    given: the settings the command line or a config file set (check_mode_settings).
     Returns the lists the comma-separated settings hold (None where "auto")."""
+    check_mode_settings(C, given)
     cli.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
               non_negative=("warmup", "budget_s"), workers=("threads",), positive=("max_case_s",),
               choices={"main_tssa_impl": kernels.IMPLS})

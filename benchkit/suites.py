@@ -301,7 +301,7 @@ def run(C, given):
         for key, value in dict(T="1024,4096,16384", suites="op,decode", repeats=3).items():
             if key not in given:
                 setattr(C, key, value)
-    plan = check_settings(C)
+    plan = check_settings(C, given=given)
     if C.out == "auto":
         C.out = "bench_results.json"
     cli.claim_output(C.out, "--out=<another file>")  # one run at a time into one file

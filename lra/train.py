@@ -123,7 +123,6 @@ def check_settings(C):
                 "turn back into mlp_hidden: pick another --mlp_hidden, or --norm=post")
     cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
     cli.require(C.out_dir and C.data_dir, "out_dir and data_dir must not be empty")
-    cli.require(C.init_from != "finetune" or C.finetune_from, "init_from='finetune' needs --finetune_from=<a ckpt.pt>")
     cli.require(not (C.eval_only and C.init_from == "finetune"), "eval_only scores out_dir/ckpt.pt: drop --init_from")
     top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
     while not os.path.exists(top):
@@ -200,6 +199,7 @@ def main(argv):
     # settings: the globals above, then config files and --key=value, then checks
     C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
+    tk.check_init_from(C, given)  # (finetune_from: read by a finetune alone)
     device, dtype = tk.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)

@@ -534,6 +534,18 @@ TRAINERS = {"train.py": lambda root: TINY + ["--log_interval=1"], "vit_train.py"
             "lra/train.py": lra_args}
 
 
+@pytest.mark.parametrize("init_from", ["scratch", "auto"])
+@pytest.mark.parametrize("script", sorted(TRAINERS))
+def test_a_setting_the_run_never_reads_is_one_line_never_ignored(script, init_from, data, monkeypatch):
+    """--finetune_from names the weights a finetune starts from; a new run from scratch (or auto,
+    with nothing to resume) would train without them: one line, nothing written (the class's
+    other members: bench.py's modes, tests/test_bench_settings.py; evaluate.py's --harness)."""
+    message = refused(script, *TRAINERS[script](str(data)), "--out_dir=out", f"--init_from={init_from}",
+                      "--finetune_from=elsewhere/ckpt.pt", "--max_iters=1", root=data, monkeypatch=monkeypatch)
+    assert message == (f"{script}: --finetune_from: read by --init_from=finetune alone (a new run from its weights), "
+                       f"not by --init_from={init_from}: add --init_from=finetune, or drop it")
+
+
 @pytest.mark.parametrize("script", sorted(TRAINERS))
 def test_a_resumed_run_logs_each_iteration_once_and_says_the_command_that_continues(script, data, monkeypatch,
                                                                                     capsys):
