@@ -29,6 +29,13 @@ def _parts(data):
     return out + [(f"history[{i}]", part.get("section"), part) for i, part in enumerate(data.get("history", []))]
 
 
+def part_measured_at(data, name, commit):
+    """Section `name` as measured at `commit` (a prefix of its hash): the current section or a
+    part of the history; None where the report holds none."""
+    return next((part for _, section, part in _parts(data)
+                 if section == name and str(part.get("commit", "")).startswith(commit)), None)
+
+
 def check(data, path, fix, refuse):
     """The report `data` read from `path` checked in place: its fields of their types, and every
     NaN or infinite figure. refuse: such a figure is one line (the renderer); else its row is

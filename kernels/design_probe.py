@@ -185,16 +185,10 @@ def current(shapes):
 
 
 def recorded_kernel_times(report, commit):
-    """{(B, T): [each launch's measured GPU us]} of the kernel_times part of `report` (a current
-    section or a part of its history) measured at `commit`."""
-    with open(report) as f:
-        data = json.load(f)
-    parts = [data["sections"].get("kernel_times")] + data.get("history", [])
-    for part in parts:
-        if part and part.get("section", "kernel_times") == "kernel_times" and \
-                str(part.get("commit", "")).startswith(commit):
-            return {(r["B"], r["T"]): [launch["gpu_us"] for launch in r["launches"]] for r in part["rows"]}
-    return {}
+    """{(B, T): [each launch's measured GPU us]} of the kernel_times `report` holds for `commit`."""
+    from benchkit.reportfile import part_measured_at, read_report
+    part = part_measured_at(read_report(report, "give a report of bench.py")[0], "kernel_times", commit)
+    return {(r["B"], r["T"]): [launch["gpu_us"] for launch in r["launches"]] for r in (part or {}).get("rows", [])}
 
 
 def model_tables(shapes=((1, 16384), (16, 1024), (1, 65536)), report="results/nvidia-h200.json"):

@@ -298,17 +298,22 @@ def git(where, *args):
                           capture_output=True, text=True).stdout.strip()
 
 
+def committed(where, names):
+    """A repository at `where` of one commit holding the files `names` (each "# <name>"): its hash."""
+    for name in names:
+        (where / name).parent.mkdir(exist_ok=True)
+        (where / name).write_text(f"# {name}\n")
+    git(where, "init", "-q")
+    git(where, "add", "-A")
+    git(where, "commit", "-qm", "one")
+    return git(where, "rev-parse", "HEAD")
+
+
 def test_the_digest_names_the_code_at_a_commit_and_a_stale_git_names_no_commit(tmp_path, monkeypatch):
     """source_digest(commit) reads the code from git: the same hex as the tree's where the code
     is the same. A .git whose HEAD holds other code (a stale copy) names no commit; NANOTOST_COMMIT
     that git does not hold is recorded, said to be unverified, and stops nothing."""
-    for name in ("model.py", "benchkit/a.py", "kernels/k.py", "kernels/k.c", "kernels/notes.md"):
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(f"# {name}\n")
-    git(tmp_path, "init", "-q")
-    git(tmp_path, "add", "-A")
-    git(tmp_path, "commit", "-qm", "one")
-    head = git(tmp_path, "rev-parse", "HEAD")
+    head = committed(tmp_path, ("model.py", "benchkit/a.py", "kernels/k.py", "kernels/k.c", "kernels/notes.md"))
     tree = bench_meta.source_digest(root=str(tmp_path))
     assert bench_meta.source_digest(head, root=str(tmp_path)) == tree
     assert bench_meta.name_commit(str(tmp_path), tree)["commit"] == head
@@ -341,13 +346,7 @@ def test_the_digest_names_the_code_at_a_commit_and_a_stale_git_names_no_commit(t
 
 def two_commits(where):
     """A repository of two commits whose code differs (first, second), its tree at the second."""
-    for name in ("model.py", "benchkit/a.py", "kernels/k.py", "notes.md"):
-        (where / name).parent.mkdir(exist_ok=True)
-        (where / name).write_text(f"# {name}\n")
-    git(where, "init", "-q")
-    git(where, "add", "-A")
-    git(where, "commit", "-qm", "one")
-    first = git(where, "rev-parse", "HEAD")
+    first = committed(where, ("model.py", "benchkit/a.py", "kernels/k.py", "notes.md"))
     (where / "kernels" / "k.py").write_text("# the second commit's kernels\n")
     git(where, "commit", "-qam", "two")
     return first, git(where, "rev-parse", "HEAD")

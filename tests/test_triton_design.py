@@ -25,6 +25,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchkit.reportfile import part_measured_at, read_report  # noqa: E402
 from kernels import launch_model  # noqa: E402
 
 triton_tssa = pytest.importorskip("kernels.triton_tssa", reason="triton is not installed")
@@ -90,13 +91,9 @@ def test_the_scans_are_sized_to_the_chunks():
 def kernel_times_of(commit):
     """The kernel_times part results/nvidia-h200.json holds for `commit` (a current section or,
     once a later headline replaced it, a part of its history)."""
-    with open(H200_REPORT) as f:
-        report = json.load(f)
-    parts = [report["sections"].get("kernel_times")] + report.get("history", [])
-    found = [p for p in parts if p and p.get("section", "kernel_times") == "kernel_times"
-             and str(p.get("commit", "")).startswith(commit)]
-    assert len(found) == 1, f"results/nvidia-h200.json holds {len(found)} kernel_times parts of {commit}"
-    return found[0]
+    part = part_measured_at(read_report(H200_REPORT, "the committed report")[0], "kernel_times", commit)
+    assert part is not None, f"results/nvidia-h200.json holds no kernel_times of {commit}"
+    return part
 
 
 def recorded_launches(commit="35ffd52"):
