@@ -1,7 +1,7 @@
 """
 bench.py: speed and memory of TSSA (readable reference and fused fast paths) against softmax
 attention through F.scaled_dot_product_attention, on CPU or CUDA. Its code is the package
-benchkit/ (the report's runner, a module per section, the headline's plan, the timing helpers);
+results/benchkit/ (the report's runner, a module per section, the headline's plan, the timing helpers);
 this file holds its settings and the choice of mode. `python -m bench` is the same command.
 
 THE HEADLINE (--headline): the figures a GPU session is for, in one command under one deadline.
@@ -13,7 +13,7 @@ kernel_times (each Triton launch against kernels.triton_tssa.launch_plan()), tra
 and ToST triton at 4K, 16K, 64K), decode (1K, 64K), main_job (triton, then GPT-2's; 60
 iterations), then auto's rows and the reference's. Each row starts when its own estimated cost
 (from the device's earlier report) fits in what is left; what is missing is printed as the next
-command; torch.compile's artifacts are kept for the next window. benchkit/headline.py says more.
+command; torch.compile's artifacts are kept for the next window. results/benchkit/headline.py says more.
 
 THE REPORT (--report): one fixed protocol for a GPU, every section in full.
     python bench.py --report --out=results/          # every section, into the committed results/<gpu>.json
@@ -21,7 +21,7 @@ THE REPORT (--report): one fixed protocol for a GPU, every section in full.
     python bench.py --report --sections=op,decode    # their missing rows (--remeasure=True: all again)
     python bench.py --report --device=cpu --quick    # a smoke run of every section (tiny shapes, seconds)
     python results/render.py                         # SPEED.md's GPU tables from the committed JSON
-Sections (benchkit/report.py's SECTIONS; each in its own process under a time limit, --section_s
+Sections (results/benchkit/report.py's SECTIONS; each in its own process under a time limit, --section_s
 to change): meta, gpu_check_accuracy, gpu_check_determinism, op, decode, train_tost,
 train_gpt2_flash, train_gpt2_cudnn, main_job, train_tost_triton. Every row goes into the JSON
 (--out, a file or a folder ending in /; by default out-bench/) the moment it is measured; a
@@ -31,7 +31,7 @@ again with sections=all, the report measures the rest and moves what other code 
 the JSON's history. Rows a device cannot run (Triton, FlashAttention, cuDNN, CUDA graphs,
 torch.compile on the CPU) are rows saying why. One command writes a report file at a time;
 Ctrl-C stops the section in flight and keeps the rest; a command killed outright (-9) leaves no
-section running (benchkit/keeper.py); NANOTOST_COMMIT, when set, names the
+section running (results/benchkit/keeper.py); NANOTOST_COMMIT, when set, names the
 commit measured (40 hex digits; checked against the code where the .git holds it).
 SPEED.md says more.
 
@@ -67,10 +67,10 @@ exits with status 1, its rows still written. The JSON is written whole or not at
 
 import sys
 
-import cli
-from benchkit import headline as headline_mode
-from benchkit import report as report_mode
-from benchkit import suites as suites_mode
+from nanotost import cli
+from results.benchkit import headline as headline_mode
+from results.benchkit import report as report_mode
+from results.benchkit import suites as suites_mode
 
 # -----------------------------------------------------------------------------
 # settings (override with a config file or --key=value)

@@ -30,11 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-import cli
-import hub
 import kernels
-import textdata as td
-import trainkit as tk
+from nanotost import cli, devices, hub, loading, ranks
+from nanotost import textdata as td
+from nanotost import trainkit as tk
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
@@ -48,7 +47,7 @@ batch_size = 8  # windows per forward pass
 device = "auto"
 dtype = "auto"
 num_threads = 0
-ddp_timeout_s = tk.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
+ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 harness = ""  # lm-eval tasks instead of a split: names or task YAML files, comma-separated
 harness_limit = 0  # at most this many documents per harness task (0: all)
@@ -61,7 +60,7 @@ def check_settings(C, given):
     """Every setting, checked before any work, with the settings one mode ignores refused in the
     other (a setting given must do something) and an --out given checked to be writable."""
     cli.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "harness_limit"),
-              workers=("num_threads",), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
+              workers=("num_threads",), between={"ddp_timeout_s": ranks.DDP_TIMEOUT_RANGE},
               choices={"tssa_impl": kernels.IMPLS})
     ignored = ", ".join(f"--{k}" for k in SPLIT_ONLY if k in given)
     cli.require(not (C.harness and ignored), f"--harness scores lm-eval's tasks, not a split: drop {ignored} "
@@ -99,7 +98,7 @@ def run_harness(C, given):
     """--harness: lm-eval's tasks on the checkpoint, in one process (lm_eval_adapter.py); prints
     lm-eval's table and appends the metrics to --out (save_record)."""
     cli.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
-    import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
+    from nanotost import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
 
     specs = cli.name_list("harness", C.harness)
     lm = lm_eval_adapter.NanoToSTLM(out_dir=C.out_dir if "out_dir" in given else None, init_from=C.init_from,
@@ -121,14 +120,14 @@ def run_harness(C, given):
 def main(argv):
     C, given = cli.configure(cli.config_defaults(globals()), argv)
     check_settings(C, given)
-    device, dtype = tk.choose_device_dtype(C.device, C.dtype)
+    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     if C.harness:
         return run_harness(C, given)
-    with tk.distributed(device, C.ddp_timeout_s) as dist:  # under torchrun: this rank's GPU
+    with ranks.distributed(device, C.ddp_timeout_s) as dist:  # under torchrun: this rank's GPU
         device = dist.device
-        model, ckpt, ckpt_path = td.load_reader_model(C, device, given)  # (or the folder export.py wrote)
+        model, ckpt, ckpt_path = loading.load_reader_model(C, device, given)  # (or the folder export.py wrote)
         C.dataset = C.dataset or ckpt["config"].get("dataset") or ckpt["tokenizer"].get("dataset")  # its own data
         cli.require(C.dataset, f"{ckpt_path} does not say what it was trained on: give --dataset=<prepared dataset>")
         folder, meta = td.open_dataset(C.data_dir, C.dataset, (C.split,), 1)
@@ -139,7 +138,7 @@ def main(argv):
         T = model.config.block_size
         stride = C.stride or T
         cli.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
-        ctx = torch.autocast(device.split(":")[0], dtype=tk.DTYPES[dtype],
+        ctx = torch.autocast(device.split(":")[0], dtype=devices.DTYPES[dtype],
                              enabled=dtype != "float32")
 
         t0 = time.time()

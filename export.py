@@ -18,10 +18,7 @@ import json
 import os
 import sys
 
-import cli
-import hub
-import textdata as td
-import vit_data
+from nanotost import cli, hub, loading, outputs
 
 # -----------------------------------------------------------------------------
 out_dir = ""  # the training run: its folder (holding ckpt.pt), or the checkpoint file
@@ -36,15 +33,15 @@ def main(argv):
     cli.require(C.out_dir and C.to, "give the run and the folder to write: --out_dir=<run> --to=<folder>")
     # before any work: one writer, and only an earlier export replaced (known by its config.json: no manifest beside
     # the three files, which go to the Hub as they are)
-    outputs = cli.claim_set(C.to, "--to=<another folder>", "export.py", legacy=hub.exported_files, manifest=False)
+    out_set = outputs.claim_set(C.to, "--to=<another folder>", "export.py", legacy=hub.exported_files, manifest=False)
 
     # the run's model and checkpoint, read as every reader reads them
     kind = hub.checkpoint_kind(C.out_dir)
     cli.require(kind != "lra", f"{C.out_dir} is a Long Range Arena run (lra/train.py), whose models no reader loads "
                                "from a folder: score it with lra/train.py --eval_only; export.py exports train.py "
                                "and vit_train.py runs")
-    model, ckpt = (td.load_language_model(C.out_dir, "cpu") if kind == "language" else
-                   vit_data.load_vit_model(C.out_dir))
+    model, ckpt = (loading.load_language_model(C.out_dir, "cpu") if kind == "language" else
+                   loading.load_vit_model(C.out_dir))
     run_folder = C.out_dir if os.path.isdir(C.out_dir) else os.path.dirname(os.path.abspath(C.out_dir))
 
     # the three files, written together
@@ -53,7 +50,7 @@ def main(argv):
     files = {"config.json": json.dumps(config, indent=1, ensure_ascii=False) + "\n",
              "README.md": hub.model_card(config, ckpt, kind, name),
              "model.safetensors": hub.weights_bytes(model, C.dtype)}
-    replaced = outputs.replace(files)
+    replaced = out_set.replace(files)
     size = len(files["model.safetensors"])
     print(f"wrote {C.to}: {config['architecture']}, iteration {ckpt['iter_num']}, {config['parameters']:,} parameters "
           f"({size:,} bytes of {C.dtype} weights), config.json, README.md"

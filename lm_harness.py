@@ -1,6 +1,6 @@
 """
 lm-evaluation-harness's own command line (every option of `lm-eval run`) with a train.py
-checkpoint as the model "nanotost" (lm_eval_adapter.py registers it; an optional extra,
+checkpoint as the model "nanotost" (nanotost/lm_eval_adapter.py registers it; an optional extra,
 `pip install lm-eval==0.4.13`):
 
     python lm_harness.py --model nanotost --model_args out_dir=out-tost-owt --tasks lambada_openai --batch_size 8
@@ -17,11 +17,11 @@ first does). The shorter way in, which also appends the metrics to out_dir/eval.
     python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
 """
 
-import cli
+from nanotost import cli
 
 
 def main():
-    import lm_eval_adapter  # noqa: F401  (registers "nanotost"; without lm-eval: one line that says how to install it)
+    from nanotost import lm_eval_adapter  # noqa: F401  (registers "nanotost"; without lm-eval: one line that says how to install it)
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()

@@ -13,7 +13,7 @@ softmax blocks are listed as skipped; a fork's TSSA subclass too, which a warnin
 output is not built from model.py's s); a softmax or linear-attention run is refused. Writes into
 <out_dir>/inspect/ (with --init_from: <folder>-inspect beside the model's folder, or <name>-inspect
 here for a Hub id; --page_dir elsewhere) as one unit: the folder is swapped whole for the new set,
-so a reader sees an earlier inspection or this one, never a mix (cli.claim_set; only the files of
+so a reader sees an earlier inspection or this one, never a mix (outputs.claim_set; only the files of
 an earlier inspection are replaced, and a folder holding anything else is refused before any work):
   index.html    one self-contained page (nothing loaded from anywhere): the text, each token
                 coloured by its dominant head in the chosen layer (a switch changes layers), the
@@ -49,16 +49,13 @@ from collections import Counter
 
 import torch
 
-import cli
-import hub
 import kernels
-import model as tost  # tost.token_statistic, tost.prefix_sum, ... (model.py's own functions)
-import textdata as td
-import trainkit as tk
 from model import TSSA
-from whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
+from nanotost import atomic, cli, devices, forks, hub, loading, outputs, plots
+from nanotost import textdata as td
+from nanotost.whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
 
-plt = cli.pyplot()  # (files only; a `$` in a path or a token is a dollar sign)
+plt = plots.pyplot()  # (files only; a `$` in a path or a token is a dollar sign)
 from matplotlib.colors import hsv_to_rgb  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -82,7 +79,6 @@ tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 DEFAULTS = cli.config_defaults(globals())
 CLASSES = ("letters", "digits", "spaces", "punctuation")
 RECORD = ("z", "w", "pi", "out")  # the maps of each TSSA block the page draws (TSSA.forward's record)
-STATISTIC_TOLERANCE = 1e-4  # of a block's largest output: its step rebuilt from s (fp32, a few ops apart: ~1e-6)
 
 
 def check_settings(C):
@@ -117,37 +113,6 @@ def recorded_forward(model, idx):
                                 "record them in its forward (record.update), as TSSA.forward does")
         layer_maps.append(maps if isinstance(block.attn, TSSA) else None)
     return model.lm_head(model.ln_f(x)), layer_maps
-
-
-def running_statistic(w, pi):
-    """s_k(j) of MATH.md §4.3, the prefix Pi-weighted second moment: w (B, H, T, p), pi (B, H, T)
-    -> (B, H, T, p), in fp32 for fp16/bf16 w (as causal_tssa keeps it), by model.py's own
-    functions (the prefix sums of causal_tssa, the one definition of s: model.token_statistic)."""
-    w_sq = w.to(tost.stat_dtype(w.dtype)).square()
-    pi = pi.to(w_sq.dtype)[..., None]  # (B, H, T, 1)
-    return tost.token_statistic(tost.prefix_sum(pi * w_sq), tost.prefix_sum(pi)[..., 0])
-
-
-@torch.no_grad()
-def statistic_unused(model, layer_maps):
-    """None where each TSSA block's output is c_proj of the step -Pi w f'(s) with model.py's s of its
-    own w and Pi (running_statistic), as TSSA.forward computes it; else one line: the first block
-    whose output is not (a fork's statistic, or its own forward), whose s the page draws as model.py's."""
-    for i, (block, maps) in enumerate(zip(model.blocks, layer_maps)):
-        if maps is None:
-            continue
-        w, pi, out = maps["w"], maps["pi"], maps["out"].float()
-        try:
-            step = -pi[..., None] * w * tost.f_prime(running_statistic(w, pi)).to(w.dtype)  # (B, H, T, p)
-            rebuilt = block.attn.c_proj(tost.merge_heads(step)).float()
-            gap = td.relative_gap(rebuilt, out)
-        except Exception:  # noqa: BLE001 (an attention without TSSA's parts, e.g. no c_proj: said as one that differs)
-            gap = None
-        if gap is None or not gap <= STATISTIC_TOLERANCE:  # (nan differs too)
-            return (f"blocks.{i}.attn ({type(block.attn).__name__}): its output is not c_proj of -Pi w f'(s) for "
-                    "model.py's statistic s of its w and Pi (model.token_statistic over each prefix, MATH.md §4.3), "
-                    "which the page draws: its own s differs (a fork's operators or forward)")
-    return None
 
 
 def entropy(pi):
@@ -479,7 +444,7 @@ def screenshot_png(page_path, *, size=(1100, 1000), layer=None, dark=False, dom=
 def shown_tokens(C, encode, T, folder, meta):
     """The token ids of the text to show (at most T) and where they came from."""
     if C.text:
-        ids = encode(td.prompt_text(C.text))  # the text given, or the file that FILE:path names
+        ids = encode(loading.prompt_text(C.text))  # the text given, or the file that FILE:path names
         cli.require(ids, "the text is empty: give at least one character/token with --text")
         note = f"the first {T} tokens of the text given" if len(ids) > T else "the text given"
         return ids[:T], note
@@ -494,7 +459,7 @@ def text_layers(model, idx, chosen, colours):
     """For each chosen layer, over the text idx (1, T): Pi (T, H, 4 decimals), the dominant head
     and the page's colour of each token, the mean entropy of Pi, s along the text (H, T)."""
     layer_maps = recorded_forward(model, idx)[1]
-    unused = statistic_unused(model, layer_maps)
+    unused = forks.statistic_unused(model, layer_maps)
     if unused:  # a fork whose s is not model.py's: said, and the page drawn
         print(f"{cli.script_name(sys.argv[0])}: warning: {unused}", file=sys.stderr)
     shown = []
@@ -504,13 +469,13 @@ def text_layers(model, idx, chosen, colours):
         shown.append({"layer": layer, "pi": [[round(v, 4) for v in col] for col in pi.T.tolist()],
                       "dominant": pi.argmax(0).tolist(), "background": token_backgrounds(pi, colours),
                       "entropy": float(entropy(pi).mean()),
-                      "s_mean": running_statistic(m["w"], m["pi"])[0].mean(-1).tolist()})  # (H, T)
+                      "s_mean": forks.running_statistic(m["w"], m["pi"])[0].mean(-1).tolist()})  # (H, T)
     return shown
 
 
 def load(C, dev, given):
     """(model, ckpt, path) of a TSSA run (or of a model export.py wrote), or one line that says why not."""
-    model, ckpt, path = td.load_reader_model(C, dev, given)
+    model, ckpt, path = loading.load_reader_model(C, dev, given)
     if not any(isinstance(block.attn, TSSA) for block in model.blocks):  # (a fork's subclass too)
         raise cli.UserError(f"{path} is a {model.config.attn} model: lm_inspect.py draws TSSA's Pi and statistics; "
                             "give a ToST run (attn=tssa, e.g. --out_dir=out-pydocs-char-tost)")
@@ -523,7 +488,7 @@ def load(C, dev, given):
 def main(argv):
     C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
-    C.device = tk.choose_device_dtype(C.device, "float32")[0]
+    C.device = devices.choose_device_dtype(C.device, "float32")[0]
     model, ckpt, path = load(C, C.device, given)
     tssa_layers = [i + 1 for i, b in enumerate(model.blocks) if isinstance(b.attn, TSSA)]
     chosen = layer_numbers(C.layers, "1,6") or tssa_layers  # the page opens at the first
@@ -531,9 +496,9 @@ def main(argv):
                                                  f"{','.join(map(str, tssa_layers))}: choose among them")
     out = C.page_dir or (hub.beside(C.init_from, "inspect") if C.init_from else
                          os.path.join(os.path.dirname(os.path.abspath(path)), "inspect"))
-    outputs = claim_outputs(out, "--page_dir=<another folder>", "lm_inspect.py")  # before any work
+    out_set = claim_outputs(out, "--page_dir=<another folder>", "lm_inspect.py")  # before any work
     if C.screenshot:
-        cli.claim_output(C.screenshot, "--screenshot=<another file>")
+        outputs.claim_output(C.screenshot, "--screenshot=<another file>")
     run = ckpt["config"]
     dataset, T, H = run.get("dataset") or ckpt["tokenizer"].get("dataset"), model.config.block_size, model.config.n_head
     cli.require(dataset, f"{path} does not say what it was trained on: inspect a run of train.py (--out_dir=<run>)")
@@ -566,19 +531,19 @@ def main(argv):
              "index.html": page(report, pieces, colours).encode()}
     report["files"] = sorted(files) + ["inspect.json"]
     print_summary(report, H)
-    write_all(outputs, files, report, C.screenshot)
+    write_all(out_set, files, report, C.screenshot)
     return report
 
 
-def write_all(outputs, files, report, screenshot):
+def write_all(out_set, files, report, screenshot):
     """The page's files as one unit (an earlier page is replaced whole); then its picture, if asked."""
-    out = outputs.path
-    replacing = " (replacing the earlier inspection)" if write_outputs(outputs, files, report) else ""
+    out = out_set.path
+    replacing = " (replacing the earlier inspection)" if write_outputs(out_set, files, report) else ""
     print(f"wrote {', '.join(report['files'])} to {out}{replacing}")
     if screenshot:  # after the page is whole: the picture shows the file as written
         replacing = " (replacing it)" if os.path.exists(screenshot) else ""
         png = screenshot_png(os.path.join(out, "index.html"))
-        with cli.atomic_write(screenshot) as f:
+        with atomic.atomic_write(screenshot) as f:
             f.write(png)
         print(f"wrote {screenshot}{replacing}: the page as it opens")
 

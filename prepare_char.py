@@ -24,8 +24,8 @@ import sysconfig
 
 import numpy as np
 
-import cli
-import textdata as td
+from nanotost import cli
+from nanotost import textdata as td
 
 
 def pydocs_docs(max_chars=4_000_000):
@@ -59,7 +59,7 @@ def pydocs_docs(max_chars=4_000_000):
 
 def parser():
     """The command line (one ArgumentParser: its mistakes are one line)."""
-    p = td.ArgumentParser(prog="prepare_char.py", description=__doc__,
+    p = cli.ArgumentParser(prog="prepare_char.py", description=__doc__,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", help="a UTF-8 text file (default: the embedded corpus)")
     p.add_argument("--name", help="output folder under data_dir (default: pydocs_char, or <file stem>_char)")
@@ -81,13 +81,13 @@ def check_settings(args):
         args.name = os.path.splitext(os.path.basename(args.input))[0] + "_char" if args.input else "pydocs_char"
     if args.input and not td.is_pipe(args.input):
         td.check_text_file(args.input)
-    outputs = td.check_destination(args.data_dir, args.name)  # (claimed: one writer at a time)
+    out_set = td.check_destination(args.data_dir, args.name)  # (claimed: one writer at a time)
     if args.input and td.is_pipe(args.input):
         args.input = td.input_copy(args.input)  # a pipe (<(zcat book.gz)): read once, into a temp file
         td.check_text_file(args.input)
     source = (td.file_source(args.input) if args.input
               else dict(stdlib=sysconfig.get_paths()["stdlib"], python=sys.version.split()[0]))
-    return outputs, source
+    return out_set, source
 
 
 def read_text(path, val_fraction):
@@ -104,8 +104,8 @@ def read_text(path, val_fraction):
 
 def main(argv):
     args = parser().parse_args(argv)
-    outputs, source = check_settings(args)
-    if td.already_prepared(outputs, source, args.force):
+    out_set, source = check_settings(args)
+    if td.already_prepared(out_set, source, args.force):
         return
     if args.input:
         texts = read_text(args.input, args.val_fraction)
@@ -127,7 +127,7 @@ def main(argv):
     counts = {k: len(c) for k, c in codes.items()}
     meta = dict(dataset=args.name, tokenizer="char", vocab_size=len(vocab), chars="".join(map(chr, vocab)),
                 source=source, command=td.command_line("prepare_char.py", argv))
-    td.write_splits(outputs, counts, fill, meta)
+    td.write_splits(out_set, counts, fill, meta)
 
 
 if __name__ == "__main__":

@@ -35,14 +35,13 @@ import tempfile
 import numpy as np
 from tqdm import tqdm
 
-import cli
-import textdata as td
-import trainkit as tk
+from nanotost import cli, devices
+from nanotost import textdata as td
 
 
 def parser():
     """The command line (one ArgumentParser: its mistakes are one line)."""
-    p = td.ArgumentParser(prog="prepare_openwebtext.py", description=__doc__,
+    p = cli.ArgumentParser(prog="prepare_openwebtext.py", description=__doc__,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", help=f"named corpus on the Hub: {', '.join(td.HUB)} (default openwebtext)")
     p.add_argument("--input", action="append", help="local file or glob (repeatable): .txt, .jsonl/.json, .parquet")
@@ -104,13 +103,13 @@ def check_settings(args):
                                                                 "give --name=<dataset>")
     if args.name is None:
         args.name = os.path.splitext(os.path.basename(files[0]))[0] if files else args.dataset
-    outputs = td.check_destination(args.data_dir, args.name)
+    out_set = td.check_destination(args.data_dir, args.name)
     if files:
         source = [td.file_source(f) for f in files]
     else:
         spec = td.HUB[args.dataset]
         source = dict(hub=spec["path"], config=spec["config"], split=spec["split"], revision=spec.get("revision"))
-    return outputs, files, kind, source
+    return out_set, files, kind, source
 
 
 def check_input_files(files, kind):
@@ -222,7 +221,7 @@ def load_rows(args, files, kind):
                                 "not text throughout: name the text's with --text_field")
         return ds, field, "eot"
     spec = td.HUB[args.dataset]
-    online = tk.hub_reachable()  # offline: the cache or nothing, at once (no ~25 s of retries)
+    online = devices.hub_reachable()  # offline: the cache or nothing, at once (no ~25 s of retries)
     try:
         ds = datasets.load_dataset(spec["path"], spec["config"], split=spec["split"],
                                    revision=spec.get("revision"), num_proc=args.num_proc if args.num_proc > 1 else None)
@@ -242,8 +241,8 @@ def load_rows(args, files, kind):
 
 def main(argv):
     args = parser().parse_args(argv)
-    outputs, files, kind, source = check_settings(args)
-    if td.already_prepared(outputs, source, args.force):
+    out_set, files, kind, source = check_settings(args)
+    if td.already_prepared(out_set, source, args.force):
         return
     check_input_files(files, kind)
     ds, field, join = load_rows(args, files, kind)  # the data first: its errors say how to use local files
@@ -298,7 +297,7 @@ def main(argv):
 
     meta = dict(dataset=args.name, tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token=enc.eot_token, source=source,
                 command=td.command_line("prepare_openwebtext.py", argv))
-    td.write_splits(outputs, counts, fill, meta)
+    td.write_splits(out_set, counts, fill, meta)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,9 @@ from functools import partial
 
 import torch
 
-import cli
 import kernels
-import textdata as td
-import trainkit as tk
+from nanotost import cli, devices, forks, loading
+from nanotost import textdata as td
 
 # -----------------------------------------------------------------------------
 out_dir = "out"  # folder holding ckpt.pt
@@ -47,18 +46,18 @@ num_threads = 0  # torch CPU threads (0: the training run's setting, else torch'
 
 def main(argv):
     C, given = cli.configure(cli.config_defaults(globals()), argv)
-    cli.check(C, at_least_1=("num_samples",), non_negative=td.SAMPLING_SETTINGS, seed=("seed",),
+    cli.check(C, at_least_1=("num_samples",), non_negative=loading.SAMPLING_SETTINGS, seed=("seed",),
               workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS, "cuda_graph": ("auto", "off")})
-    device, dtype = tk.choose_device_dtype(C.device, C.dtype)
+    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
     torch.manual_seed(C.seed)
 
     # the model and its tokenizer, from the checkpoint (or the folder export.py wrote)
-    model, ckpt, path = td.load_reader_model(C, device, given)
+    model, ckpt, path = loading.load_reader_model(C, device, given)
     threads = C.num_threads or ckpt["config"].get("num_threads", 0)
     if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
         torch.set_num_threads(threads)
     # a fork whose decoding (prompt, then steps) differs from its parallel form: said, and sampled by the latter
-    decoding_differs = td.check_decoding(model, "sampling by the parallel form instead (a full forward per token)")
+    decoding_differs = forks.check_decoding(model, "sampling by the parallel form instead (a full forward per token)")
     if C.cuda_graph == "auto":
         kernels.capture_steps(model)  # on CUDA, each step is one replay of a recorded graph
     if C.compile:
@@ -67,18 +66,18 @@ def main(argv):
     encode, decode = td.load_tokenizer(info)
 
     # the prompt, repeated once per sample: (num_samples, T)
-    ids = encode(td.prompt_text(C.start))  # the text given, or the file that FILE:path names
+    ids = encode(loading.prompt_text(C.start))  # the text given, or the file that FILE:path names
     cli.require(len(ids) > 0, "the prompt is empty: give at least one character/token with --start")
     idx = torch.tensor([ids] * C.num_samples, dtype=torch.long, device=device)
 
     # generate: the prompt in parallel, then one step per token from the decoding state
-    ctx = torch.autocast(device.split(":")[0], dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
+    ctx = torch.autocast(device.split(":")[0], dtype=devices.DTYPES[dtype], enabled=dtype != "float32")
     c = model.config
     print(f"{path} (iter {ckpt['iter_num']}): {c.attn}, {c.n_layer} layers, {c.n_embd} wide, block "
           f"{c.block_size}, {info['tokenizer']} tokenizer; {C.num_samples} samples of {C.max_new_tokens} "
           f"tokens on {device}")
     t0 = time.time()
-    generate = partial(td.generate_in_parallel, model) if decoding_differs else model.generate
+    generate = partial(forks.generate_in_parallel, model) if decoding_differs else model.generate
     with torch.no_grad(), ctx:
         out = generate(idx, C.max_new_tokens, temperature=C.temperature, top_k=C.top_k or None,
                        tokenizer_vocab_size=info["vocab_size"])

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import model
-import trainkit as tk
 from model import (GPT, GPT_PRESETS, TSSA, VIT_PRESETS, GPTConfig, TSSAState, ToSTViT, ViTConfig,
                    causal_tssa, causal_tssa_step, compression_objective, tssa)
+from nanotost import trainkit as tk
 
 torch.set_num_threads(2)
 F64 = torch.float64

@@ -35,12 +35,11 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoints
-import cli
 import kernels
-import textdata as td
-import trainkit as tk
 from model import GPT, GPTConfig
+from nanotost import checkpoints, cli, devices, forks, model_settings, ranks
+from nanotost import textdata as td
+from nanotost import trainkit as tk
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: ToST-Base on OpenWebText, the released recipe (config/tost_owt.py says
@@ -95,7 +94,7 @@ dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 o
 compile = False  # torch.compile the model
 seed = 1337
 num_threads = 0  # torch CPU threads (0: torch's default)
-ddp_timeout_s = tk.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
+ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "attn", "pi", "layer_scale_init",
@@ -105,11 +104,11 @@ TRAIN, EVAL = 0, 1  # seed tags: training batches and evaluation batches never c
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is built."""
-    cli.check(C, **checkpoints.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
+    cli.check(C, **model_settings.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
         at_least_1=("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps"),
         non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip", "max_time"),
         positive=("learning_rate",), fraction=("beta1", "beta2"), seed=("seed",), workers=("num_threads",),
-        between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
+        between={"ddp_timeout_s": ranks.DDP_TIMEOUT_RANGE},
         choices={"init_from": ("scratch", "resume", "auto", "finetune"), "tssa_impl": kernels.IMPLS,
                  "lr_schedule": ("cosine", "linear", "constant", "invsqrt")}))
     cli.build(GPTConfig, **{k: getattr(C, k) for k in MODEL_KEYS})  # the model's own rules between settings
@@ -144,7 +143,7 @@ def main(argv):
     C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
     tk.check_init_from(C, given)  # (finetune_from: read by a finetune alone)
-    device, dtype = tk.choose_device_dtype(C.device, C.dtype)
+    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
@@ -184,7 +183,7 @@ def main(argv):
     # -------------------------------------------------------------------------
     # DDP: with torchrun every process trains a replica on its own micro-batches and the
     # gradients are averaged, so N processes share each step's micro-batches (one without torchrun)
-    with tk.distributed(device, C.ddp_timeout_s) as d:
+    with ranks.distributed(device, C.ddp_timeout_s) as d:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
         cli.require(C.gradient_accumulation_steps % d.world_size == 0,
@@ -201,7 +200,7 @@ def main(argv):
         model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
         model_args["vocab_size"] = (meta["vocab_size"] + 63) // 64 * 64  # GPT-2's 50257 -> 50304: faster matmuls
         model = cli.build(GPT, GPTConfig(**model_args)).to(device)  # (a ValueError: one line)
-        td.check_decoding(model, "training goes on (it runs the parallel form)", d.is_master)  # a fork's, said now
+        forks.check_decoding(model, "training goes on (it runs the parallel form)", d.is_master)  # a fork's, said now
         if C.tssa_impl != "torch" or C.chunked_loss:  # fused operators or the chunked loss in place of model.py's
             kernels.use(model, C.tssa_impl, C.chunked_loss, timed_at=(C.batch_size, T, dtype, C.compile))
         raw_model = model  # the plain module: parameters, checkpoints, MFU
@@ -213,11 +212,11 @@ def main(argv):
         # weights and the optimizer stay float32; float16 needs a GradScaler (small gradients underflow)
         device_type = device.split(":")[0]  # "cuda", "mps" or "cpu": autocast's and the scaler's
         optimizer = tk.configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
-        ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
+        ctx = torch.autocast(device_type, dtype=devices.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss = 0, float("inf")
         if ckpt is not None:
-            tk.load_weights(model, ckpt["model"], from_path)
+            checkpoints.load_weights(model, ckpt["model"], from_path)
         if C.init_from == "resume":
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("scaler"):  # (empty when the run that saved it had no float16 scaler)
@@ -274,7 +273,7 @@ def main(argv):
                     best_val_loss = min(best_val_loss, losses["val"])
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
                     if d.is_master:
-                        tk.save_checkpoint(dict(
+                        checkpoints.save_checkpoint(dict(
                             kind="language", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
@@ -296,7 +295,7 @@ def main(argv):
                         loss = loss / accum  # the step's gradient is the mean over its micro-batches
                     scaler.scale(loss).backward()
                 loss_sum += loss.detach()
-            train_loss = tk.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
+            train_loss = ranks.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
                 raise tk.non_finite(f"training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), stopped before "
                                     "the update", ckpt_path, C, dtype)

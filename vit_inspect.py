@@ -8,7 +8,7 @@ Seeing inside a trained ToST-ViT (the paper's white-box pictures, MATH.md §7), 
 Writes out_dir (default <checkpoint folder>/inspect; with --init_from, <folder>-inspect beside the
 model's folder, or <name>-inspect here for a Hub id) as one unit, swapped whole for an earlier set
 (whose pictures this run does not draw go with it; a folder holding anything but an earlier set
-is refused before any work; cli.claim_set):
+is refused before any work; outputs.claim_set):
   pi_XX.png        image XX, then Pi of each head on the patch grid, one row per chosen layer
                    (colour scale 0..1; 1/H everywhere would mean no grouping)
   cls_attn_XX.png  image XX, then the class token's attention over the patches, per head, in
@@ -32,13 +32,10 @@ from types import SimpleNamespace
 
 import torch
 
-import cli
-import hub
-import trainkit as tk
-import vit_data
-from whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
+from nanotost import cli, devices, hub, loading, plots, vit_data
+from nanotost.whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
 
-plt = cli.pyplot()  # (files only; a `$` in a path or a class name is a dollar sign)
+plt = plots.pyplot()  # (files only; a `$` in a path or a class name is a dollar sign)
 from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -140,7 +137,7 @@ def shown_images(C, T, S):
 def main(argv):
     C, _ = cli.configure(DEFAULTS, argv)
     check_settings(C)
-    dev, _ = tk.choose_device_dtype(C.device, "float32")
+    dev, _ = devices.choose_device_dtype(C.device, "float32")
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     path = C.init_from or (os.path.join(C.ckpt, "ckpt.pt") if os.path.isdir(C.ckpt) else C.ckpt)
@@ -150,9 +147,9 @@ def main(argv):
                 f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
     if not C.init_from and not os.path.isfile(path):
         raise cli.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
-    outputs = claim_outputs(out, "--out_dir=<another folder>", "vit_inspect.py")  # before any work
+    out_set = claim_outputs(out, "--out_dir=<another folder>", "vit_inspect.py")  # before any work
     model, ck = (hub.from_pretrained(path, dev, kind="vit") if C.init_from else
-                 vit_data.load_vit_model(path, device=dev))
+                 loading.load_vit_model(path, device=dev))
     model.eval()
     T = SimpleNamespace(**{**ck["config"], "img_size": model.config.img_size})  # the run's data settings
     S, H, L, is_tost = model.config.img_size, model.config.n_head, model.config.n_layer, model.config.attn == "tssa"
@@ -202,7 +199,7 @@ def main(argv):
         print("share of val images the step lowered, by layer:",
               " ".join(f"{100 * v:.0f}%" for v in report["rvar"]["val"]["lowered"]))
     report["files"] = sorted(pictures)
-    replaced = write_outputs(outputs, pictures, report)
+    replaced = write_outputs(out_set, pictures, report)
     print(f"wrote {len(pictures)} pictures and inspect.json to {out}" + (" (replacing the earlier set)" if replaced else ""))
     return report
 

@@ -37,12 +37,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoints
-import cli
 import kernels
-import trainkit as tk
-import vit_data
 from model import ToSTViT, ViTConfig
+from nanotost import checkpoints, cli, devices, loading, model_settings, ranks, vit_data
+from nanotost import trainkit as tk
 
 # -----------------------------------------------------------------------------
 # settings. Defaults: a small ToST-ViT on the built-in shapes; config/vit_*.py list only what they change.
@@ -108,7 +106,7 @@ device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, el
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
-ddp_timeout_s = tk.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
+ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 sync_bn = True  # under DDP on GPUs: SyncBatchNorm in the patch embedding
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -120,7 +118,7 @@ FINETUNE_OWN = ("img_size", "dropout", "drop_path")  # what a fine-tuning run se
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is built."""
-    cli.check(C, **checkpoints.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
+    cli.check(C, **model_settings.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
         at_least_1=("eval_interval", "log_interval", "shapes_train_size", "shapes_val_size", "shapes_source_size",
                     "repeated_aug", "batch_size", "gradient_accumulation_steps"),
         non_negative=("eval_max_images", "mixup", "cutmix", "max_iters", "min_lr", "warmup_iters", "lr_decay_iters",
@@ -128,7 +126,7 @@ def check_settings(C):
         positive=("learning_rate", "eval_crop_pct"), seed=("seed", "shapes_seed"),
         fraction=("val_fraction", "label_smoothing", "beta1", "beta2"), workers=("num_workers", "num_threads"),
         between={"mix_prob": (0.0, 1.0), "random_erasing": (0.0, 1.0), "eval_crop_pct": (0.0, 1.0),
-                 "shapes_num_classes": (2, len(vit_data.SHAPES)), "ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
+                 "shapes_num_classes": (2, len(vit_data.SHAPES)), "ddp_timeout_s": ranks.DDP_TIMEOUT_RANGE},
         choices={"init_from": ("scratch", "resume", "auto", "finetune"),
                  "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
                  "tssa_impl": kernels.IMPLS, "lr_schedule": ("cosine", "linear", "constant")}))
@@ -177,7 +175,7 @@ def main(argv):
     C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
     tk.check_init_from(C, given, "a ckpt.pt written by vit_train.py")  # (finetune_from: a finetune's alone)
-    device, dtype = tk.choose_device_dtype(C.device, C.dtype)
+    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
@@ -194,7 +192,7 @@ def main(argv):
         ckpt = tk.load_checkpoint(ckpt_path, "vit", "resume")
         tk.take_settings(ckpt, C, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path, check_settings)
     elif C.init_from == "finetune":
-        pretrained, ckpt = vit_data.load_vit_model(C.finetune_from, tssa_impl=C.tssa_impl,
+        pretrained, ckpt = loading.load_vit_model(C.finetune_from, tssa_impl=C.tssa_impl,
                                                    **{k: getattr(C, k) for k in FINETUNE_OWN})
         body = tuple(k for k in MODEL_KEYS if k not in FINETUNE_OWN)
         tk.take_settings(ckpt, C, given, body, C.finetune_from, check_settings)
@@ -214,7 +212,7 @@ def main(argv):
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
-    with tk.distributed(device, C.ddp_timeout_s) as d:
+    with ranks.distributed(device, C.ddp_timeout_s) as d:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
         cli.require(C.gradient_accumulation_steps % d.world_size == 0,
@@ -252,11 +250,11 @@ def main(argv):
         # optimizer and precision: autocast for the forward pass, a GradScaler for float16
         device_type = device.split(":")[0]  # "cuda", "mps" or "cpu": autocast's and the scaler's
         optimizer = tk.configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
-        ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
+        ctx = torch.autocast(device_type, dtype=devices.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss, best_val_acc = 0, float("inf"), 0.0
         if C.init_from == "resume":
-            tk.load_weights(model, ckpt["model"], ckpt_path)
+            checkpoints.load_weights(model, ckpt["model"], ckpt_path)
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("scaler"):  # (empty when the run that saved it had no float16 scaler)
                 scaler.load_state_dict(ckpt["scaler"])
@@ -310,7 +308,7 @@ def main(argv):
                 if C.always_save_checkpoint or improved or iter_num == stop_at:
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
                     if d.is_master:
-                        tk.save_checkpoint(dict(
+                        checkpoints.save_checkpoint(dict(
                             kind="vit", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
@@ -336,7 +334,7 @@ def main(argv):
                     loss = loss / accum  # the step's gradient is the mean over its micro-batches
                     scaler.scale(loss).backward()
                 loss_sum += loss.detach()
-            train_loss = tk.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
+            train_loss = ranks.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
                 raise tk.non_finite(f"training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), stopped before "
                                     "the update", ckpt_path, C, dtype)

@@ -19,9 +19,10 @@ nothing of this package. A script swaps the operators of every TSSA module of a 
             against the reference compiled when the run compiles), else the reference (the GPU
             configs' choice); the pick is kept per machine (auto_cache.py, $NANOTOST_CACHE), and
             NANOTOST_AUTO=triton|torch|measure forces it.
-check.py is the check of the whole maths (every output and gradient, in the regimes a fork
-changes) that "cpu", "triton" and "auto" run before their kernels do: a fork of model.py's
-operators is refused in one line, never run with the shipped maths.
+The check of the whole maths (every output and gradient, in the regimes a fork changes) that
+"cpu", "triton" and "auto" run before their kernels do is nanotost/forks.py's (the home of every
+fork check): a fork of model.py's operators is refused in one line, never run with the shipped
+maths.
 fused.py holds the autograd.Function both share and the fallback to the reference (one
 warning) where a kernel cannot be built or run; triton_ops.py registers the Triton forward and
 backward as torch.library custom operators, which torch.compile keeps inside its graph;
@@ -64,12 +65,13 @@ from types import MethodType
 import torch
 
 import model
-from cli import ConfigError
-from kernels import auto, check
+from nanotost import forks
+from nanotost.cli import ConfigError
+from kernels import auto
 from kernels.auto import AUTO_OPS
 from kernels.cross_entropy import gpt_loss
 from kernels.cuda_graph import CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
-from kernels.fused import BACKENDS, FUSED_PI_MODES, built_impls, fused_ops, marks_applied, warn
+from kernels.fused import BACKENDS, FUSED_PI_MODES, built_impls, case_size, fused_ops, marks_applied, warn
 
 IMPLS = ("torch", "cpu", "triton", "auto")  # the values of every script's tssa_impl setting
 
@@ -122,11 +124,12 @@ def shipped_maths_here(impl):
 def check_maths(impl):
     """Refuse impl (cpu, triton), in one line, when model.py's operators as they are now (a fork's
     edit to Pi, the statistic, the step, one form and not the other) differ from the shipped maths
-    the kernels compute (kernels/check.py: every output and gradient). Runs under any grad mode,
+    the kernels compute (nanotost/forks.py: every output and gradient). Runs under any grad mode,
     inference mode or autocast (evaluate.py's no_grad main)."""
     here = shipped_maths_here(impl)
     if here is not None:
-        cause = check.mismatch(impl, check.differences(*here))
+        device, kernels = here
+        cause = forks.mismatch(impl, forks.kernel_differences(fused_ops(kernels), device, *case_size(kernels)))
         if cause:
             raise ConfigError(cause)
 

@@ -2,7 +2,7 @@
 tssa_impl="auto": the Triton kernels where they are correct and faster, model.py's reference elsewhere.
 
 On the first TSSA call on a device, the Triton kernels are checked there against model.py's
-operators as they are now (kernels/check.py: the whole maths, every output and gradient, in the
+operators as they are now (nanotost/forks.py: the whole maths, every output and gradient, in the
 regimes a fork changes). Where they cannot serve (a CPU, no Triton, a compile error, an answer
 that differs) the reference runs, with one warning that says why. Where they pass (a CUDA GPU),
 each shape class (the operator, B and T rounded up to powers of two, H, p, the dtype, a padding
@@ -42,10 +42,10 @@ import warnings
 import torch
 
 import kernels.auto_cache as auto_cache
-import kernels.check as check
 import model
-from cli import ConfigError
-from kernels.fused import FUSED_DTYPES, FUSED_PI_MODES, compiler_mark, failure_of, fused_ops, warn
+from nanotost import forks
+from nanotost.cli import ConfigError
+from kernels.fused import FUSED_DTYPES, FUSED_PI_MODES, case_size, compiler_mark, failure_of, fused_ops, warn
 
 CHECK_ON_CPU = False  # tests: check and time on the CPU too (the kernels under TRITON_INTERPRET=1)
 CALLS = 10  # calls of a candidate queued back to back in one timed window, after one that warms up
@@ -77,14 +77,14 @@ def triton_refusal(device):
     with warnings.catch_warnings(record=True) as caught:  # kernels/fused.py's warning is the cause
         warnings.simplefilter("always")
         try:
-            diffs = check.differences(device, "triton")
+            diffs = forks.kernel_differences(fused_ops("triton"), device, *case_size("triton"))
         except Exception as e:  # noqa: BLE001 (no Triton, a compile error, a launch error: all say why)
             return f"the Triton check raised {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
     fell_back = [str(w.message).split("; running")[0] for w in caught if "tssa_impl='triton'" in str(w.message)]
     failure = failure_of("triton")  # off since an earlier call of this process (its warning given then)
     if fell_back or failure:
         return fell_back[0] if fell_back else f"the Triton kernels are off in this process: {failure}"
-    differs = check.described(diffs)
+    differs = forks.described(diffs)
     return f"the Triton kernels differ from model.py's operators: {differs}" if differs else None
 
 

@@ -28,9 +28,9 @@ import time
 
 import torch
 
-import cli
 import model
 from kernels.cpu import cache_dirs
+from nanotost import atomic, cli
 
 FOLDER = "auto"  # inside the package's cache folder
 MAX_BYTES = 64 * 1024  # an entry is a few hundred bytes: a larger file is not one
@@ -230,7 +230,7 @@ def write(path, key, times, pick, shape, failed=None, say=print):
     entry = dict(key=key, pick=pick, triton_s=times.get("triton"), reference_s=times.get("reference"),
                  shape=list(shape), written=time.time(), failed=failed)
     try:
-        with cli.atomic_write(path, "w") as f:
+        with atomic.atomic_write(path, "w") as f:
             json.dump(entry, f, indent=1)
     except OSError as e:
         say(f"tssa_impl=auto: could not keep the pick in {path}: {cli.os_error_line(e)}")

@@ -317,3 +317,17 @@ def fused_ops(impl):
         _OPS[impl] = FusedOps(impl)
     ops = _OPS[impl]
     return model.TSSAOperators(ops.tssa, ops.causal_tssa, ops.causal_tssa_step)
+
+
+def case_size(impl):
+    """(T, p) of the cases of the fork check (forks.kernel_differences) for impl's kernels: T past two of their steps over chunks, ending
+    inside a chunk; for the Triton kernels, p over two of dL/dw's column blocks, the second part-filled."""
+    if impl == "triton":
+        import kernels.triton_tssa as triton_tssa  # (imports Triton: asked only where the Triton kernels are checked)
+        chunk, step = triton_tssa.BLOCK_T, triton_tssa.BLOCK_T * triton_tssa.SCAN_CHUNKS
+        p = triton_tssa.FEATURE_BLOCK + max(1, triton_tssa.FEATURE_BLOCK // 2)
+    else:
+        from kernels.cpu import CKernels
+        chunk = step = CKernels.L
+        p = 8
+    return 2 * step + chunk // 2 + 3, p

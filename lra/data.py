@@ -44,9 +44,10 @@ import torch
 
 from PIL import Image
 
-from cli import UserError, atomic_write
-from trainkit import hub_reachable
-from vit_data import eight_bit
+from nanotost.atomic import atomic_write
+from nanotost.cli import UserError
+from nanotost.devices import hub_reachable
+from nanotost.vit_data import eight_bit
 
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 RELEASE_PAGE = "https://github.com/google-research/long-range-arena"

@@ -28,6 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import GPT, MLP, Block, make_attention
+from nanotost import checkpoints
 
 
 @dataclass(kw_only=True)
@@ -135,3 +136,6 @@ class LRAClassifier(nn.Module):
     def loss(self, towers, labels):
         logits = self(towers)
         return logits, F.cross_entropy(logits.float(), labels)
+
+
+checkpoints.register_kind("lra", LRAConfig, LRAClassifier)  # what lra/train.py's checkpoints hold

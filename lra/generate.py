@@ -25,7 +25,7 @@ metadata/<k>.npy with one line per image: "imgs/<k> sample_<i>.png <i> <label> .
 Progress bars show the work as it goes; Pathfinder's images are drawn by --workers processes
 (0, the default: one per core this process may use). Every count and size is checked before
 anything is written; every file is written atomically
-(cli.atomic_write), ListOps's three splits together (all or none: cli.write_together) and Pathfinder's
+(atomic.atomic_write), ListOps's three splits together (all or none: atomic.write_together) and Pathfinder's
 metadata after all its images, so a failed or killed run leaves no partial file and no set
 that looks whole. An out_dir that already holds the task's set is refused, never overwritten.
 """
@@ -43,9 +43,8 @@ from tqdm import tqdm
 if __package__ in (None, ""):  # run as a script: make `lra` and the repo's modules importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import cli
-import trainkit as tk
 from lra.data import TASKS
+from nanotost import atomic, cli, devices, outputs
 
 
 # -----------------------------------------------------------------------------
@@ -144,12 +143,12 @@ def generate_listops(n, seed=0, min_len=500, max_len=2000, max_depth=10, max_arg
 
 def write_listops(out_dir, n_train=96000, n_val=2000, n_test=2000, seed=0, **kw):
     """Write listops-1000/basic_{train,val,test}.tsv under out_dir; splits never share a tree.
-    The three files appear together or not at all (cli.write_together: each on disk in its temp
+    The three files appear together or not at all (atomic.write_together: each on disk in its temp
     file, then the three renamed in a row)."""
     examples = generate_listops(n_train + n_val + n_test, seed=seed, **kw)
     folder = os.path.join(out_dir, "listops-1000")
     bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(examples))}
-    cli.write_together({os.path.join(folder, f"basic_{split}.tsv"): "Source\tTarget\n" + "".join(
+    atomic.write_together({os.path.join(folder, f"basic_{split}.tsv"): "Source\tTarget\n" + "".join(
         f"{text}\t{label}\n" for text, label in examples[lo:hi]) for split, (lo, hi) in bounds.items()})
     return folder
 
@@ -329,7 +328,7 @@ def _write_pathfinder_images(args):
     style = PATHFINDER_STYLES[size]
     for index, label, rel_path in items:
         img, _ = pathfinder_sample(np.random.default_rng([seed, index]), style, int(label))
-        with cli.atomic_write(os.path.join(root, rel_path)) as f:  # never a half-written PNG
+        with atomic.atomic_write(os.path.join(root, rel_path)) as f:  # never a half-written PNG
             Image.fromarray(img).save(f, format="PNG")  # 8-bit grey
     return len(items)
 
@@ -363,7 +362,7 @@ def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, w
         else:
             for job in jobs:
                 bar.update(_write_pathfinder_images(job))
-    cli.write_together({path: "".join(lines) for path, lines in metadata.items()})  # all metadata files or none
+    atomic.write_together({path: "".join(lines) for path, lines in metadata.items()})  # all metadata files or none
     return root
 
 
@@ -448,7 +447,7 @@ def existing_set(C):
 def main(argv):
     C, _ = cli.configure(DEFAULTS, argv)
     check_settings(C)
-    cli.claim_output(C.out_dir, "--out_dir=<new folder>")  # one writer at a time, before the existing set is looked for
+    outputs.claim_output(C.out_dir, "--out_dir=<new folder>")  # one writer at a time, before the existing set is looked for
     folder = existing_set(C)
     if folder:  # never overwrite a set (it may be the release's own)
         raise cli.UserError(f"{folder} already holds a {C.task} set: write this one elsewhere with "
@@ -457,7 +456,7 @@ def main(argv):
         folder = write_listops(C.out_dir, C.n_train, C.n_val, C.n_test, seed=C.seed, min_len=C.min_len,
                                max_len=C.max_len, max_depth=C.max_depth, max_args=C.max_args, parens=C.parens)
     else:
-        folder = write_pathfinder(C.out_dir, C.size, C.n_images, C.seed, C.per_folder, C.workers or tk.cpu_cores())
+        folder = write_pathfinder(C.out_dir, C.size, C.n_images, C.seed, C.per_folder, C.workers or devices.cpu_cores())
     print(f"wrote {folder}; train with --data_dir={C.out_dir}")
     return folder
 

@@ -35,10 +35,9 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import cli
-import portable
-import trainkit as tk
+import lra.encoder  # noqa: F401 (the lra kind of checkpoint: its model)
 from lra.data import load_split
+from nanotost import atomic, checkpoints, cli, outputs, portable
 
 # -----------------------------------------------------------------------------
 # settings
@@ -136,7 +135,7 @@ def one_run(name, config, extra, seed, path, C):
                                           f"{done.stderr[-1500:]}")
         with open(os.path.join(tmp, "run", "log.jsonl")) as f:
             last = [json.loads(line) for line in f if '"val_acc"' in line][-1]
-        ckpt = tk.load_checkpoint(os.path.join(tmp, "run", "ckpt.pt"), "lra")  # data, never code
+        ckpt = checkpoints.load_checkpoint(os.path.join(tmp, "run", "ckpt.pt"), "lra")  # data, never code
     settings = ckpt["config"]
     return dict(run=name, command="python lra/train.py " + " ".join(argv), seed=seed, vector_path=path,
                 attn=settings["attn"], params=sum(v.numel() for v in ckpt["model"].values()),
@@ -161,14 +160,14 @@ def read_results(out, C):
     if not os.path.isfile(out):
         return dict(schema=SCHEMA, grids={})
     fix = "restore it (git checkout, for the committed one), or choose another --out"
-    results = cli.read_json(out, fix)
+    results = atomic.read_json(out, fix)
     cli.require(results.get("schema") == SCHEMA, f"{C.out} is not a file this script wrote (schema "
                                                  f"{results.get('schema')!r}): choose another --out")
-    with cli.reading(out, fix):  # what the tables read of each grid, each of its type
+    with atomic.reading(out, fix):  # what the tables read of each grid, each of its type
         for grid in dict(results["grids"]).values():
             for r in list(grid["runs"]):
                 for field in ("seed", "params", "iters", "test_acc_at_best_val", "best_val_acc"):
-                    cli.json_number(r[field], field)
+                    atomic.json_number(r[field], field)
             _ = dict(grid["vector_paths"]), dict(grid["data"])
     return results
 
@@ -182,7 +181,7 @@ def main(argv):
     paths = None if C.vector_paths == "grid" else cli.name_list("vector_paths", C.vector_paths, VECTOR_PATHS)
     cli.check(C, non_negative=("max_iters",))
     out = C.out if os.path.isabs(C.out) else os.path.join(REPO, C.out)
-    cli.claim_output(out, "--out=<another file>")  # one writer, and a place that can be written, before any run
+    outputs.claim_output(out, "--out=<another file>")  # one writer, and a place that can be written, before any run
     results = read_results(out, C)
     commit, dirty = git_commit()
     for g in chosen:
@@ -207,11 +206,11 @@ def main(argv):
                     print(f"{g} {name} seed {seed} {path}: test {r['test_acc_at_best_val']:.2f} (best val "
                           f"{r['best_val_acc']:.2f}), {r['wall_s']:.0f} s at load {r['load_average_before'][0]:.1f}",
                           flush=True)
-                    cli.write_json(out, results, saved=f"{C.out} holds the {len(record['runs'])} run(s) that "
+                    atomic.write_json(out, results, saved=f"{C.out} holds the {len(record['runs'])} run(s) that "
                                                        f"ended, grid {g} marked incomplete (the same command runs "
                                                        "that grid again)")
         record.update(complete=True, wall_s=round(time.time() - t0), load_average_after=list(portable.load_average()))
-        cli.write_json(out, results)
+        atomic.write_json(out, results)
         print(f"{g}: {len(record['runs'])} runs in {record['wall_s']} s; wrote {C.out}", flush=True)
     return results
 

@@ -14,8 +14,8 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `lra` and the repo's modules importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import cli
 from lra.data import SPLITS, TASKS, load_split
+from nanotost import cli
 
 # -----------------------------------------------------------------------------
 task = "listops"  # one of lra.data.TASKS

@@ -22,11 +22,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import cli
-import trainkit
 from lra import generate, train
 from lra.data import LISTOPS_VOCAB, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
+from nanotost import checkpoints, cli
 from PIL import Image
 
 torch.set_num_threads(1)  # on a shared 2-core machine more threads only contend
@@ -466,8 +465,8 @@ def test_resume_continues_exactly(tiny_listops, tmp_path):
     straight = train.main(tiny_args(tiny_listops, str(tmp_path / "a"), **common))
     train.main(tiny_args(tiny_listops, str(tmp_path / "b"), **{**common, "max_iters": 6}))
     resumed = train.main(tiny_args(tiny_listops, str(tmp_path / "b"), **common, init_from="resume"))
-    a = trainkit.load_checkpoint(str(tmp_path / "a" / "ckpt.pt"), "lra")
-    b = trainkit.load_checkpoint(str(tmp_path / "b" / "ckpt.pt"), "lra")
+    a = checkpoints.load_checkpoint(str(tmp_path / "a" / "ckpt.pt"), "lra")
+    b = checkpoints.load_checkpoint(str(tmp_path / "b" / "ckpt.pt"), "lra")
     assert a["iter_num"] == b["iter_num"] == 12
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key  # bit for bit: same batches, dropout, optimizer
@@ -485,7 +484,7 @@ def test_batch_size_is_per_process_per_micro_step(tiny_listops, tmp_path):
     common = dict(max_iters=3, eval_interval=3, n_train=200, n_eval=16, dropout=0.0)
     train.main(tiny_args(tiny_listops, str(tmp_path / "one"), **common, batch_size=32))
     train.main(tiny_args(tiny_listops, str(tmp_path / "two"), **common, batch_size=16, gradient_accumulation_steps=2))
-    a, b = (trainkit.load_checkpoint(str(tmp_path / d / "ckpt.pt"), "lra")["model"] for d in ("one", "two"))
+    a, b = (checkpoints.load_checkpoint(str(tmp_path / d / "ckpt.pt"), "lra")["model"] for d in ("one", "two"))
     for key in a:  # float32, 3 Adam steps of lr 4e-3: differences of ~1e-7
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)
     record = [json.loads(line) for line in open(tmp_path / "two" / "log.jsonl")][-1]

@@ -30,9 +30,8 @@ from PIL import Image
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import cli  # noqa: E402
-import trainkit as tk  # noqa: E402
 from lra import data, generate, train  # noqa: E402
+from nanotost import atomic, checkpoints, cli, outputs  # noqa: E402
 
 torch.set_num_threads(1)  # on a shared 2-core machine more threads only contend
 SCRIPTS = {train: os.path.join(REPO, "lra", "train.py"), generate: os.path.join(REPO, "lra", "generate.py")}
@@ -221,7 +220,7 @@ def test_generator_never_overwrites_a_set(task, tmp_path, monkeypatch):
 
 
 def disk_full_at(call, calls, real):
-    """cli.settle (where every file the project writes goes to disk, its bytes written: atomic_write,
+    """atomic.settle (where every file the project writes goes to disk, its bytes written: atomic_write,
     write_together) finding the disk full at its `call`-th use."""
     def failing(f, old):
         calls.append(old)
@@ -240,7 +239,7 @@ def test_a_failed_generator_run_leaves_no_partial_file(task, argv, fail_at, tmp_
     whole (ListOps: none of the three files, and the same command then succeeds; Pathfinder:
     whole images but no metadata, so the loader says the set is missing)."""
     calls = []
-    monkeypatch.setattr(cli, "settle", disk_full_at(fail_at, calls, cli.settle))
+    monkeypatch.setattr(atomic, "settle", disk_full_at(fail_at, calls, atomic.settle))
     code, message = run(generate, [f"--task={task}", *argv, f"--out_dir={tmp_path}/gen"], monkeypatch)
     monkeypatch.undo()
     assert code == 1 and message.startswith("lra/generate.py: No space left on device: ") and "\n" not in message
@@ -306,7 +305,7 @@ def test_resume_refuses_a_checkpoint_rewritten_while_it_started(finished, listop
 
     def load_while_another_run_saves(*args, **kw):
         path = os.path.join(out, "ckpt.pt")
-        tk.save_checkpoint(tk.load_checkpoint(path, "lra"), path)
+        checkpoints.save_checkpoint(checkpoints.load_checkpoint(path, "lra"), path)
         return real(*args, **kw)
 
     monkeypatch.setattr(train, "load_split", load_while_another_run_saves)
@@ -371,7 +370,7 @@ def test_a_non_finite_loss_stops_before_the_update(how, finished, listops, tmp_p
     else:
         assert f"{ckpt} is the last good checkpoint" in message
         assert open(ckpt, "rb").read() == before  # untouched: still the iter-2 checkpoint
-        assert tk.load_checkpoint(ckpt, "lra")["iter_num"] == 2
+        assert checkpoints.load_checkpoint(ckpt, "lra")["iter_num"] == 2
     if how.startswith("nan"):
         assert steps == [] and f"at iter {2 if before else 0} " in message
     else:
@@ -475,7 +474,7 @@ def test_a_damaged_cache_file_is_said_and_rebuilt(damage, listops, tmp_path):
 
 
 def test_invsqrt_schedule_and_layer_scale_zero_means_none():
-    from trainkit import get_lr
+    from nanotost.trainkit import get_lr
 
     C = SimpleNamespace(learning_rate=1e-3, min_lr=1e-5, warmup_iters=100, lr_decay_iters=0, max_iters=10**6,
                         lr_schedule="invsqrt")
@@ -498,7 +497,7 @@ def test_a_held_out_dir_refuses_and_an_interrupt_says_what_was_saved(listops, tm
     out = str(tmp_path / "out")
     argv = [*TINY, f"--data_dir={listops}", f"--out_dir={out}", "--cache_dir=", "--eval_interval=1",
             "--max_iters=100"]
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, cli; cli.claim_output(sys.argv[1], 'x', folder=True); "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from nanotost import outputs; outputs.claim_output(sys.argv[1], 'x', folder=True); "
                                "print('held', flush=True); sys.stdin.read()", out], cwd=REPO, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -519,8 +518,8 @@ def test_a_held_out_dir_refuses_and_an_interrupt_says_what_was_saved(listops, tm
     code, _ = run(train, argv, monkeypatch)
     (line,) = capsys.readouterr().err.strip().splitlines()
     ckpt = os.path.join(out, "ckpt.pt")
-    assert code == 130 and tk.load_checkpoint(ckpt, "lra")["iter_num"] == 4  # saved at 1, 2, 3, 4
+    assert code == 130 and checkpoints.load_checkpoint(ckpt, "lra")["iter_num"] == 4  # saved at 1, 2, 3, 4
     assert line == f"lra/train.py: interrupted; {ckpt} holds iter 4; continue with the same command and --init_from=resume"
     monkeypatch.setattr(train, "batch_indices", real)
     result = train.main([*argv[:-1], "--max_iters=5", "--init_from=resume"])
-    assert result["iter"] == 5 and tk.load_checkpoint(ckpt, "lra")["iter_num"] == 5
+    assert result["iter"] == 5 and checkpoints.load_checkpoint(ckpt, "lra")["iter_num"] == 5

@@ -40,12 +40,11 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import checkpoints
-import cli
 import kernels
-import trainkit as tk
 from lra.data import TASKS, get_task, load_split, make_batch
 from lra.encoder import LRAClassifier, LRAConfig
+from nanotost import checkpoints, cli, devices, model_settings, ranks
+from nanotost import trainkit as tk
 
 # -----------------------------------------------------------------------------
 # settings
@@ -99,7 +98,7 @@ device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, el
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
 num_threads = 0  # CPU threads for torch (0: torch's default)
-ddp_timeout_s = tk.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
+ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "mlp_hidden", "dropout", "attn", "pi", "norm", "bias", "layer_scale_init")
@@ -108,13 +107,13 @@ TASK_KEYS = ("task", "max_len")  # what a checkpoint's position table and head w
 
 def check_settings(C):
     """Every setting that can be wrong on its own, checked before anything is read or written."""
-    cli.check(C, **checkpoints.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
+    cli.check(C, **model_settings.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
         at_least_1=("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "pad_multiple",
                     "load_workers"),
         non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip", "max_len",
                       "eval_batch_size", "n_train", "n_eval"),
         positive=("learning_rate",), fraction=("beta1", "beta2"), seed=("seed",),
-        workers=("load_workers", "num_threads"), between={"ddp_timeout_s": tk.DDP_TIMEOUT_RANGE},
+        workers=("load_workers", "num_threads"), between={"ddp_timeout_s": ranks.DDP_TIMEOUT_RANGE},
         choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto", "finetune"),
                  "tssa_impl": kernels.IMPLS, "lr_schedule": ("linear", "cosine", "invsqrt", "constant")}))
     cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
@@ -188,7 +187,7 @@ def evaluate(model, split, C, max_len, ctx, d):
         loss = F.cross_entropy(logits.float(), labels, reduction="sum")
         total += torch.stack([loss, (logits.argmax(-1) == labels).sum().float(),
                               torch.tensor(float(len(idx)), device=d.device)])
-    total = tk.all_reduce_mean(total, d)  # same ratios as the sums
+    total = ranks.all_reduce_mean(total, d)  # same ratios as the sums
     model.train()
     seen = total[2].clamp_min(1)
     return (total[0] / seen).item(), (total[1] / seen).item()
@@ -200,7 +199,7 @@ def main(argv):
     C, given = cli.configure(DEFAULTS, argv)
     check_settings(C)
     tk.check_init_from(C, given)  # (finetune_from: read by a finetune alone)
-    device, dtype = tk.choose_device_dtype(C.device, C.dtype)
+    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
     if C.num_threads > 0:
         torch.set_num_threads(C.num_threads)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
@@ -210,7 +209,7 @@ def main(argv):
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
-    with tk.distributed(device, C.ddp_timeout_s) as d, ExitStack() as cleanup:
+    with ranks.distributed(device, C.ddp_timeout_s) as d, ExitStack() as cleanup:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
         cli.require(C.gradient_accumulation_steps % d.world_size == 0,
@@ -267,11 +266,11 @@ def main(argv):
         raw_model = model  # the plain module: parameters, checkpoints
         device_type = device.split(":")[0]  # "cuda", "mps" or "cpu": autocast's and the scaler's
         optimizer = tk.configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
-        ctx = torch.autocast(device_type, dtype=tk.DTYPES[dtype], enabled=dtype != "float32")
+        ctx = torch.autocast(device_type, dtype=devices.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         start_iter, best_val_loss, best_val, test_at_best = 0, float("inf"), -1.0, None
         if ckpt is not None:
-            tk.load_weights(model, ckpt["model"], from_path)
+            checkpoints.load_weights(model, ckpt["model"], from_path)
             start_iter = ckpt["iter_num"] if C.init_from != "finetune" else 0
         if resume:
             optimizer.load_state_dict(ckpt["optimizer"])
@@ -332,7 +331,7 @@ def main(argv):
                 if it > 0:
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
                     if d.is_master:
-                        tk.save_checkpoint(dict(
+                        checkpoints.save_checkpoint(dict(
                             kind="lra", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), model_args=asdict(mconf),
                             iter_num=it, best_val_loss=best_val_loss, best_val_acc=best_val,
@@ -359,7 +358,7 @@ def main(argv):
                     loss = F.cross_entropy(logits.float(), labels) / accum  # the mean over the micro-batches
                     scaler.scale(loss).backward()
                 loss_sum += loss.detach()
-            train_loss = tk.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
+            train_loss = ranks.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
                 raise tk.non_finite(f"training loss ({train_loss}) at iter {it} (lr {lr:.3g}), stopped before the "
                                     "update", ckpt_path, C, dtype)

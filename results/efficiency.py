@@ -120,9 +120,9 @@ def draw(points):
     point is hollow; what the report has not measured yet is said under them. The points go
     into the PNG (results/figure.py; results/render.py reads them back). Returns (the PNG's
     bytes, what is missing)."""
-    import cli
+    from nanotost import plots
     from results import figure
-    plt = cli.pyplot()
+    plt = plots.pyplot()
     lacks = missing(points)
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4 + 0.3 * bool(lacks)))
     for ax, (key, what) in zip(axes, PANELS):

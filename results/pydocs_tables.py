@@ -1,11 +1,11 @@
 """
 README.md's comparison table (the first screen's lesson), rendered from the JSON that
-`python compare/pydocs.py --out=compare/pydocs_cpu.json` writes: every figure in the table
+`python results/compare/pydocs.py --out=results/compare/pydocs_cpu.json` writes: every figure in the table
 comes from that file, by this module. Standard library only.
 
 A table sits in a document between `<!-- table: NAME -->` and `<!-- /table -->`; TABLES maps
 NAME to (the JSON's path in the repository, fn(data) -> markdown). results/render.py rewrites
-the blocks and checks them; compare/pydocs.py prints the same table when it finishes.
+the blocks and checks them; results/compare/pydocs.py prints the same table when it finishes.
 """
 
 import textwrap
@@ -57,6 +57,6 @@ def compare_table(data):
     return table(head, body) + "\n\n" + textwrap.fill(note.strip(), 96, break_on_hyphens=False) + "\n"
 
 
-TABLES = {"pydocs_compare": ("compare/pydocs_cpu.json", compare_table)}
-FIELDS = {"compare/pydocs_cpu.json": ("the JSON of python compare/pydocs.py --out",
+TABLES = {"pydocs_compare": ("results/compare/pydocs_cpu.json", compare_table)}
+FIELDS = {"results/compare/pydocs_cpu.json": ("the JSON of python results/compare/pydocs.py --out",
                                       ("settings", "counting", "conditions", "rows"))}  # for results/render.py

@@ -1,14 +1,14 @@
 """
-recall/README.md's tables (and the recall summary of README.md), rendered from the JSON the
+results/recall/README.md's tables (and the recall summary of README.md), rendered from the JSON the
 recall commands write: every figure in those tables comes from that JSON, by these functions.
 
-    recall/results_cpu.json             python recall/suite.py --out_json=recall/results_cpu.json ...
-    recall/decode_cpu.json              python recall/decode_bench.py --out=recall/decode_cpu.json
-(the commands in full: recall/README.md, beside the tables)
+    results/recall/results_cpu.json             python results/recall/suite.py --out_json=results/recall/results_cpu.json ...
+    results/recall/decode_cpu.json              python results/recall/decode_bench.py --out=results/recall/decode_cpu.json
+(the commands in full: results/recall/README.md, beside the tables)
 
 TABLES maps a table's NAME to (its JSON, relative to the repository; fn(data) -> markdown).
 A document holds the table between `<!-- table: NAME -->` and `<!-- /table -->`;
-results/render.py rewrites or checks those blocks. recall/suite.py prints SUITE_TABLES from
+results/render.py rewrites or checks those blocks. results/recall/suite.py prints SUITE_TABLES from
 its own JSON at the end of a run. Standard library only.
 """
 
@@ -16,8 +16,8 @@ import textwrap
 
 from results.markdown import spread, table
 
-SUITE_JSON = "recall/results_cpu.json"
-DECODE_JSON = "recall/decode_cpu.json"
+SUITE_JSON = "results/recall/results_cpu.json"
+DECODE_JSON = "results/recall/decode_cpu.json"
 TASK_NAMES = {"mqar": "MQAR", "copy": "copy", "niah": "needle"}
 
 
@@ -182,7 +182,7 @@ def table_summary(data):
         f"{TASK_NAMES[swept]} ({mqar_setting(data) if swept == 'mqar' else swept}; chance "
         f"{data['chance'][swept]:.3f}), {plural(s['n_layer'], 'layer')} of width {s['n_embd']}: accuracy at the "
         f"best of {plural(len(lrs), 'rate')} (selected on seed 0), mean (min–max) of {plural(n_seeds, 'seed')}; "
-        "the recipes: recall/README.md.")
+        "the recipes: results/recall/README.md.")
 
 
 def table_decode(data):
@@ -212,6 +212,6 @@ TABLES = {
     "recall_decode": (DECODE_JSON, table_decode),
 }
 SUITE_TABLES = ("recall_sweep", "recall_tuned", "recall_plain", "recall_summary")
-FIELDS = {SUITE_JSON: ("the JSON of python recall/suite.py", ("runs", "selected", "swept", "settings", "labels",
+FIELDS = {SUITE_JSON: ("the JSON of python results/recall/suite.py", ("runs", "selected", "swept", "settings", "labels",
                                                              "recipes", "chance", "lengths")),
-          DECODE_JSON: ("the JSON of python recall/decode_bench.py", ("rows", "settings", "loadavg", "torch"))}
+          DECODE_JSON: ("the JSON of python results/recall/decode_bench.py", ("rows", "settings", "loadavg", "torch"))}

@@ -1,6 +1,6 @@
 """
 Every table of the project's documents, and every figure registered, rendered from committed JSON. README.md, SPEED.md,
-recall/README.md and lra/README.md hold each table between `<!-- table: NAME -->` and
+results/recall/README.md and lra/README.md hold each table between `<!-- table: NAME -->` and
 `<!-- /table -->`; this script rewrites what lies between from the JSON the table is
 registered with, so a figure in a table is the figure in its JSON.
 
@@ -19,7 +19,7 @@ JSON gives (drawn from others, damaged, cut short, replaced) is drawn again, or 
 (results/figure.py: the PNG holds its points and a digest of its pixels, so --check needs
 Pillow, not matplotlib; draw imports matplotlib). A JSON cut short, or holding a NaN or infinite
 number anywhere, is one line naming the file and the field (a report of bench.py is read as
-its runner reads it: benchkit/reportfile.py). Standard library only, but for the figures'
+its runner reads it: results/benchkit/reportfile.py). Standard library only, but for the figures'
 Pillow and matplotlib.
 
 A document whose markers do not pair up (an opening without its closing marker before the next
@@ -40,9 +40,9 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
-import cli  # noqa: E402
-from benchkit import reportfile  # noqa: E402
+from results.benchkit import reportfile  # noqa: E402
 from results import figure  # noqa: E402
+from nanotost import atomic, cli, outputs  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # settings
@@ -52,7 +52,7 @@ json_path = ""  # with show: render every table from this JSON instead of its ow
 root = ""  # the repository whose documents and JSON are used ("": the one this script is in)
 # -----------------------------------------------------------------------------
 SETTINGS = cli.config_defaults(globals())
-DOCS = ("README.md", "SPEED.md", "recall/README.md", "lra/README.md")
+DOCS = ("README.md", "SPEED.md", "results/recall/README.md", "lra/README.md")
 MODULES = ("speed_tables", "lra_tables", "recall_tables", "pydocs_tables", "efficiency")
 BLOCK = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 MARKER = re.compile(r"<!--\s*(/?)\s*table\b.*?-->")  # any table marker, well formed or not
@@ -85,7 +85,7 @@ def render_figures(figures, awaited, where, cache, check):
             cache[path] = load_json(path, where, awaited)
         if cache[path] is None:
             continue
-        with cli.reading(path, restore(path)):
+        with atomic.reading(path, restore(path)):
             now = points(cache[path])
         why = stale_figure(os.path.join(where, png), now)
         if why is None:
@@ -124,10 +124,10 @@ def load_json(path, where, awaited):
 def read_data(path, fix):
     """The JSON at path as every table and figure reads it: cut short, not JSON, or holding a
     NaN or infinite number anywhere is one line naming the file (and the field) and `fix`. A
-    report of bench.py is read as its runner reads it (benchkit/reportfile.py: the one reading
+    report of bench.py is read as its runner reads it (results/benchkit/reportfile.py: the one reading
     of a report), except that a NaN or infinite figure refuses the file here (the runner
     measures that row again)."""
-    data = cli.read_json(path, fix, finite=True)
+    data = atomic.read_json(path, fix, finite=True)
     if reportfile.is_report(data):
         reportfile.check(data, path, fix, refuse=True)
     return data
@@ -161,7 +161,7 @@ def render_table(name, tables, awaited, where, cache, data=None, shown=None):
             return f"_No report is committed yet (`{path}`): {awaited[path]} writes it._"
         data = cache[path]
     check_kind(data, path, shown)
-    with cli.reading(shown or path, f"it is not {FIELDS[path][0]} as this version writes it" if shown
+    with atomic.reading(shown or path, f"it is not {FIELDS[path][0]} as this version writes it" if shown
                      else restore(path)):
         return MARKER.sub(lambda m: m.group(0).replace("<", "&lt;"), fn(data).rstrip())  # (text from a JSON
         # that reads as a table marker, e.g. a command typed with one, must not end or open a block)
@@ -226,8 +226,8 @@ def main(argv):
         data = None
         if C.json_path:
             cli.require(os.path.isfile(C.json_path), f"no JSON at {C.json_path}")
-            data = read_data(C.json_path, "give --json_path a JSON that bench.py, recall/suite.py, "
-                                              "lra/listops_runs.py or compare/pydocs.py wrote")
+            data = read_data(C.json_path, "give --json_path a JSON that bench.py, results/recall/suite.py, "
+                                              "lra/listops_runs.py or results/compare/pydocs.py wrote")
         for name in chosen:
             body = render_table(name, tables, awaited, where, cache, data, C.json_path or None)
             print(f"## {name}\n\n{body}\n")
@@ -242,13 +242,13 @@ def main(argv):
         rendered[doc] = (new, changed, len(names_in(text)))
     for path in [os.path.join(where, d) for d in DOCS] + [os.path.join(where, png) for png in figures]:
         if not C.check:
-            cli.claim_output(path, "--root=<another checkout>")  # one writer at a time, every output first
+            outputs.claim_output(path, "--root=<another checkout>")  # one writer at a time, every output first
     for doc, (new, changed, count) in rendered.items():
         print(f"{doc}: {count} table(s)" + (f", {'differ' if C.check else 'rewritten'}: {', '.join(changed)}"
                                             if changed else ", as rendered"))
     figures_differ, drawn = render_figures(figures, awaited, where, cache, C.check)
     if not C.check:  # the documents and the figures as one unit: all replaced, or (an error, Ctrl-C) none
-        cli.write_together({**{os.path.join(where, doc): new for doc, (new, changed, _) in rendered.items() if changed},
+        atomic.write_together({**{os.path.join(where, doc): new for doc, (new, changed, _) in rendered.items() if changed},
                             **drawn})
     differ += figures_differ
     if C.check and differ:

@@ -314,7 +314,7 @@ def table_gpu_main_job(data):
     others = " (the other rows: the same with their config and `--tssa_impl`)" if len(set(commands)) > 1 else ""
     head = section_line(data, ["main_job"]) + f"`{commands[0]}` on {s.get('data')}{others}.\n\n"
     foot = ("\n\nProfile: GPU busy ms of one compiled micro-step (12 x 1,024 tokens, forward and backward) and "
-            "the share of each kind of kernel, told by name (benchkit/main_job.py's KERNEL_KINDS).") if any(
+            "the share of each kind of kernel, told by name (results/benchkit/main_job.py's KERNEL_KINDS).") if any(
         r.get("profile") for r in rows) else ""
     return head + table(["job", "iterations", "tokens / iteration", "tokens/s", "MFU", "target", "profile"],
                         body) + notes.text() + foot

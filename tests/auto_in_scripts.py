@@ -29,7 +29,6 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-import cli  # noqa: E402
 import evaluate  # noqa: E402
 import kernels  # noqa: E402
 import lm_inspect  # noqa: E402
@@ -38,6 +37,7 @@ import prepare_char  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from kernels import auto, fused, triton_tssa  # noqa: E402
+from nanotost import cli  # noqa: E402
 
 FAKE_TIMES = {"triton": 1e-3, "reference": 2e-3}  # the mocked timer: the Triton kernels are the faster
 LAUNCHED = []  # (what, H, p) of the flow's calls of the Triton kernels (the check's: H=3, p=6; the models': H=2, p=16)

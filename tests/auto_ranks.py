@@ -3,7 +3,7 @@ tests/test_auto.py's two torchrun ranks of one node (gloo, CPU). Torch is import
 rank forked from this process (tests/helpers_ranks.py's way: an interpreter and torch per rank
 would cost seconds of CPU each), with the environment torchrun gives it (RANK, LOCAL_RANK,
 WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and one cache folder. Each builds a tiny
-ToST GPT inside trainkit.distributed and calls kernels.use(..., "auto", timed_at=...), as
+ToST GPT inside ranks.distributed and calls kernels.use(..., "auto", timed_at=...), as
 train.py does, then runs it. The Triton kernels pass the check (mocked: nothing interpreted);
 the ranks' timers are mocked to disagree (rank 0: Triton the faster, rank 1: the reference),
 so ranks that agree on Triton ran rank 0's pick. Rank 0's timer answers only once rank 1 waits
@@ -30,9 +30,9 @@ import torch.distributed as dist  # noqa: E402
 
 import kernels  # noqa: E402
 import model  # noqa: E402
-import trainkit as tk  # noqa: E402
 from helpers_ranks import free_ports  # noqa: E402
 from kernels import auto, auto_cache  # noqa: E402
+from nanotost import ranks  # noqa: E402
 
 TIMES = {0: {"triton": 1e-3, "reference": 2e-3}, 1: {"triton": 3e-3, "reference": 2e-3}}  # each rank's own timing
 DEADLINE_S = 120.0  # the longest rank 0 waits for rank 1 to wait (a loaded machine), and the launcher for both
@@ -55,7 +55,7 @@ def rank_main(rank, folder):
         return real(*args, **kwargs)
     auto.triton_refusal, auto.seconds, auto_cache.wait = (lambda device: None), seconds, wait
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), tk.distributed("cpu", DEADLINE_S):
+    with contextlib.redirect_stdout(out), ranks.distributed("cpu", DEADLINE_S):
         torch.manual_seed(0)
         cfg = model.GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=2, n_embd=16)
         m = kernels.use(model.GPT(cfg), "auto", timed_at=(2, 32, "float32", False))

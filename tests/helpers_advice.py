@@ -16,8 +16,8 @@ import re
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("train.py", "sample.py", "evaluate.py", "export.py", "prepare_char.py", "prepare_openwebtext.py",
            "vit_train.py", "vit_inspect.py", "lm_inspect.py", "bench.py", "lra/train.py", "lra/generate.py",
-           "lra/summary.py", "lm_harness.py", "results/render.py", "compare/pydocs.py", "recall/suite.py",
-           "recall/decode_bench.py", "lra/listops_runs.py")
+           "lra/summary.py", "lm_harness.py", "results/render.py", "results/compare/pydocs.py", "results/recall/suite.py",
+           "results/recall/decode_bench.py", "lra/listops_runs.py")
 TOKEN = re.compile(r"(python\s+)?((?:[\w.-]+/)*[\w.-]+\.py)\b|(?<![\w-])--([a-z_][a-z0-9_]*)")
 
 

@@ -31,8 +31,8 @@ import torch._dynamo  # noqa: E402,F401  (DDP's first construction imports it: a
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-import cli  # noqa: E402
-import trainkit as tk  # noqa: E402
+from nanotost import cli, ranks
+from nanotost import trainkit as tk  # noqa: E402
 
 # collective: what the waiting rank runs; stopper: the rank that stops, how ("sleep" or "error");
 # signal: sent to the waiter once it waits ("" for none); timeout_s: the waiter's process group's
@@ -79,7 +79,7 @@ def stop(case, rank):
 def run_collective(what, d, model):
     """The collective the waiting rank waits in (the trainers' own, or torch's as a script calls it)."""
     if what == "loss mean":
-        tk.all_reduce_mean(torch.ones(2), d)
+        ranks.all_reduce_mean(torch.ones(2), d)
     elif what == "rng gather":
         tk.gather_rng_states(d)
     elif what == "DDP start":
@@ -91,7 +91,7 @@ def run_collective(what, d, model):
     elif what == "broadcast":
         dist.broadcast(torch.ones(2), 0)
     elif what == "disagree":
-        tk.all_reduce_mean(torch.ones(2), d)
+        ranks.all_reduce_mean(torch.ones(2), d)
     # "end barrier": nothing, the block's end waits for every rank
 
 
@@ -112,7 +112,7 @@ def case_main(name, rank, out):
         return stop(case, rank)
     if case.collective == "init":
         open(ready, "w").close()
-    with tk.distributed("cpu", LONG if stopper else case.timeout_s) as d:  # (the waiter's timeout comes first)
+    with ranks.distributed("cpu", LONG if stopper else case.timeout_s) as d:  # (the waiter's timeout comes first)
         model = DDP(torch.nn.Linear(4, 4)) if case.collective == "DDP gradients" else None
         if stopper and case.collective != "disagree":
             stop(case, rank)

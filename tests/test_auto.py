@@ -25,10 +25,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import cli  # noqa: E402
 import kernels  # noqa: E402
 import model  # noqa: E402
-from kernels import auto, auto_cache, check, fused  # noqa: E402  (fused: the process's FusedOps)
+from kernels import auto, auto_cache, fused  # noqa: E402  (fused: the process's FusedOps)
+from nanotost import forks  # noqa: E402  (the fork checks auto runs)
+from nanotost import cli  # noqa: E402
 
 TINY = dict(block_size=64, vocab_size=96, n_layer=2, n_head=4, n_embd=32)
 ONE_LAYER = dict(TINY, n_layer=1)  # what is traced: one block
@@ -83,15 +84,15 @@ def test_a_check_that_raises_or_disagrees_falls_back_with_its_cause(monkeypatch)
     def picked():
         return auto.uses_triton("causal_tssa", w)
 
-    def broken(device, impl):
+    def broken(fused, device, T, p):
         raise RuntimeError("PTX assembly failed\nmore lines")
-    monkeypatch.setattr(check, "differences", broken)
+    monkeypatch.setattr(forks, "kernel_differences", broken)
     triton, said = auto_warnings(picked)
     assert not triton and said == [
         "tssa_impl='auto': the Triton check raised RuntimeError: PTX assembly failed; running model.py's reference maths"]
     # a difference is said in MATH.md's words: the operator and what differs
     monkeypatch.setattr(auto, "_REFUSALS", {})
-    monkeypatch.setattr(check, "differences", lambda device, impl: {
+    monkeypatch.setattr(forks, "kernel_differences", lambda fused, device, T, p: {
         ("tssa", "Pi"): 1e-7, ("tssa", "the gradient with respect to Pi's temperature"): 0.5,
         ("causal_tssa", "the update -Pi w f'(s)"): 1e-7})
     triton, said = auto_warnings(picked)
@@ -99,11 +100,11 @@ def test_a_check_that_raises_or_disagrees_falls_back_with_its_cause(monkeypatch)
         "tssa_impl='auto': the Triton kernels differ from model.py's operators: tssa in the gradient with respect to "
         "Pi's temperature (by 0.5 of its largest value); running model.py's reference maths"]
     monkeypatch.setattr(auto, "_REFUSALS", {})
-    monkeypatch.setattr(check, "differences", lambda device, impl: {("causal_tssa", "Pi"): float("nan")})
+    monkeypatch.setattr(forks, "kernel_differences", lambda fused, device, T, p: {("causal_tssa", "Pi"): float("nan")})
     assert not auto_warnings(picked)[0]  # nan is no pass
     # kernels turned off by an earlier call of the process agree with the reference (it ran): still refused
     monkeypatch.setattr(auto, "_REFUSALS", {})
-    monkeypatch.setattr(check, "differences", lambda device, impl: {("causal_tssa", "Pi"): 0.0})
+    monkeypatch.setattr(forks, "kernel_differences", lambda fused, device, T, p: {("causal_tssa", "Pi"): 0.0})
     kernels.ops_for("triton")
     monkeypatch.setattr(fused._OPS["triton"], "failure", "ImportError: no Triton")
     triton, said = auto_warnings(picked)

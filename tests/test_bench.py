@@ -28,10 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import background  # noqa: E402
 import bench  # noqa: E402
-import cli  # noqa: E402
+from nanotost import atomic, cli  # noqa: E402
 import render  # noqa: E402
 import speed_tables  # noqa: E402
-from benchkit import headline, main_job, meta as bench_meta, part as bench_part, report, suites, timing  # noqa: E402
+from results.benchkit import headline, main_job, meta as bench_meta, part as bench_part, report, suites, timing  # noqa: E402
 from test_errors import refused  # noqa: E402
 
 SCRIPT_RENDER = "results/render.py"
@@ -301,7 +301,7 @@ def git(where, *args):
 def committed(where, names):
     """A repository at `where` of one commit holding the files `names` (each "# <name>"): its hash."""
     for name in names:
-        (where / name).parent.mkdir(exist_ok=True)
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
         (where / name).write_text(f"# {name}\n")
     git(where, "init", "-q")
     git(where, "add", "-A")
@@ -313,15 +313,15 @@ def test_the_digest_names_the_code_at_a_commit_and_a_stale_git_names_no_commit(t
     """source_digest(commit) reads the code from git: the same hex as the tree's where the code
     is the same. A .git whose HEAD holds other code (a stale copy) names no commit; NANOTOST_COMMIT
     that git does not hold is recorded, said to be unverified, and stops nothing."""
-    head = committed(tmp_path, ("model.py", "benchkit/a.py", "kernels/k.py", "kernels/k.c", "kernels/notes.md"))
+    head = committed(tmp_path, ("model.py", "results/benchkit/a.py", "kernels/k.py", "kernels/k.c", "kernels/notes.md"))
     tree = bench_meta.source_digest(root=str(tmp_path))
     assert bench_meta.source_digest(head, root=str(tmp_path)) == tree
     assert bench_meta.name_commit(str(tmp_path), tree)["commit"] == head
     (tmp_path / "kernels" / "notes.md").write_text("not code the figures depend on\n")
     assert bench_meta.source_digest(root=str(tmp_path)) == tree
-    (tmp_path / "benchkit" / "a.py").write_text("# the benchmark's own code counts\n")
+    (tmp_path / "results" / "benchkit" / "a.py").write_text("# the benchmark's own code counts\n")
     assert bench_meta.source_digest(root=str(tmp_path)) != tree
-    (tmp_path / "benchkit" / "a.py").write_text("# benchkit/a.py\n")
+    (tmp_path / "results" / "benchkit" / "a.py").write_text("# results/benchkit/a.py\n")
     (tmp_path / "kernels" / "k.py").write_text("# changed\n")  # the tree is not HEAD's code any more
     changed = bench_meta.source_digest(root=str(tmp_path))
     assert changed != tree
@@ -346,7 +346,7 @@ def test_the_digest_names_the_code_at_a_commit_and_a_stale_git_names_no_commit(t
 
 def two_commits(where):
     """A repository of two commits whose code differs (first, second), its tree at the second."""
-    first = committed(where, ("model.py", "benchkit/a.py", "kernels/k.py", "notes.md"))
+    first = committed(where, ("model.py", "results/benchkit/a.py", "kernels/k.py", "notes.md"))
     (where / "kernels" / "k.py").write_text("# the second commit's kernels\n")
     git(where, "commit", "-qam", "two")
     return first, git(where, "rev-parse", "HEAD")
@@ -358,7 +358,7 @@ COMMITS = {
     "NANOTOST_COMMIT names an older commit (other code)": ("first", None, None),
     "the same, in upper case": ("FIRST", None, None),
     "NANOTOST_COMMIT names HEAD, and the tree's code changed since": ("second", "kernels/k.py", None),
-    "no NANOTOST_COMMIT, HEAD's code is not the tree's (a stale .git)": (None, "benchkit/a.py", None),
+    "no NANOTOST_COMMIT, HEAD's code is not the tree's (a stale .git)": (None, "results/benchkit/a.py", None),
     "NANOTOST_COMMIT names HEAD, the tree changed outside the code": ("second", "notes.md", "second"),
     "NANOTOST_COMMIT names HEAD, the same code": ("second", None, "second"),
     "NANOTOST_COMMIT that this .git does not hold (unverified)": ("unknown", None, "unknown"),
@@ -470,7 +470,7 @@ def test_a_non_finite_figure_is_refused_by_the_renderer_and_measured_again_by_th
         assert row["status"] == "not_run" and "refused on reading" in row["reason"]
     else:
         row = next(r for r in data["sections"]["op"]["rows"] if all(r.get(k) == v for k, v in key.items()))
-        assert row["status"] == "ok" and "kept_from" not in row and cli.non_finite(row) is None, row
+        assert row["status"] == "ok" and "kept_from" not in row and atomic.non_finite(row) is None, row
     assert data["sections"]["op"]["status"] == "ok"
     kept = next(r for r in data["sections"]["op"]["rows"] if all(r.get(k) == v for k, v in FINITE_ROW.items()))
     assert (kept["ms"], kept["kept_from"]) == (1.0, "earlier")  # a finite row of this code: kept as it was

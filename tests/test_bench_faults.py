@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import background  # noqa: E402
 import bench  # noqa: E402
-import cli  # noqa: E402
-from benchkit import report, settings  # noqa: E402
+from nanotost import cli  # noqa: E402
+from results.benchkit import report, settings  # noqa: E402
 from test_errors import refused  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -90,7 +90,7 @@ SCRIPT = r"""
 import ctypes, json, os, signal, subprocess, sys, threading, time
 repo, work = sys.argv[1], sys.argv[2]
 sys.path.insert(0, repo)
-from benchkit.keeper import is_running
+from results.benchkit.keeper import is_running
 
 
 def ours(mark):
@@ -185,7 +185,7 @@ GONE_S = 25  # the job waits 30 s at most
 @pytest.mark.parametrize("dies", ["report", "section"])
 def test_a_section_and_its_children_end_whichever_process_is_killed(dies, killed):
     got = killed[dies]
-    for what in ("train.py", "from benchkit.keeper import keep", "multiprocessing.forkserver"):
+    for what in ("train.py", "from results.benchkit.keeper import keep", "multiprocessing.forkserver"):
         assert any(what in c for c in got["seen"]), (what, got["seen"])  # (all there when it was killed)
     # within seconds (0.2 s seen alone; up to ~9 s as the suite's last, busiest minute starves this nice-10 job,
     # whose /proc scans are what take the time); unfixed, never: train.py runs for ever

@@ -3,12 +3,12 @@ The headline's plan, row by row (issue 44, item 2), in this process, with no GPU
 
   1. a row starts when its own estimated cost fits in what is left of its section's time, and
      records what it cost (row_s); a row of another stage of the headline is left for it
-  2. a row's cost comes from the rows a device measured before (benchkit/costs.py): its own,
+  2. a row's cost comes from the rows a device measured before (results/benchkit/costs.py): its own,
      recorded whole or in parts; one never measured from the nearest row that was, each way
      of carrying a cost over a member of a parametrised test
-  3. torch.compile's artifacts, kept from one window to the next (benchkit/compile_cache.py):
+  3. torch.compile's artifacts, kept from one window to the next (results/benchkit/compile_cache.py):
      which file is loaded and written, every member loaded, what a run saved gathered with
-     what it loaded and did not write again; a script run through benchkit/run_cached.py runs
+     what it loaded and did not write again; a script run through results/benchkit/run_cached.py runs
      as itself; the run's record of its compiles beside the same rows of the earlier report
 
     python -m pytest -q tests/test_bench_plan.py          # seconds
@@ -26,8 +26,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchkit import compile_cache, costs, order, plan  # noqa: E402
-from benchkit.part import Part, row_key  # noqa: E402
+from results.benchkit import compile_cache, costs, order, plan  # noqa: E402
+from results.benchkit.part import Part, row_key  # noqa: E402
 
 SETTINGS = dict(warmup=1, repeats=5, decode_steps=50, main_iters=60)
 
@@ -138,7 +138,7 @@ def test_the_compile_cache_is_found_beside_the_report_then_in_results(tmp_path, 
     out = tmp_path / "out" / "nvidia-h100.json"
     out.parent.mkdir()
     C = SimpleNamespace(compile_cache="auto")
-    monkeypatch.setattr(compile_cache, "ROOT", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "REPO", str(tmp_path))
     (tmp_path / "results").mkdir()
     beside = str(out.parent / "nvidia-h100.compile-cache.zip")
     assert compile_cache.files(C, str(out), "nvidia-h100", cuda=True) == (None, beside)  # none yet: written beside

@@ -1,7 +1,7 @@
 """
 bench.py's settings and its three modes (the suites; --report; --headline): a setting given
 must do something. Each mode reads some settings the others never read
-(benchkit/settings.py's SUITES_ONLY and REPORTS_ONLY); given to a mode that does not read it,
+(results/benchkit/settings.py's SUITES_ONLY and REPORTS_ONLY); given to a mode that does not read it,
 a setting is one line before any work, never ignored (`bench.py --sections=op` without
 --report ran the suites for ten minutes). The two lists are checked against the code that reads
 each setting, so a new setting of one mode joins its list or fails here.
@@ -21,8 +21,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import bench  # noqa: E402
-import cli  # noqa: E402
-from benchkit.settings import REPORTS_ONLY, SUITES_ONLY  # noqa: E402
+from nanotost import cli  # noqa: E402
+from results.benchkit.settings import REPORTS_ONLY, SUITES_ONLY  # noqa: E402
 
 MODES = {"suites": [], "report": ["--report"], "headline": ["--headline"]}
 EXAMPLE = dict(suites="op", impls="torch", modes="fwd", causal="False", max_case_s="5", sections="op",
@@ -65,7 +65,7 @@ def settings_read(path):
 
 def planned():
     """The settings check_settings hands every mode as lists (its `plan = dict(...)`)."""
-    with open(os.path.join(REPO, "benchkit", "settings.py"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "results", "benchkit", "settings.py"), encoding="utf-8") as f:
         tree = ast.parse(f.read())
     return {k.arg for n in ast.walk(tree) if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "plan"
             and isinstance(n.value, ast.Call) for k in n.value.keywords}
@@ -73,14 +73,14 @@ def planned():
 
 def test_the_lists_are_what_the_code_reads():
     """By the code: SUITES_ONLY is never read by a module of the report or the headline, and
-    REPORTS_ONLY never by benchkit/suites.py; every other setting (but the two mode switches)
+    REPORTS_ONLY never by results/benchkit/suites.py; every other setting (but the two mode switches)
     is read by both, directly or as check_settings' lists. A new setting either does both or
     joins a list."""
-    others = [f"benchkit/{f}" for f in os.listdir(os.path.join(REPO, "benchkit"))
+    others = [f"results/benchkit/{f}" for f in os.listdir(os.path.join(REPO, "results", "benchkit"))
               if f.endswith(".py") and f not in ("suites.py", "settings.py")] + ["bench.py"]
-    suites = settings_read("benchkit/suites.py") | planned()
+    suites = settings_read("results/benchkit/suites.py") | planned()
     reports = set().union(*(settings_read(p) for p in others)) | planned()
     assert not set(SUITES_ONLY) & set().union(*(settings_read(p) for p in others))
-    assert not set(REPORTS_ONLY) & settings_read("benchkit/suites.py")
+    assert not set(REPORTS_ONLY) & settings_read("results/benchkit/suites.py")
     shared = set(bench.DEFAULTS) - set(SUITES_ONLY) - set(REPORTS_ONLY) - {"report", "headline"}
     assert {name for name in shared if name not in suites or name not in reports} == set()

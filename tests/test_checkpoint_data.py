@@ -1,7 +1,7 @@
 """
 Issue 39: a checkpoint from anyone is data, never code. Every reader goes through
-trainkit.load_checkpoint, which loads with torch.load(weights_only=True) (plaindata.read), and
-the trainers write nothing else (plaindata.not_plain).
+trainkit.load_checkpoint, which loads with torch.load(weights_only=True) (checkpoints.read), and
+the trainers write nothing else (checkpoints.not_plain).
 
   1. a ckpt.pt whose pickle calls a function (os.system) or builds a class: refused in one line
      that names the file, by every reader the way a user runs it, and the command never runs
@@ -33,9 +33,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
-import plaindata  # noqa: E402
-import trainkit as tk  # noqa: E402
+from nanotost import checkpoints, cli
+from nanotost import trainkit as tk  # noqa: E402
 from test_error_classes import lra_args, shapes_args  # noqa: E402
 from test_errors import TINY, call, refused  # noqa: E402
 
@@ -92,7 +91,7 @@ def malicious(written, kind, folder, payload=RunsCommand):
     """A real checkpoint of `kind` with its RNG states replaced by the payload, at folder/ckpt.pt;
     returns (that path, the marker the payload would create)."""
     marker = os.path.join(os.path.dirname(os.path.abspath(folder)), "MARKER")
-    ckpt = tk.load_checkpoint(written[kind], kind)
+    ckpt = checkpoints.load_checkpoint(written[kind], kind)
     os.makedirs(folder)
     torch.save(dict(ckpt, rng=[payload(marker)]), os.path.join(folder, "ckpt.pt"))
     return os.path.join(folder, "ckpt.pt"), marker
@@ -122,7 +121,7 @@ def test_a_checkpoint_that_calls_a_function_is_refused_by_every_script_and_nothi
     path, marker = malicious(written, kind, "evil")
     refused(script, *argv, root=tmp_path, monkeypatch=monkeypatch,
             contains=[f"{path} holds code or objects", "(GLOBAL posix.system)", "nothing in it was run",
-                      tk.KIND_MAKER[kind]])
+                      checkpoints.KIND_MAKER[kind]])
     assert not os.path.exists(marker)
 
 
@@ -146,18 +145,18 @@ def fake_lra_run(source):
     return run
 
 
-@pytest.mark.parametrize("reader", ["lm-eval adapter", "compare/pydocs.py", "lra/listops_runs.py"])
+@pytest.mark.parametrize("reader", ["lm-eval adapter", "results/compare/pydocs.py", "lra/listops_runs.py"])
 def test_the_library_readers_refuse_it_in_one_line_too(reader, written, tmp_path, monkeypatch):
-    """The lm-eval adapter (lm_harness.py, evaluate.py --harness), compare/'s and lra/'s result readers."""
+    """The lm-eval adapter (lm_harness.py, evaluate.py --harness), results/compare/'s and lra/'s result readers."""
     kind = "lra" if reader.startswith("lra") else "language"
     path, marker = malicious(written, kind, str(tmp_path / "evil"))
     with pytest.raises(cli.UserError) as refusal:
         if reader == "lm-eval adapter":
             pytest.importorskip("lm_eval", reason="lm-eval is not installed")
-            import lm_eval_adapter
+            from nanotost import lm_eval_adapter
             lm_eval_adapter.NanoToSTLM(out_dir=os.path.dirname(path), device="cpu")
-        elif reader == "compare/pydocs.py":
-            from compare import pydocs
+        elif reader == "results/compare/pydocs.py":
+            from results.compare import pydocs
             pydocs.step_seconds(os.path.dirname(path))
         else:
             from lra import listops_runs
@@ -178,13 +177,13 @@ def test_every_checkpoint_a_trainer_writes_loads_as_plain_data(kind, written, tm
     """torch.load(weights_only=True) alone, no stand-in for anything: the whole checkpoint, and the
     same without its optimizer state (weights shared alone)."""
     ckpt = torch.load(written[kind], map_location="cpu", weights_only=True)
-    assert plaindata.not_plain(ckpt) is None
+    assert checkpoints.not_plain(ckpt) is None
     assert ckpt["iter_num"] == 2 and ckpt["kind"] == kind
     moments = [s["exp_avg"] for s in ckpt["optimizer"]["state"].values()]
     assert moments and all(m.abs().sum() > 0 for m in moments)  # the optimizer's state, after 2 steps
     assert isinstance(ckpt["rng"][0]["numpy"], list) and len(ckpt["rng"][0]["numpy"][1]) == 624
     ckpt.pop("optimizer")
-    tk.save_checkpoint(ckpt, str(tmp_path / "ckpt.pt"))
+    checkpoints.save_checkpoint(ckpt, str(tmp_path / "ckpt.pt"))
     alone = torch.load(tmp_path / "ckpt.pt", map_location="cpu", weights_only=True)
     assert all(torch.equal(alone["model"][k], v) for k, v in ckpt["model"].items())
 
@@ -195,7 +194,7 @@ def test_the_rng_states_come_back_exactly_from_a_checkpoint(written, tmp_path):
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.normal()  # numpy now holds a second Gaussian for the next call
     path = str(tmp_path / "ckpt.pt")
-    tk.save_checkpoint(dict(tk.load_checkpoint(written["lra"], "lra"), rng=tk.gather_rng_states(d)), path)
+    checkpoints.save_checkpoint(dict(checkpoints.load_checkpoint(written["lra"], "lra"), rng=tk.gather_rng_states(d)), path)
 
     def draws():
         return random.random(), np.random.normal(), np.random.random(3).tolist(), torch.rand(3).tolist()
@@ -212,17 +211,17 @@ def test_a_checkpoint_of_the_previous_version_resumes_with_numpy_afresh(written,
     """Before issue 39 numpy's RNG state was np.random.get_state(), an array: read without numpy,
     it is the one thing lost (said in one line); the weights, optimizer and other RNGs come back."""
     monkeypatch.chdir(tmp_path)
-    ckpt = tk.load_checkpoint(written["language"], "language")
+    ckpt = checkpoints.load_checkpoint(written["language"], "language")
     os.makedirs("old")
     old_rng = [dict(state, numpy=np.random.get_state()) for state in ckpt["rng"]]
     torch.save(dict(ckpt, rng=old_rng), "old/ckpt.pt")
-    assert tk.load_checkpoint("old/ckpt.pt", "language")["rng"][0]["numpy"] is None
+    assert checkpoints.load_checkpoint("old/ckpt.pt", "language")["rng"][0]["numpy"] is None
     argv = TINY + [f"--data_dir={written['root']}/data", "--out_dir=old", "--init_from=resume", "--max_iters=4",
                    "--eval_interval=2"]
     assert call("train.py", *argv)[0] == 0
     out = capsys.readouterr().out
     assert "numpy's RNG starts afresh" in out and "resumed from old/ckpt.pt at iter 2" in out
-    assert tk.load_checkpoint("old/ckpt.pt", "language")["iter_num"] == 4  # written as plain data now
+    assert checkpoints.load_checkpoint("old/ckpt.pt", "language")["iter_num"] == 4  # written as plain data now
     torch.save(dict(ckpt, config=dict(ckpt["config"], learning_rate=np.zeros(1))), "old/ckpt.pt")
     refused("sample.py", "--out_dir=old", root=tmp_path,
             contains=["old/ckpt.pt holds code or objects", "a numpy array at checkpoint['config']['learning_rate']"])
@@ -236,7 +235,7 @@ def test_a_value_that_is_not_plain_data_is_never_written(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     with pytest.raises(cli.UserError, match=r"ckpt.pt was not written: a numpy.float64 at checkpoint\['config'\]"
                                             r"\['lr'\], and a checkpoint holds plain data alone"):
-        tk.save_checkpoint(dict(kind="lra", model={}, config={"lr": np.float64(0.1)}), path)
+        checkpoints.save_checkpoint(dict(kind="lra", model={}, config={"lr": np.float64(0.1)}), path)
     assert os.listdir(tmp_path) == []
 
 

@@ -35,9 +35,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
-import plaindata  # noqa: E402
-import trainkit as tk  # noqa: E402
+from nanotost import checkpoints, cli
+from nanotost import trainkit as tk  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
 from test_checkpoint_data import written  # noqa: E402,F401 (the fixture: a checkpoint of each trainer)
 from test_error_classes import lra_args, shapes_args  # noqa: E402
@@ -90,7 +89,7 @@ def arguments(reader, written):
 
 @functools.lru_cache(maxsize=None)
 def read_once(path):
-    return plaindata.read(path)
+    return checkpoints.read(path)
 
 
 def changed(written, kind, folder, change):
@@ -114,7 +113,7 @@ def refused_by(reader, written, root, monkeypatch, contains):
     before = listing(root)
     if script is None:  # the lm-eval adapter: a library, its refusal a UserError
         pytest.importorskip("lm_eval", reason="lm-eval is not installed")
-        import lm_eval_adapter
+        from nanotost import lm_eval_adapter
         with pytest.raises(cli.UserError) as refusal:
             lm_eval_adapter.NanoToSTLM(out_dir=run, device="cpu")
         message = str(refusal.value)
@@ -299,7 +298,7 @@ def test_a_checkpoint_shared_without_its_optimizer_scores_and_fine_tunes_but_doe
     assert call(trainer, *argv, *advised, "--max_iters=1", monkeypatch=monkeypatch)[0] == 0
     tuned = tk.load_checkpoint(str(tmp_path / "new"), kind, "resume")
     assert tuned["iter_num"] == 1 and "optimizer" in tuned  # a new run: its own iterations, its own optimizer
-    before = plaindata.read(path)["model"]
+    before = checkpoints.read(path)["model"]
     assert any(not torch.equal(before[k], v) for k, v in tuned["model"].items() if v.is_floating_point())
     scorer = {"language": "evaluate.py", "vit": "vit_train.py finetune", "lra": "lra/train.py --eval_only"}[kind]
     if kind != "vit":  # (vit: fine-tuned above)
@@ -357,9 +356,9 @@ def zipped(path, names):
 
 FORMATS = {  # member -> (write it at path, given the real checkpoint; the words)
     "safetensors": (lambda p, real: save_file(
-        {k: v.contiguous() for k, v in plaindata.read(real)["model"].items() if k != "lm_head.weight"}, p),
+        {k: v.contiguous() for k, v in checkpoints.read(real)["model"].items() if k != "lm_head.weight"}, p),
         "is a safetensors file (", "tensors: weights alone, no settings), not a checkpoint"),
-    "a bare state_dict": (lambda p, real: torch.save(plaindata.read(real)["model"], p),
+    "a bare state_dict": (lambda p, real: torch.save(checkpoints.read(real)["model"], p),
                           "holds weights alone (", "a bare state_dict, as torch.save(model.state_dict()) writes)"),
     "a JSON file": (lambda p, real: open(p, "w").write(json.dumps({"n_layer": 1, "attn": "tssa"})), "is a JSON file"),
     "a text file": (lambda p, real: open(p, "w").write("n_layer = 1\n"), "is a text file, not a checkpoint"),

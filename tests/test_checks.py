@@ -1,5 +1,5 @@
 """
-The whole-maths check of the fused kernels (kernels/check.py), which tssa_impl=cpu, triton and
+The whole-maths check of the fused kernels (nanotost/forks.py), which tssa_impl=cpu, triton and
 auto run before their kernels do: its cases reach the regimes a fork changes (Pi near 0 and
 near 1, a prefix past the kernels' chunk groups, tiny and large feature scales, a padding mask);
 the shipped maths passes with a wide margin; each fork a researcher makes is refused in one
@@ -18,7 +18,8 @@ import torch
 
 import kernels
 import model
-from kernels import check
+from kernels.fused import case_size, fused_ops
+from nanotost import forks
 from kernels.cpu import KernelUnavailable, c_library
 from test_fork import shipped_f
 
@@ -68,8 +69,8 @@ def scaled(op, factor):
 
 def reference_case(name):
     """Pi of the reference on a case of the check, and the case's (T, p)."""
-    T, p = check.size("cpu")
-    out, pi, *grads = check.parallel(name, model.REFERENCE_OPERATORS, torch.device("cpu"), T, p, 0)
+    T, p = case_size("cpu")
+    out, pi, *grads = forks.parallel(name, model.REFERENCE_OPERATORS, torch.device("cpu"), T, p, 0)
     return pi.detach(), T, p
 
 
@@ -79,7 +80,7 @@ def test_the_cases_have_pi_near_0_and_1_and_features_of_every_scale(name):
     real = pi[pi > 0] if name == "tssa" else pi.flatten()  # (padding has Pi = 0)
     assert real.min() < 1e-4 and real.max() > 1 - 1e-4  # peaked: a floor or a temperature on Pi shows
     assert ((real > 0.05) & (real < 0.95)).float().mean() > 0.05  # and Pi of every size between
-    w = check.features(T, p, torch.Generator().manual_seed(0))
+    w = forks.features(T, p, torch.Generator().manual_seed(0))
     s = (pi.unsqueeze(-1) * w.square()).sum(2) / pi.sum(2).unsqueeze(-1)  # (B, H, p), over all tokens
     assert s.min() < 1e-4 and s.max() > 1e4  # f'(s) near 1 and near 0: a clip of s shows
 
@@ -87,21 +88,21 @@ def test_the_cases_have_pi_near_0_and_1_and_features_of_every_scale(name):
 def test_the_non_causal_case_has_padding_and_the_decoding_steps_have_peaked_pi():
     pi, T, p = reference_case("tssa")
     assert (pi[0, :, 2 * T // 3:] == 0).all() and (pi[1, :, T // 2] == 0).all()  # padded tokens: no part
-    prefill, (_, step_pi, *after) = check.decoding(model.REFERENCE_OPERATORS, torch.device("cpu"), T, p)
+    prefill, (_, step_pi, *after) = forks.decoding(model.REFERENCE_OPERATORS, torch.device("cpu"), T, p)
     assert step_pi.min() < 1e-4 and step_pi.max() > 1 - 1e-4
-    assert torch.allclose(prefill[2].sum(1), torch.full((check.B,), float(T)))  # the prefill: the prompt's sums
+    assert torch.allclose(prefill[2].sum(1), torch.full((forks.B,), float(T)))  # the prefill: the prompt's sums
 
 
 def test_the_long_prefix_crosses_the_kernels_steps_over_chunks_and_ends_inside_a_chunk(monkeypatch):
     from kernels.cpu import CKernels
-    T, p = check.size("cpu")
+    T, p = case_size("cpu")
     assert T > 2 * CKernels.L and T % CKernels.L
     triton_tssa = pytest.importorskip("kernels.triton_tssa")
     knobs = ("BLOCK_T", "SCAN_CHUNKS", "FEATURE_BLOCK")
     for values in ([getattr(triton_tssa, k) for k in knobs], (16, 1, 4), (32, 3, 8)):  # as shipped, as tests lower
         for knob, value in zip(knobs, values):
             monkeypatch.setattr(triton_tssa, knob, value)
-        T, p = check.size("triton")
+        T, p = case_size("triton")
         geo = triton_tssa.geometry(T, p)
         assert geo["nC"] > 2 * triton_tssa.SCAN_CHUNKS and T % geo["BT"], (values, geo)  # carries over scan steps
         assert geo["nK"] == 2 and not geo["EVEN_K"], (values, geo)  # dL/dw's column blocks, the second part-filled
@@ -109,9 +110,9 @@ def test_the_long_prefix_crosses_the_kernels_steps_over_chunks_and_ends_inside_a
 
 @needs_c
 def test_the_shipped_maths_passes_with_a_wide_margin():
-    diffs = check.differences("cpu", "cpu")
-    assert len(diffs) == 5 + 4 + 3 + 5 and max(diffs.values()) < check.TOLERANCE / 100
-    assert check.mismatch("cpu", diffs) is None and check.forms_agree()
+    diffs = forks.kernel_differences(fused_ops("cpu"), "cpu", *case_size("cpu"))
+    assert len(diffs) == 5 + 4 + 3 + 5 and max(diffs.values()) < forks.TOLERANCE / 100
+    assert forks.mismatch("cpu", diffs) is None and forks.forms_agree()
 
 
 # -----------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def test_a_fork_is_refused_by_every_fused_implementation_in_one_line(monkeypatch
     pattern = re.escape(expected).replace(re.escape("{n}"), r"(\d[\d.e+-]*)")
     found = re.fullmatch(pattern, str(e.value))
     assert found, str(e.value)
-    assert all(float(n) > 10 * check.TOLERANCE for n in found.groups())  # far past the shipped maths' rounding
+    assert all(float(n) > 10 * forks.TOLERANCE for n in found.groups())  # far past the shipped maths' rounding
     kernels.use(tiny(), "torch")  # what the advice runs: the reference follows the fork
 
 
@@ -189,10 +190,10 @@ def test_a_quantity_one_side_has_as_0_differs_by_1_not_by_its_ratio_to_a_floor()
     fork has as exactly 0 (a Pi its temperature does not reach) against the kernels' differs by 1,
     never by ~1e24 of a floor; 0.9 times a quantity by 0.1; opposite signs by 2."""
     small = torch.full((2, 3), 7.6e-6)
-    assert check.per_head(small, torch.zeros(2, 3), (0,)) == 1.0 == check.per_head(torch.zeros(2, 3), small, (0,))
-    assert check.per_head(torch.ones(2, 3), torch.full((2, 3), 0.9), (0,)) == pytest.approx(0.1, rel=1e-6)
-    assert check.per_head(-torch.ones(1, 3), torch.ones(1, 3), (0,)) == 2.0
-    assert check.per_head(torch.zeros(2, 3), torch.zeros(2, 3), (0,)) == 0.0
+    assert forks.per_head(small, torch.zeros(2, 3), (0,)) == 1.0 == forks.per_head(torch.zeros(2, 3), small, (0,))
+    assert forks.per_head(torch.ones(2, 3), torch.full((2, 3), 0.9), (0,)) == pytest.approx(0.1, rel=1e-6)
+    assert forks.per_head(-torch.ones(1, 3), torch.ones(1, 3), (0,)) == 2.0
+    assert forks.per_head(torch.zeros(2, 3), torch.zeros(2, 3), (0,)) == 0.0
 
 
 @needs_c
@@ -206,7 +207,7 @@ def test_the_check_runs_under_no_grad_inference_mode_and_autocast(monkeypatch):
         rng = torch.get_rng_state()
         with context():
             kernels.use(m, "cpu")
-            assert max(check.differences("cpu", "cpu").values()) < check.TOLERANCE / 100, name
+            assert max(forks.kernel_differences(fused_ops("cpu"), "cpu", *case_size("cpu")).values()) < forks.TOLERANCE / 100, name
         assert torch.equal(torch.get_rng_state(), rng), name
     step_rescaled(monkeypatch, ["tssa"])  # a fork whose gradients are compared there too
     for name, context in contexts.items():

@@ -1,5 +1,5 @@
 """
-Tests of the first screen's comparison (compare/pydocs.py) and its README table
+Tests of the first screen's comparison (results/compare/pydocs.py) and its README table
 (results/pydocs_tables.py). CPU only, offline; 1.5 to 4 min on a shared 2-core machine (load average 3-7),
 most of it the --quick run (four Python processes: the calibration, train.py, evaluate.py, sample.py).
 
@@ -28,11 +28,11 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import cli  # noqa: E402
 import prepare_char  # noqa: E402
-from compare import pydocs  # noqa: E402
+from results.compare import pydocs  # noqa: E402
 from model import TSSA, GPTConfig, causal_tssa  # noqa: E402
 from results import pydocs_tables  # noqa: E402
+from nanotost import cli  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # the lesson (MATH.md §4.6): what the prefix statistics carry of the tokens before j
@@ -135,7 +135,7 @@ def corpus(tmp_path_factory):
 
 
 def script(*args):
-    return subprocess.run([sys.executable, os.path.join(REPO, "compare", "pydocs.py"), *args],
+    return subprocess.run([sys.executable, os.path.join(REPO, "results", "compare", "pydocs.py"), *args],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
@@ -158,11 +158,11 @@ def test_bad_settings_are_refused_before_any_run(bad, message):
 def test_a_refusal_is_one_line(corpus, capsys):
     p = script("--models=tost,gpt")
     assert p.returncode == 1 and p.stdout == ""
-    assert p.stderr == ("compare/pydocs.py: models: unknown 'gpt'; choose from tost, tost_conv, softmax, linear, "
+    assert p.stderr == ("results/compare/pydocs.py: models: unknown 'gpt'; choose from tost, tost_conv, softmax, linear, "
                         "hybrid_conv\n")
     data = [f"--data_dir={corpus / 'data'}", "--dataset=t_char"]
     with pytest.raises(cli.UserError, match="no calibration at .*none.json: measure one first with python "
-                                            "compare/pydocs.py --calibrate"):
+                                            "results/compare/pydocs.py --calibrate"):
         pydocs.main([*data, "--conditions=time", f"--calibration={corpus / 'none.json'}"])
     with pytest.raises(cli.UserError, match="dataset 'missing' is not prepared"):
         pydocs.main([f"--data_dir={corpus / 'data'}", "--dataset=missing"])

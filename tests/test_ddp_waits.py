@@ -1,9 +1,9 @@
 """
-Issue 40, class 6: a distributed run always ends. Under DDP (trainkit.distributed, shared by
+Issue 40, class 6: a distributed run always ends. Under DDP (ranks.distributed, shared by
 train.py, vit_train.py, lra/train.py and evaluate.py) no rank waits for ever: a collective gives
 up after the process group's timeout (the setting ddp_timeout_s) with one line naming the rank
 and what it waited in, a rank whose peers ended says so at once, and SIGTERM or Ctrl-C end a
-rank within seconds even while it waits in C code (cli.interrupts_reach_c). Each member of the
+rank within seconds even while it waits in C code (ranks.interrupts_reach_c). Each member of the
 class is a case of tests/helpers_ranks.py (two gloo ranks), all run at once in the background;
 tests/test_train.py stops a rank of train.py itself under torchrun. And what the interrupt's
 helper thread must leave alone: an interrupt the main thread takes, a forked child's signal.
@@ -27,19 +27,19 @@ from helpers_signals import default_signals
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import cli  # noqa: E402
+from nanotost import cli, ranks  # noqa: E402
 
 RESULTS = os.path.join(background.SCRATCH, "ddp_waits", "results.json")
 PREFIX = "tests/helpers_ranks.py: "  # how run_cli names the script the ranks run
 # what the line names as the wait, for each collective of tests/helpers_ranks.py
-NAMED = {"init": "init_process_group (trainkit.distributed)", "loss mean": "all_reduce (trainkit.all_reduce_mean)",
+NAMED = {"init": "init_process_group (ranks.distributed)", "loss mean": "all_reduce (ranks.all_reduce_mean)",
          "rng gather": "all_gather_object (trainkit.gather_rng_states)",
-         "end barrier": "barrier (trainkit.distributed)",
+         "end barrier": "barrier (ranks.distributed)",
          "DDP start": "DistributedDataParallel at", "DDP gradients": "backward (DDP's gradient all-reduce)",
          "script all_reduce": "all_reduce at", "broadcast": "broadcast at",
-         "disagree": "all_reduce (trainkit.all_reduce_mean)"}
+         "disagree": "all_reduce (ranks.all_reduce_mean)"}
 SLACK_S = 15.0  # beyond its timeout, the time a rank may take to end on a loaded machine (unfixed: never)
-INTERRUPT_S = 10.0  # the time an interrupted rank may take (cli.INTERRUPT_GRACE_S, 2 s, and the machine's load)
+INTERRUPT_S = 10.0  # the time an interrupted rank may take (ranks.INTERRUPT_GRACE_S, 2 s, and the machine's load)
 USES_RANKS = {"test_a_rank_that_stops_ends_the_rank_that_waits", "test_an_interrupt_ends_a_rank_held_in_a_collective"}
 
 
@@ -113,16 +113,16 @@ def test_ddp_timeout_s_is_checked_before_any_work(script, value, tmp_path, monke
     assert os.listdir(tmp_path) == []
 
 
-# what the helper thread of cli.interrupts_reach_c must leave alone: an interrupt that the main
+# what the helper thread of ranks.interrupts_reach_c must leave alone: an interrupt that the main
 # thread takes (run_cli says it, once), and a signal to a process forked inside the block (a
 # DataLoader worker its loader terminates): it shares the wakeup socket, not the interrupt
 TAKEN = """
 import os, signal, sys, time
 sys.path.insert(0, {repo!r})
-import cli
+from nanotost import cli, ranks
 def main():
     cli.on_interrupt("the test's text")
-    with cli.interrupts_reach_c(lambda frame: "held in C code", grace_s=0.5):
+    with ranks.interrupts_reach_c(lambda frame: "held in C code", grace_s=0.5):
         if {fork}:
             pid = os.fork()
             if pid == 0:
@@ -144,7 +144,7 @@ cli.run_cli(main)
 @pytest.mark.parametrize("fork", [False, True], ids=["taken by the main thread", "a forked child's"])
 def test_the_interrupt_helper_ends_only_a_process_held_in_c(fork):
     """An interrupt the main thread takes is run_cli's one line (the helper stands down); a
-    forked child's signal leaves the parent running (cli._unwatch_in_child)."""
+    forked child's signal leaves the parent running (ranks._unwatch_in_child)."""
     p = subprocess.run([sys.executable, "-c", TAKEN.format(repo=REPO, fork=fork)], capture_output=True, text=True,
                        timeout=60, preexec_fn=default_signals)
     if fork:

@@ -24,9 +24,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernels
 import model
-import textdata as td
 from kernels import cross_entropy
 from model import GPT, GPTConfig
+from nanotost import forks
 
 KINDS = {**{attn: dict(attn=attn) for attn in model.ATTENTIONS},  # every attention, every Pi, and the variants
          **{f"tssa pi={pi}": dict(attn="tssa", pi=pi) for pi in model.PI_MODES if pi != "softmax"},
@@ -43,7 +43,7 @@ def tiny(kind, **kw):
 
 def to_edit(m):
     """The message of a failed comparison of the forms: what differs, and the functions to edit."""
-    forms = {td.decoding_forms(block.attn)[:2] for block in m.blocks}
+    forms = {forks.decoding_forms(block.attn)[:2] for block in m.blocks}
     edit = "; ".join(f"{step} and {parallel}" for step, parallel in sorted(forms))
     return lambda text: f"{text}\nprefill + steps differ from GPT.forward: edit {edit} together (MATH.md §9)"
 
@@ -67,7 +67,7 @@ def test_the_start_check_finds_every_kind_decoding_as_it_trains_and_leaves_the_m
             continue
         m = kernels.use(tiny(kind).train(), impl)
         rng = torch.get_rng_state()
-        assert td.decoding_differs(m) is None, kind
+        assert forks.decoding_differs(m) is None, kind
         assert m.training and all(module.training for module in m.modules()), kind
         assert torch.equal(torch.get_rng_state(), rng), kind
 
@@ -81,13 +81,13 @@ def test_the_start_check_names_the_form_that_differs(monkeypatch):
         state.sum_pi_sq.mul_(0.5)
         return step(w_t, gamma, pos_bias_t, state, pi_mode)
     monkeypatch.setattr(model, "causal_tssa_step", halved_step)
-    line = td.decoding_differs(tiny("hybrid"))
+    line = forks.decoding_differs(tiny("hybrid"))
     assert line.startswith("blocks.0.attn (TSSA): its decoding step differs from its parallel form by "), line
     assert line.endswith("edit model.causal_tssa_step and model.causal_tssa together (MATH.md §9)"), line
     monkeypatch.setattr(model, "causal_tssa_step", step)
     parallel = model.causal_tssa
     monkeypatch.setattr(model, "causal_tssa", lambda *args, state=None, **kw: parallel(*args, **kw))
-    line = td.decoding_differs(tiny("tssa"))
+    line = forks.decoding_differs(tiny("tssa"))
     assert line.startswith("blocks.0.attn (TSSA): the state its prefill leaves differs from the sums its step keeps "
                            "(the steps after a 4-token prompt are off by "), line
     assert "model.causal_tssa given state= must write the running sums at the prompt's last token" in line

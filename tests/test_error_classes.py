@@ -49,16 +49,15 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from benchkit import report as bench_report  # noqa: E402
-from benchkit import suites as bench_suites  # noqa: E402
-import cli  # noqa: E402
+from results.benchkit import report as bench_report  # noqa: E402
+from results.benchkit import suites as bench_suites  # noqa: E402
 import model  # noqa: E402
-import textdata as td  # noqa: E402
-import trainkit as tk  # noqa: E402
-import vit_data  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
 from lra import data as lra_data  # noqa: E402
 from lra import generate as lra_generate  # noqa: E402
+from nanotost import checkpoints, cli, devices, vit_data
+from nanotost import textdata as td
+from nanotost import trainkit as tk  # noqa: E402
 from test_errors import TINY, call, data, refused, trained  # noqa: E402,F401  (data, trained: fixtures)
 
 torch.set_num_threads(1)  # tiny models on a shared machine
@@ -79,7 +78,7 @@ def entry_scripts():
                 continue
             with open(path, encoding="utf-8") as f:
                 text = f.read()
-            reads_settings = "cli.configure(" in text or "td.ArgumentParser(" in text
+            reads_settings = "cli.configure(" in text or "cli.ArgumentParser(" in text
             if re.search(r"__name__ == .__main__.", text) and reads_settings:
                 found.append(os.path.relpath(path, REPO))
     return found
@@ -173,13 +172,13 @@ SEED_LISTS = [script for script in SCRIPTS if isinstance(DECLARED[script][0].get
 @pytest.mark.parametrize("seeds", ["-1", "1,4294967296", "1,x", "2,2", ""])
 def test_the_seeds_inside_a_list_setting_get_a_seeds_range(script, seeds, tmp_path, monkeypatch):
     """A number inside a text setting ("1337,1338") is range-checked as a number setting is:
-    before any run starts, not by the first run it reaches (compare/pydocs.py, lra/listops_runs.py)."""
+    before any run starts, not by the first run it reaches (results/compare/pydocs.py, lra/listops_runs.py)."""
     monkeypatch.chdir(tmp_path)
     assert "seeds" in refused(script, f"--seeds={seeds}", root=tmp_path, monkeypatch=monkeypatch)
 
 
 def test_the_seed_list_scripts_are_found():
-    assert {"compare/pydocs.py", "lra/listops_runs.py"} <= set(SEED_LISTS)
+    assert {"results/compare/pydocs.py", "lra/listops_runs.py"} <= set(SEED_LISTS)
 
 
 def test_the_one_line_is_what_the_command_line_prints(tmp_path):
@@ -251,12 +250,12 @@ DISK_FULL = {  # how a full disk reaches save_checkpoint -> what patches it
 @pytest.mark.parametrize("how", sorted(DISK_FULL))
 def test_a_full_disk_while_saving_names_the_file_and_keeps_the_old_one(how, tmp_path, monkeypatch):
     path = str(tmp_path / "out" / "ckpt.pt")
-    tk.save_checkpoint({"model": {"w": torch.zeros(300)}}, path)
+    checkpoints.save_checkpoint({"model": {"w": torch.zeros(300)}}, path)
     before = open(path, "rb").read()
     DISK_FULL[how](monkeypatch)
     monkeypatch.setattr(sys, "argv", ["train.py"])
     with pytest.raises(SystemExit) as stop:
-        cli.run_cli(tk.save_checkpoint, {"model": {"w": torch.ones(1000)}}, path)
+        cli.run_cli(checkpoints.save_checkpoint, {"model": {"w": torch.ones(1000)}}, path)
     monkeypatch.undo()
     message = stop.value.code
     assert message.startswith("train.py: No space left on device") and f"'{path}'" in message, message
@@ -376,7 +375,7 @@ def test_data_prepared_again_under_a_run_stops_it_with_the_checkpoint_whole(name
     assert code == 1 and "\n" not in message, message
     assert f"data/tiny_char/{name} changed while this run was reading the data" in message
     assert "out/ckpt.pt holds iter 2; continue with the same command and --init_from=resume" in message
-    assert tk.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == 2
+    assert checkpoints.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == 2
 
 
 # -----------------------------------------------------------------------------
@@ -487,13 +486,13 @@ def test_a_checkpoint_of_another_layout_is_one_line_saying_what_it_lacks(script,
     else:
         nanogpt_checkpoint("old/ckpt.pt")
         missing = "kind, tokenizer" if kind == "language" else "kind"
-        words = f"old/ckpt.pt was not written by this version of {tk.KIND_MAKER[kind]} (it lacks {missing})"
+        words = f"old/ckpt.pt was not written by this version of {checkpoints.KIND_MAKER[kind]} (it lacks {missing})"
     refused(script, *argv, root=data, contains=[words])
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "evaluate.py"])
 def test_weights_of_another_version_are_one_line(script, trained):
-    ckpt = tk.load_checkpoint("out/ckpt.pt", "language")
+    ckpt = checkpoints.load_checkpoint("out/ckpt.pt", "language")
     ckpt["model"] = {"_orig_mod." + k: v for k, v in ckpt["model"].items()}  # a compiled model's names
     torch.save(ckpt, "out/ckpt.pt")
     argv = ["--out_dir=out"] + (TINY + ["--init_from=resume", "--max_iters=8"] if script == "train.py" else [])
@@ -503,7 +502,7 @@ def test_weights_of_another_version_are_one_line(script, trained):
 
 def test_the_adapter_reads_old_checkpoints_in_one_line_too(data):
     pytest.importorskip("lm_eval", reason="lm-eval is not installed")
-    import lm_eval_adapter
+    from nanotost import lm_eval_adapter
 
     nanogpt_checkpoint("old/ckpt.pt")
     with pytest.raises(cli.UserError, match=r"it lacks kind, tokenizer"):
@@ -553,18 +552,18 @@ def test_a_resumed_run_logs_each_iteration_once_and_says_the_command_that_contin
     says the same command continues it (init_from=auto), and it does; log.jsonl then holds each
     iteration's records once (those after iter 2, the checkpoint resumed from, were cut)."""
     argv = TRAINERS[script](str(data)) + ["--out_dir=out", "--eval_interval=2", "--max_iters=6", "--init_from=auto"]
-    real = tk.save_checkpoint
+    real = checkpoints.save_checkpoint
 
     def ctrl_c_while_iter_4_is_saved(obj, path):
         if obj["iter_num"] == 4:
             raise KeyboardInterrupt
         real(obj, path)
 
-    monkeypatch.setattr(tk, "save_checkpoint", ctrl_c_while_iter_4_is_saved)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", ctrl_c_while_iter_4_is_saved)
     assert call(script, *argv)[0] == 130
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line == f"{script}: interrupted; out/ckpt.pt holds iter 2; continue with the same command", line
-    monkeypatch.setattr(tk, "save_checkpoint", real)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", real)
     assert call(script, *argv)[0] == 0
     with open("out/log.jsonl") as f:
         records = [json.loads(line) for line in f]
@@ -594,7 +593,7 @@ def test_output_into_a_reader_that_went_away_ends_quietly(argv):
 
 def test_long_generation_shows_progress_and_takes_its_workers_from_the_machine(tmp_path, monkeypatch, capsys):
     seen = []
-    monkeypatch.setattr(tk, "cpu_cores", lambda: 3)
+    monkeypatch.setattr(devices, "cpu_cores", lambda: 3)
     monkeypatch.setattr(lra_generate, "write_pathfinder", lambda *args: seen.append(args[-1]) or "written")
     lra_generate.main(["--task=pathfinder", f"--out_dir={tmp_path}/a", "--n_images=10"])
     assert seen == [3]  # workers=0 (the default): one per core this process may use
@@ -627,7 +626,7 @@ def test_an_unreachable_hub_switches_its_libraries_offline_at_once(monkeypatch):
     def unreachable(address, timeout=None):
         raise OSError(errno.ENETUNREACH, "Network is unreachable")
 
-    monkeypatch.setattr(tk.socket, "create_connection", unreachable)
-    assert tk.hub_reachable() is False
+    monkeypatch.setattr(devices.socket, "create_connection", unreachable)
+    assert devices.hub_reachable() is False
     assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
     assert datasets.config.HF_HUB_OFFLINE is True and huggingface_hub.constants.HF_HUB_OFFLINE is True

@@ -27,8 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
-import trainkit as tk  # noqa: E402
+from nanotost import checkpoints, cli  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
 from helpers_signals import default_signals  # noqa: E402
 
@@ -247,11 +246,11 @@ def test_an_interrupt_says_what_was_saved_and_a_live_out_dir_is_locked(sig, data
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: interrupted;") and "holds iter" in lines[0], (err, rest)
     assert "--init_from=resume" in lines[0]
-    ckpt = tk.load_checkpoint("out/ckpt.pt", "language")
+    ckpt = checkpoints.load_checkpoint("out/ckpt.pt", "language")
     # the lock went with the process: resuming works and continues from the saved iteration
     assert call("train.py", *TINY, "--out_dir=out", f"--max_iters={ckpt['iter_num'] + 2}", "--eval_interval=2",
                 "--init_from=resume")[0] == 0
-    assert tk.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == ckpt["iter_num"] + 2
+    assert checkpoints.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == ckpt["iter_num"] + 2
 
 
 # -----------------------------------------------------------------------------
@@ -287,7 +286,7 @@ def test_a_resume_without_dataset_reads_the_checkpoints(trained):
     (tiny_char), not the default one (openwebtext, which is not prepared here)."""
     argv = [a for a in TINY if not a.startswith("--dataset")]
     assert call("train.py", *argv, "--out_dir=out", "--max_iters=6", "--eval_interval=2", "--init_from=resume")[0] == 0
-    assert tk.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == 6
+    assert checkpoints.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == 6
 
 
 # -----------------------------------------------------------------------------

@@ -51,10 +51,10 @@ import lm_inspect
 import model
 import prepare_char
 import sample
-import textdata as td
 import train
-import trainkit as tk
 from model import GPT, GPTConfig
+from nanotost import checkpoints, forks, loading
+from nanotost import textdata as td
 from test_train import call_main  # noqa: E402  (run_cli in this process: exit code, stdout, stderr)
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--max_iters=6",
@@ -132,7 +132,7 @@ def tiny(**kw):
 
 def to_edit(m):
     """What a failing comparison of the forms says to edit: the first attention's forms (§9)."""
-    step, parallel, prefill = td.decoding_forms(m.blocks[0].attn)
+    step, parallel, prefill = forks.decoding_forms(m.blocks[0].attn)
     return f"decoding differs from GPT.forward: edit {step} and {parallel} together; the prefill is {prefill}"
 
 
@@ -166,7 +166,7 @@ def test_math_section_9_decayed_attention_decodes_as_it_trains_after_prompts_of_
     with torch.no_grad():  # its own maths: not TSSA's logits (by far more than the 1e-5 decoding agrees to)
         assert (full - tiny(attn="tssa")(torch.randint(0, 31, (2, 32), generator=torch.Generator().manual_seed(1)))[0]
                 ).abs().max() > 1e-3
-    assert td.decoding_differs(m) is None and td.decoding_differs(tiny(attn="decayed", short_conv=3)) is None
+    assert forks.decoding_differs(m) is None and forks.decoding_differs(tiny(attn="decayed", short_conv=3)) is None
     own = m.blocks[0].attn.operators
     kernels.use(m, "torch")  # the reference put back only where it is the package's
     assert m.blocks[0].attn.operators is own
@@ -187,7 +187,7 @@ def test_a_decayed_attention_without_its_prefill_is_named_by_the_check(registere
     """Sums decayed in the parallel form and in the step, but the state a prompt leaves not
     written: the check names the prefill and the function to edit."""
     monkeypatch.setitem(model.ATTENTIONS, "forgot", ForgotPrefill)
-    line = td.decoding_differs(tiny(attn="forgot"))
+    line = forks.decoding_differs(tiny(attn="forgot"))
     assert line.startswith("blocks.0.attn (ForgotPrefill): the state its prefill leaves differs from the sums its "
                            "step keeps") and "without_prefill given state= must write the running sums" in line, line
     assert "as decayed_causal_tssa_step keeps them" in line, line
@@ -224,10 +224,10 @@ def spying(function, name, calls):
 def greedy_by_parallel_form(out_dir, n, prompt=PROMPT):
     """What n greedy tokens after the prompt are by the parallel form (a full forward per token) of
     the checkpoint in out_dir, as the maths running now computes them."""
-    gpt, ckpt = td.load_language_model(out_dir, "cpu")
+    gpt, ckpt = loading.load_language_model(out_dir, "cpu")
     encode, decode = td.load_tokenizer(ckpt["tokenizer"])
     idx = torch.tensor([encode(prompt)])
-    out = td.generate_in_parallel(gpt, idx, n, temperature=0, tokenizer_vocab_size=ckpt["tokenizer"]["vocab_size"])
+    out = forks.generate_in_parallel(gpt, idx, n, temperature=0, tokenizer_vocab_size=ckpt["tokenizer"]["vocab_size"])
     return decode(out[0].tolist())
 
 
@@ -239,7 +239,7 @@ def test_a_registered_attention_trains_and_samples_its_own_maths_through_the_scr
         code, stdout, err = call_main(train, *book, f"--out_dir={out}", f"--attn={attn}", capsys=capsys)
         assert code == 0 and "warning" not in err, err  # its decoding agrees: nothing to say
         losses[attn] = [line for line in stdout.splitlines() if line.startswith("iter ")]
-        assert tk.load_checkpoint(out, "language")["model_args"]["attn"] == attn
+        assert checkpoints.load_checkpoint(out, "language")["model_args"]["attn"] == attn
     assert losses["decayed"] and losses["decayed"] != losses["tssa"]  # not TSSA's losses under another name
     # sample.py after a 16-token prompt: the fork's prefill, then its step per token (which decode as
     # its parallel form computes: test_math_section_9_...)
@@ -340,29 +340,6 @@ def test_an_attention_that_cannot_decode_is_told_at_the_start_and_sampled_by_its
             "ParallelOnly.forward of one token from a state (MATH.md §9); sampling by the parallel form instead") in err
 
 
-class OldNamedOperators(model.TSSA):
-    """A fork written against the name before issue 38: it sets self.ops, not self.operators."""
-
-    def __init__(self, config, causal=False):
-        super().__init__(config, causal)
-        self.ops = model.TSSAOperators(model.tssa, decayed_causal_tssa, decayed_causal_tssa_step)
-
-
-@pytest.mark.parametrize("script", ["train", "sample"])
-def test_a_fork_setting_the_old_name_ops_is_refused_in_one_line(script, monkeypatch, book, tmp_path, capsys):
-    """Its operators would never run (nothing reads self.ops): train.py and sample.py refuse it
-    at the start, in one line, instead of running model.py's."""
-    monkeypatch.setitem(model.ATTENTIONS, "old_named", OldNamedOperators)
-    if script == "train":
-        code, _, err = call_main(train, *book, f"--out_dir={tmp_path / 'out'}", "--attn=old_named", capsys=capsys)
-        assert not (tmp_path / "out").exists()  # refused before any work
-    else:
-        write_checkpoint(tmp_path, lambda ckpt: None, attn="old_named")
-        code, _, err = call_main(sample, f"--out_dir={tmp_path}", "--start=ab", "--max_new_tokens=2", capsys=capsys)
-    assert code == 1 and len(err.strip().splitlines()) == 1, err
-    assert "blocks.0.attn (OldNamedOperators) sets self.ops" in err and "rename it self.operators" in err, err
-
-
 # -----------------------------------------------------------------------------
 # another Pi
 
@@ -460,7 +437,7 @@ def write_checkpoint(folder, change, **model_args):
     ckpt = dict(kind="language", model=gpt.state_dict(), model_args=args, iter_num=3, config={"dataset": "book"},
                 tokenizer=dict(tokenizer="char", chars="abc \n", vocab_size=5, dataset="book"))
     change(ckpt)
-    tk.save_checkpoint(ckpt, os.path.join(folder, "ckpt.pt"))
+    checkpoints.save_checkpoint(ckpt, os.path.join(folder, "ckpt.pt"))
     return gpt
 
 
@@ -504,9 +481,9 @@ def test_a_checkpoint_of_the_names_before_issues_38_and_46_loads_with_the_same_w
             key = key.replace(now, before)
         return key
     gpt = write_checkpoint(tmp_path, lambda c: c.update(model={old(key): value for key, value in c["model"].items()}))
-    stored = tk.load_checkpoint(str(tmp_path / "ckpt.pt"), "language")["model"]
+    stored = checkpoints.load_checkpoint(str(tmp_path / "ckpt.pt"), "language")["model"]
     assert "blocks.0.ls_1.gamma" in stored and "blocks.0.attn.temp" in stored and "blocks.0.attn.gamma" not in stored
-    loaded, _ = td.load_language_model(str(tmp_path), "cpu")
+    loaded, _ = loading.load_language_model(str(tmp_path), "cpu")
     for key, value in gpt.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
 
@@ -594,7 +571,7 @@ def test_math_section_9_a_new_pi_decodes_as_it_trains_and_changes_the_model(new_
     for prompt in (1, 16, m.config.block_size):
         full = decode_equals_parallel(m, prompt)
     assert (full - decode_equals_parallel(tiny(), 1)).abs().max() > 1e-4  # its own Pi, not the softmax's
-    assert td.decoding_differs(m) is None
+    assert forks.decoding_differs(m) is None
 
 
 def test_a_new_pi_trains_and_samples_through_the_scripts_and_the_fused_kernels_say_so(new_pi, book, tmp_path,
@@ -602,7 +579,7 @@ def test_a_new_pi_trains_and_samples_through_the_scripts_and_the_fused_kernels_s
     out = tmp_path / "half"
     code, stdout, err = call_main(train, *book, f"--out_dir={out}", "--pi=half", capsys=capsys)
     assert code == 0 and "warning" not in err and "iter 5:" in stdout, err  # the trainer offers it
-    assert tk.load_checkpoint(str(out), "language")["model_args"]["pi"] == "half"
+    assert checkpoints.load_checkpoint(str(out), "language")["model_args"]["pi"] == "half"
     code, stdout, err = call_main(sample, f"--out_dir={out}", f"--start={PROMPT}", "--max_new_tokens=12",
                                   "--num_samples=1", "--temperature=0", capsys=capsys)
     assert code == 0 and "warning" not in err, err  # it decodes as it trains: by its state
@@ -744,7 +721,7 @@ def test_math_section_9_a_state_of_its_own_decodes_as_it_trains_and_starts_over(
         m.prefill(idx[:, :9], state)
         again = m.prefill(idx[:, :4], state)  # a new prompt in the same state: started over
         torch.testing.assert_close(again, m(idx[:, :4])[0][:, -1], rtol=0, atol=1e-5)
-    assert td.decoding_differs(m) is None
+    assert forks.decoding_differs(m) is None
 
 
 @pytest.mark.parametrize("kind", BAD_STATES)
@@ -752,7 +729,7 @@ def test_a_state_generate_cannot_start_over_is_told_at_the_start_and_sampled_by_
                                                                                                  tmp_path, capsys):
     cls, said = BAD_STATES[kind]
     monkeypatch.setitem(model.ATTENTIONS, kind, cls)
-    assert td.decoding_differs(tiny(attn=kind)).startswith(said)
+    assert forks.decoding_differs(tiny(attn=kind)).startswith(said)
     write_checkpoint(tmp_path, lambda ckpt: None, attn=kind, layer_scale_init=1.0)  # (1e-5 would hide a difference)
     code, stdout, err = call_main(sample, f"--out_dir={tmp_path}", "--start=ab", "--max_new_tokens=6",
                                   "--num_samples=1", "--temperature=0", capsys=capsys)
@@ -768,12 +745,12 @@ def test_a_state_of_its_own_trains_and_samples_through_the_scripts(book, tmp_pat
     out = tmp_path / "tuple"
     code, stdout, err = call_main(train, *book, f"--out_dir={out}", "--attn=tuple", capsys=capsys)
     assert code == 0 and "warning" not in err and "iter 5:" in stdout, err
-    parallel = td.generate_in_parallel
-    monkeypatch.setattr(td, "generate_in_parallel", None)  # sample.py must not need it
+    parallel = forks.generate_in_parallel
+    monkeypatch.setattr(forks, "generate_in_parallel", None)  # sample.py must not need it
     code, stdout, err = call_main(sample, f"--out_dir={out}", f"--start={PROMPT}", "--max_new_tokens=12",
                                   "--num_samples=1", "--temperature=0", capsys=capsys)
     assert code == 0 and "warning" not in err, err
-    monkeypatch.setattr(td, "generate_in_parallel", parallel)
+    monkeypatch.setattr(forks, "generate_in_parallel", parallel)
     assert greedy_by_parallel_form(str(out), 12) in stdout
 
 
@@ -800,7 +777,7 @@ class ScaledInputTSSA(model.TSSA):
 def test_the_start_check_names_the_forward_a_tssa_subclass_runs(monkeypatch):
     shipped_f(monkeypatch)
     monkeypatch.setitem(model.ATTENTIONS, "half_step", HalfStepTSSA)
-    line = td.decoding_differs(tiny(attn="half_step"))
+    line = forks.decoding_differs(tiny(attn="half_step"))
     assert line.startswith("blocks.0.attn (HalfStepTSSA): its decoding step differs from its parallel form"), line
     assert line.endswith("edit HalfStepTSSA.forward of one token from a state and HalfStepTSSA.forward together "
                          "(MATH.md §9)") and "model.causal_tssa" not in line, line

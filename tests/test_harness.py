@@ -27,12 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers_advice import assert_advice_exists  # noqa: E402
 from test_train import REPO, TIKTOKEN_CACHE, call_main, greedy_by_full_forward, needs_bpe  # noqa: E402
 
-import cli  # noqa: E402
 import evaluate  # noqa: E402
 import prepare_char  # noqa: E402
-import textdata as td  # noqa: E402
-import trainkit as tk  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+import nanotost  # noqa: E402
+from nanotost import checkpoints, cli
+from nanotost import textdata as td  # noqa: E402
 
 T = 32  # block_size of the tiny models
 
@@ -50,7 +50,7 @@ def one_thread():
 def harness():
     """lm_eval_adapter, imported (lm-eval is an optional extra)."""
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install lm-eval==0.4.13)")
-    import lm_eval_adapter
+    from nanotost import lm_eval_adapter
 
     return lm_eval_adapter
 
@@ -69,7 +69,7 @@ def save_random_model(out_dir, tokenizer, attn, vocab_size, seed=0):
             if name.endswith("_scale.weight"):
                 p.fill_(1.0)
     os.makedirs(out_dir, exist_ok=True)
-    tk.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=args, iter_num=7, config={},
+    checkpoints.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=args, iter_num=7, config={},
                             tokenizer=tokenizer),
                        os.path.join(out_dir, "ckpt.pt"))
     model.eval()
@@ -377,7 +377,8 @@ def test_a_task_that_is_not_there_is_one_line(harness, char, tmp_path, capsys):
 def test_without_lm_eval_evaluate_harness_says_how_to_install(tmp_path, monkeypatch, capsys):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")] or ["lm_eval"]:
         monkeypatch.setitem(sys.modules, name, None)  # importing lm_eval now fails, as when it is not installed
-    monkeypatch.delitem(sys.modules, "lm_eval_adapter", raising=False)
+    monkeypatch.delitem(sys.modules, "nanotost.lm_eval_adapter", raising=False)
+    monkeypatch.delattr(nanotost, "lm_eval_adapter", raising=False)  # (the package's attribute: imported anew)
     save_random_model(str(tmp_path), dict(dataset="x", tokenizer="char", vocab_size=3, chars="abc"), "tssa", 3)
     code, out, err = call_main(evaluate, f"--out_dir={tmp_path}", "--harness=lambada_openai", capsys=capsys)
     assert code == 1 and "pip install lm-eval==0.4.13" in err and len(err.strip().splitlines()) == 1

@@ -35,12 +35,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
-import hub  # noqa: E402
 import sample  # noqa: E402
-import textdata as td  # noqa: E402
-import trainkit as tk  # noqa: E402
-import vit_data  # noqa: E402
+from nanotost import checkpoints, cli, devices, hub, loading  # noqa: E402
+from nanotost import trainkit as tk  # noqa: E402
 from test_error_classes import shapes_args  # noqa: E402
 from test_errors import TINY, call, listing, refused  # noqa: E402
 
@@ -89,7 +86,7 @@ def language_ids(seed=0, B=3, T=16, V=20):
 def test_export_writes_the_weights_a_config_and_a_card_and_nothing_else(made):
     from safetensors import safe_open
 
-    model_dir, ckpt = made / "lm-model", tk.load_checkpoint(str(made / "lm"), "language")
+    model_dir, ckpt = made / "lm-model", checkpoints.load_checkpoint(str(made / "lm"), "language")
     assert sorted(os.listdir(model_dir)) == sorted(hub.FILES)
     with safe_open(model_dir / "model.safetensors", "pt") as f:
         names, metadata = set(f.keys()), f.metadata()
@@ -126,7 +123,7 @@ def test_the_cards_command_trains_the_same_weights_again(made, tmp_path):
     argv = [a if not a.startswith("--out_dir=") else f"--out_dir={tmp_path}/again" for a in command[2:]]
     assert f"--out_dir={made}/lm" in command and "--short_conv=2" in command and "--max_iters=4" in command
     assert call("train.py", *argv)[0] == 0
-    again, first = (tk.load_checkpoint(str(p), "language")["model"] for p in (tmp_path / "again", made / "lm"))
+    again, first = (checkpoints.load_checkpoint(str(p), "language")["model"] for p in (tmp_path / "again", made / "lm"))
     assert all(torch.equal(again[k], first[k]) for k in first)
 
 
@@ -142,13 +139,13 @@ def test_export_again_replaces_its_own_folder_whole(made, tmp_path):
 
 
 def test_float32_weights_come_back_exactly_the_same_logits(made):
-    lm, _ = td.load_language_model(str(made / "lm"), "cpu")
+    lm, _ = loading.load_language_model(str(made / "lm"), "cpu")
     loaded, info = hub.from_pretrained(str(made / "lm-model"))  # (no kind: what the folder holds)
     assert info["kind"] == "language" and info["iter_num"] == 4 and info["tokenizer"]["chars"] == "abcdefghijklmnopqrst"
     ids = language_ids()
     with torch.no_grad():
         assert torch.equal(lm(ids)[0], loaded(ids)[0])
-    vit, _ = vit_data.load_vit_model(str(made / "vit"))
+    vit, _ = loading.load_vit_model(str(made / "vit"))
     vit_loaded, vinfo = hub.from_pretrained(str(made / "vit-model"))
     assert vinfo["classes"] == ["disk", "ring", "triangle", "plus"] and not vit_loaded.training
     images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -162,7 +159,7 @@ def test_bfloat16_weights_are_the_float32_ones_rounded_exactly(made, tmp_path):
     assert call("export.py", f"--out_dir={made}/lm", f"--to={tmp_path}/bf16", "--dtype=bfloat16") == (0, "")
     with safe_open(tmp_path / "bf16" / "model.safetensors", "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
-    lm, _ = td.load_language_model(str(made / "lm"), "cpu")
+    lm, _ = loading.load_language_model(str(made / "lm"), "cpu")
     lm.to(torch.bfloat16).to(torch.float32)  # what the file holds, read back into float32
     loaded, _ = hub.from_pretrained(str(tmp_path / "bf16"), kind="language")
     with torch.no_grad():
@@ -210,10 +207,10 @@ def test_evaluate_lm_inspect_and_the_adapter_read_the_folder_and_write_beside_it
     assert page["iter"] == 4 and os.path.isfile(tmp_path / "model-inspect" / "index.html")
     assert sorted(os.listdir(model_dir)) == sorted(hub.FILES)  # the model's folder as exported
     pytest.importorskip("lm_eval", reason="lm-eval is not installed")
-    import lm_eval_adapter
+    from nanotost import lm_eval_adapter
 
     lm = lm_eval_adapter.NanoToSTLM(init_from=str(model_dir), device="cpu")
-    run, _ = td.load_language_model(str(made / "lm"), "cpu")
+    run, _ = loading.load_language_model(str(made / "lm"), "cpu")
     with torch.no_grad():
         assert torch.equal(lm.model(language_ids())[0], run(language_ids())[0]) and lm.iter_num == 4
     capsys.readouterr()
@@ -354,7 +351,7 @@ def test_every_reader_refuses_damaged_weights_before_writing_anything(script, ar
     if kind != "lm":
         return
     pytest.importorskip("lm_eval", reason="lm-eval is not installed")
-    import lm_eval_adapter
+    from nanotost import lm_eval_adapter
 
     with pytest.raises(cli.UserError, match="cut short or damaged"):
         lm_eval_adapter.NanoToSTLM(init_from=str(model_dir), device="cpu")
@@ -457,7 +454,7 @@ def test_a_hub_id_is_fetched_by_huggingface_hub_and_an_unknown_one_is_one_line(m
         return shutil.copytree(made / "lm-model", tmp_path / "downloaded")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-    monkeypatch.setattr(tk, "hub_reachable", lambda: True)
+    monkeypatch.setattr(devices, "hub_reachable", lambda: True)
     model, info = hub.from_pretrained("someone/tiny-tost", kind="language")
     assert asked == [("someone/tiny-tost", sorted(hub.FILES))] and info["iter_num"] == 4
     monkeypatch.chdir(tmp_path)

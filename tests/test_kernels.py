@@ -988,7 +988,8 @@ def test_triton_custom_ops_pass_opcheck():
 
 MARKS_SCRIPT = r"""
 import sys
-import hub, kernels, textdata, trainkit  # what the scripts import at their start
+import kernels
+from nanotost import hub, loading, textdata, trainkit  # what the scripts import at their start
 from kernels import auto, fused
 kernels.owned(kernels.ops_for("torch"))  # a run of model.py's maths: nothing of Dynamo
 assert "torch._dynamo" not in sys.modules, "Dynamo imported before any fused path was asked for"

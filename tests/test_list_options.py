@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import cli  # noqa: E402
+from nanotost import cli  # noqa: E402
 
 PARSERS = {"parse_list": {0}, "name_list": {0}, "seed_list": {0}}  # cli's list parsers -> where their key is
 NOT_OURS = {"lm_harness.py": "its options are lm-eval's own"}
@@ -122,7 +122,7 @@ def settings_of(script):
 
 
 def scripts():
-    return [p for p in TREES if "cli.run_cli(" in ast.unparse(TREES[p]) and p != "cli.py" and p not in NOT_OURS]
+    return [p for p in TREES if "cli.run_cli(" in ast.unparse(TREES[p]) and p != "nanotost/cli.py" and p not in NOT_OURS]
 
 
 def list_options():
@@ -140,7 +140,7 @@ OPTIONS = list_options()
 
 def test_no_code_but_cli_splits_a_setting_at_commas():
     """Each comma-separated list goes through cli.parse_list (and its rule)."""
-    splits = [(path, node.lineno) for path, tree in TREES.items() if path != "cli.py" for node in ast.walk(tree)
+    splits = [(path, node.lineno) for path, tree in TREES.items() if path != "nanotost/cli.py" for node in ast.walk(tree)
               if called(node) == "split" and node.args and isinstance(node.args[0], ast.Constant)
               and node.args[0].value == ","]
     assert splits == []
@@ -149,8 +149,8 @@ def test_no_code_but_cli_splits_a_setting_at_commas():
 def test_the_list_options_are_found():
     """(the discovery can fail: these, of several kinds and places, are among what it finds)"""
     for member in [("bench.py", "section_s"), ("bench.py", "sections"), ("bench.py", "T"), ("lm_inspect.py", "layers"),
-                   ("vit_inspect.py", "layers"), ("recall/suite.py", "learning_rates"), ("evaluate.py", "harness"),
-                   ("prepare_openwebtext.py", "input"), ("compare/pydocs.py", "seeds"), ("results/render.py", "show")]:
+                   ("vit_inspect.py", "layers"), ("results/recall/suite.py", "learning_rates"), ("evaluate.py", "harness"),
+                   ("prepare_openwebtext.py", "input"), ("results/compare/pydocs.py", "seeds"), ("results/render.py", "show")]:
         assert member in OPTIONS
     assert len(OPTIONS) >= 25
 

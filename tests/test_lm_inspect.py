@@ -29,13 +29,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
 import lm_inspect  # noqa: E402
-import textdata as td  # noqa: E402
 import train  # noqa: E402
-import trainkit as tk  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
 from model import compression_objective, f_prime, split_heads  # noqa: E402
+from nanotost import checkpoints, cli, forks, loading, outputs, plots
+from nanotost import textdata as td  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on a shared machine
 CORPUS = "Return the value of x.\nIf 3 items are given, add them: a, b and c!\n\tSee also: 42 (the answer).\n"
@@ -70,7 +69,7 @@ def run(tmp_path_factory):
 
 
 def model_of(root):
-    return td.load_language_model(os.path.join(root, "out", "ckpt.pt"), "cpu")[0].requires_grad_(False)
+    return loading.load_language_model(os.path.join(root, "out", "ckpt.pt"), "cpu")[0].requires_grad_(False)
 
 
 @torch.no_grad()
@@ -118,7 +117,7 @@ def test_the_pages_pi_entropy_and_statistic_are_the_blocks_own(run):
                              for j in range(w.shape[1])], 1)  # (H, T, p)
             assert np.allclose(shown["s_mean"], s.mean(-1).numpy(), rtol=1e-4, atol=0)
             # and it is the statistic the layer used: its step rebuilt from s is the block's own output
-            s = lm_inspect.running_statistic(m["w"], m["pi"])  # (1, H, T, p)
+            s = forks.running_statistic(m["w"], m["pi"])  # (1, H, T, p)
             step = -m["pi"][..., None] * m["w"] * f_prime(s)  # (1, H, T, p), whatever f is
             rebuilt = attn.c_proj(step.transpose(1, 2).reshape(1, s.shape[2], -1))
             assert torch.allclose(rebuilt, m["out"], rtol=1e-5, atol=1e-6)  # fp32, a few ops apart
@@ -207,7 +206,7 @@ def test_the_files_and_the_skipped_softmax_block(run):
 
     for folder, report in (("page", val), ("given", given)):
         names = sorted(os.listdir(root / folder))
-        assert names == [cli.MANIFEST, "index.html", "inspect.json", "pi_tokens.png", "rvar.png"]  # (no temp left)
+        assert names == [outputs.MANIFEST, "index.html", "inspect.json", "pi_tokens.png", "rvar.png"]  # (no temp left)
         with open(root / folder / "inspect.json") as f:
             assert json.load(f) == json.loads(json.dumps(report))  # every number drawn, as returned
         for name in ("pi_tokens.png", "rvar.png"):
@@ -416,7 +415,7 @@ def test_what_cannot_be_inspected_is_one_line(run, tmp_path):
     refused(out + [f"--val_start={10 ** 6}"], root, "give --val_start below")
     refused(out + ["--screenshot=page.jpg"], root, "give a .png path")
     refused([f"--out_dir={tmp_path}/none"], root, "no checkpoint at")
-    ckpt = tk.load_checkpoint(str(root / "out" / "ckpt.pt"), "language")  # the same run, said to be softmax
+    ckpt = checkpoints.load_checkpoint(str(root / "out" / "ckpt.pt"), "language")  # the same run, said to be softmax
     args = dict(ckpt["model_args"], attn="softmax", short_conv=0, hybrid_every=0)
     from model import GPT, GPTConfig
 
@@ -429,7 +428,7 @@ def test_what_cannot_be_inspected_is_one_line(run, tmp_path):
 @pytest.mark.parametrize("name", ["cost $5", "a$b$c", "$x^$", "back\\slash $_{}", "<b>$&amp;"])
 def test_a_path_from_the_user_is_text_in_the_figures_and_the_page(run, tmp_path, name):
     """A `$` or markup in the checkpoint's path (the figures' titles, the page's title and
-    description) and in the page folder: drawn as given (cli.pyplot: no mathtext), escaped in
+    description) and in the page folder: drawn as given (plots.pyplot: no mathtext), escaped in
     the page. (A `$` among the tokens themselves: tests/test_outputs.py, this model has none.)"""
     import shutil
 
@@ -440,6 +439,6 @@ def test_a_path_from_the_user_is_text_in_the_figures_and_the_page(run, tmp_path,
     report = lm_inspect.main([f"--out_dir={tmp_path / name}", f"--data_dir={root}/data", f"--page_dir={page}",
                               "--text=If a, b: see x!", "--n_windows=2", "--batch_size=2", "--num_threads=1"])
     assert name in report["description"]
-    assert sorted(os.listdir(page)) == [cli.MANIFEST, "index.html", "inspect.json", "pi_tokens.png", "rvar.png"]
+    assert sorted(os.listdir(page)) == [outputs.MANIFEST, "index.html", "inspect.json", "pi_tokens.png", "rvar.png"]
     html_text = (page / "index.html").read_text()
     assert html.escape(name) in html_text and (name == html.escape(name) or name not in html_text)

@@ -1,5 +1,5 @@
 """
-A tool's folder of outputs (cli.claim_set / OutputSet) through the tools that write one
+A tool's folder of outputs (outputs.claim_set / OutputSet) through the tools that write one
 (issue 47, classes 4 and 5): lm_inspect.py --page_dir, vit_inspect.py --out_dir and
 prepare_char.py's dataset folder.
 
@@ -32,9 +32,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
 import lm_inspect  # noqa: E402
-import portable  # noqa: E402
+from nanotost import cli, outputs, portable  # noqa: E402
 import prepare_char  # noqa: E402
 import train  # noqa: E402
 import vit_inspect  # noqa: E402
@@ -108,8 +107,8 @@ def contents(folder):
 def written_by(tool, folder):
     """The names of the set in folder, after checking that its manifest lists exactly them."""
     files = sorted(os.listdir(folder))
-    manifest = json.loads(open(os.path.join(folder, cli.MANIFEST), encoding="utf-8").read())
-    assert manifest == {"tool": TOOL_OF[tool], "files": [n for n in files if n != cli.MANIFEST]}
+    manifest = json.loads(open(os.path.join(folder, outputs.MANIFEST), encoding="utf-8").read())
+    assert manifest == {"tool": TOOL_OF[tool], "files": [n for n in files if n != outputs.MANIFEST]}
     return files
 
 
@@ -131,7 +130,7 @@ def earlier_set(tool, folder, manifest=True):
     for name, data in own.items():
         (folder / name).write_text(json.dumps(data))
     if manifest:
-        (folder / cli.MANIFEST).write_text(json.dumps({"tool": TOOL_OF[tool], "files": names}))
+        (folder / outputs.MANIFEST).write_text(json.dumps({"tool": TOOL_OF[tool], "files": names}))
 
 
 def no_work(monkeypatch, tool):
@@ -237,23 +236,23 @@ def beside_an_earlier_set(folder, tool):
 
 
 def another_tools_set(folder, tool):
-    manifest = json.loads((folder / cli.MANIFEST).read_text())
-    (folder / cli.MANIFEST).write_text(json.dumps(dict(manifest, tool="export.py")))
+    manifest = json.loads((folder / outputs.MANIFEST).read_text())
+    (folder / outputs.MANIFEST).write_text(json.dumps(dict(manifest, tool="export.py")))
 
 
 def a_damaged_manifest(folder, tool):
-    (folder / cli.MANIFEST).write_text('{"tool": "lm_insp')
+    (folder / outputs.MANIFEST).write_text('{"tool": "lm_insp')
 
 
 def an_old_set_and_a_users_file(folder, tool):
-    (folder / cli.MANIFEST).unlink()  # (a set written before manifests)
+    (folder / outputs.MANIFEST).unlink()  # (a set written before manifests)
     (folder / "holiday.png").write_bytes(b"\x89PNG the user's")
 
 
 REFUSED = {"the user's own files": (users_files, "holiday.png, notes.json"),
            "a user's file beside an earlier set": (beside_an_earlier_set, "notes.json"),
            "another tool's set": (another_tools_set, "holds the outputs of export.py"),
-           "a damaged manifest": (a_damaged_manifest, cli.MANIFEST),
+           "a damaged manifest": (a_damaged_manifest, outputs.MANIFEST),
            "a set of an earlier version and a user's file": (an_old_set_and_a_users_file, "holiday.png")}
 
 

@@ -1,11 +1,11 @@
 """
 What the project writes is one unit, and keeps what the user set on it (issue 40):
 
-  * a set of outputs (cli.claim_set / OutputSet: lm_inspect.py's page, vit_inspect.py's
+  * a set of outputs (outputs.claim_set / OutputSet: lm_inspect.py's page, vit_inspect.py's
     pictures): claimed before any work, replaced whole by one swap of folders; each fault
     (another run, an interrupt, a full disk, a folder that cannot be written, a folder of
     someone else's files) leaves the earlier set whole and says so in one line;
-  * files that are one unit but not one folder (cli.write_together: a JSON and its figure);
+  * files that are one unit but not one folder (atomic.write_together: a JSON and its figure);
   * every writer (atomic_write and what is built on it: write_json, save_checkpoint,
     write_together, an OutputSet) keeps the replaced file's mode and group, and writes through a
     symlink instead of over it;
@@ -32,13 +32,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
-import trainkit as tk  # noqa: E402
+from nanotost import atomic, checkpoints, cli, outputs, plots  # noqa: E402
 from helpers_signals import default_signals  # noqa: E402
 
 TOOL = "inspect.py"  # who writes the sets of these tests (an OutputSet's manifest names it)
 EARLIER = {"a.png": b"earlier a", "b.png": b"earlier b", "inspect.json": b'{"earlier": 1}\n'}
-MANIFEST = {cli.MANIFEST: (json.dumps({"tool": TOOL, "files": sorted(EARLIER)}, indent=1) + "\n").encode()}
+MANIFEST = {outputs.MANIFEST: (json.dumps({"tool": TOOL, "files": sorted(EARLIER)}, indent=1) + "\n").encode()}
 
 
 def contents(folder):
@@ -60,7 +59,7 @@ def new_set(folder):
     """{name: bytes} of a set written by an OutputSet, after checking that its manifest lists
     exactly its other files."""
     files = contents(folder)
-    manifest = json.loads(files.pop(cli.MANIFEST))
+    manifest = json.loads(files.pop(outputs.MANIFEST))
     assert manifest == {"tool": TOOL, "files": sorted(files)}
     return files
 
@@ -80,8 +79,8 @@ def fresh_claims():
 def test_a_new_set_replaces_the_earlier_whole(tmp_path):
     """Files of the earlier set that the new one lacks go with it; nothing else is left beside."""
     out = earlier_set(tmp_path)
-    outputs = cli.claim_set(out, "--out_dir=<x>", TOOL)
-    assert outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"}) is True
+    out_set = outputs.claim_set(out, "--out_dir=<x>", TOOL)
+    assert out_set.replace({"a.png": b"new a", "inspect.json": "{}\n"}) is True
     assert new_set(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}  # (b.png gone)
     assert sorted(os.listdir(tmp_path)) == ["inspect"]  # no temporary folder beside it, the lock released
     assert cli.left_behind() == f"{out} holds the new set, whole"
@@ -89,7 +88,7 @@ def test_a_new_set_replaces_the_earlier_whole(tmp_path):
 
 def fail_at_second_file(fault, at=2):
     """A fault met inside the second (at-th) file's write (an OSError of a write names no file)."""
-    original, seen = cli.keep_owner_and_mode, []
+    original, seen = atomic.keep_owner_and_mode, []
 
     def meet(fd, old):
         seen.append(old)
@@ -107,10 +106,10 @@ def fail_at_second_file(fault, at=2):
 ], ids=["interrupt", "disk-full", "quota", "io-error"])
 def test_a_fault_while_writing_leaves_the_earlier_set_whole(tmp_path, monkeypatch, fault, says):
     out = earlier_set(tmp_path)
-    outputs = cli.claim_set(out, "--out_dir=<x>", TOOL)
-    monkeypatch.setattr(cli, "keep_owner_and_mode", fail_at_second_file(fault))
+    out_set = outputs.claim_set(out, "--out_dir=<x>", TOOL)
+    monkeypatch.setattr(atomic, "keep_owner_and_mode", fail_at_second_file(fault))
     with pytest.raises(type(fault) if says is None else cli.UserError) as e:
-        outputs.replace({"a.png": b"new a", "c.png": b"new c", "inspect.json": "{}\n"})
+        out_set.replace({"a.png": b"new a", "c.png": b"new c", "inspect.json": "{}\n"})
     assert contents(out) == {**EARLIER, **MANIFEST}
     assert sorted(os.listdir(tmp_path)) == [".inspect.lock", "inspect"]  # (still claimed: the run has not ended)
     assert cli.left_behind() == f"nothing was replaced: {out} holds its earlier files, whole"
@@ -122,24 +121,24 @@ def test_a_fault_while_writing_leaves_the_earlier_set_whole(tmp_path, monkeypatc
 def test_the_swap_cannot_be_cut_by_an_interrupt(tmp_path, monkeypatch):
     """A SIGINT that arrives during the swap waits for it: the new set is whole, then the interrupt."""
     out = earlier_set(tmp_path)
-    outputs = cli.claim_set(out, "--out_dir=<x>", TOOL)
-    swap = cli.swap_folders
+    out_set = outputs.claim_set(out, "--out_dir=<x>", TOOL)
+    swap = outputs.swap_folders
     old = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, whatever pytest inherited
 
     def interrupted_swap(*folders):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)  # (were it not held, the KeyboardInterrupt would land here, before the swap)
         swap(*folders)
-    monkeypatch.setattr(cli, "swap_folders", interrupted_swap)
+    monkeypatch.setattr(outputs, "swap_folders", interrupted_swap)
     try:
         with pytest.raises(KeyboardInterrupt):
-            outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"})
+            out_set.replace({"a.png": b"new a", "inspect.json": "{}\n"})
     finally:
         signal.signal(signal.SIGINT, old)
     assert new_set(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}
 
 
-HOLDER = ("import sys, cli; cli.run_cli(lambda: (cli.claim_set(sys.argv[1], 'x', sys.argv[2]), print('held', "
+HOLDER = ("import sys; from nanotost import cli, outputs; cli.run_cli(lambda: (outputs.claim_set(sys.argv[1], 'x', sys.argv[2]), print('held', "
           "flush=True), sys.stdin.read()))")
 
 
@@ -174,7 +173,7 @@ def test_a_folder_that_cannot_take_the_set_is_refused_before_any_work(tmp_path, 
     before = contents(tmp_path / "inspect")
     try:
         with pytest.raises((cli.UserError, OSError)) as e:
-            cli.claim_set(out, "--out_dir=<another folder>", TOOL)
+            outputs.claim_set(out, "--out_dir=<another folder>", TOOL)
     finally:
         if holder:
             holder.stdin.close()
@@ -192,7 +191,7 @@ def parent_cannot_take(monkeypatch, how):
     is not writable (EACCES), is a read-only mount around a writable one (EROFS), or the output is
     a mount point of its own (EXDEV: the swap fails, after the new set was made)."""
     if how == errno.EXDEV:
-        monkeypatch.setattr(cli, "swap_folders", lambda a, b, aside: (_ for _ in ()).throw(OSError(
+        monkeypatch.setattr(outputs, "swap_folders", lambda a, b, aside: (_ for _ in ()).throw(OSError(
             how, "Invalid cross-device link", b)))
         return
     real_mkdir = os.mkdir
@@ -209,16 +208,16 @@ def test_a_writable_folder_in_a_read_only_parent_is_replaced_in_place(tmp_path, 
     before the renames leaves it whole."""
     out = earlier_set(tmp_path)
     parent_cannot_take(monkeypatch, how)
-    outputs = cli.claim_set(out, "--out_dir=<x>", TOOL)
-    assert outputs.in_place == (how != errno.EXDEV)
+    out_set = outputs.claim_set(out, "--out_dir=<x>", TOOL)
+    assert out_set.in_place == (how != errno.EXDEV)
     if fault is not None:
-        monkeypatch.setattr(cli, "keep_owner_and_mode", fail_at_second_file(fault))
+        monkeypatch.setattr(atomic, "keep_owner_and_mode", fail_at_second_file(fault))
         with pytest.raises(type(fault) if isinstance(fault, KeyboardInterrupt) else cli.UserError):
-            outputs.replace({"a.png": b"new a", "c.png": b"new c", "inspect.json": "{}\n"})
-        assert contents(out) == {**EARLIER, **MANIFEST} | ({} if outputs.in_place else {})
+            out_set.replace({"a.png": b"new a", "c.png": b"new c", "inspect.json": "{}\n"})
+        assert contents(out) == {**EARLIER, **MANIFEST} | ({} if out_set.in_place else {})
         assert cli.left_behind() == f"nothing was replaced: {out} holds its earlier files, whole"
         return
-    assert outputs.replace({"a.png": b"new a", "inspect.json": "{}\n"}) is True
+    assert out_set.replace({"a.png": b"new a", "inspect.json": "{}\n"}) is True
     assert new_set(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}  # (b.png gone)
     assert sorted(os.listdir(tmp_path)) == ["inspect"]
 
@@ -230,7 +229,7 @@ def test_what_a_killed_run_left_in_the_folder_is_cleared_not_refused(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     debris = os.path.join(out, f".a.png.tmp{int(dead.stdout)}")
     open(debris, "wb").close()
-    cli.claim_set(out, "x", TOOL).replace({"inspect.json": "{}\n"})
+    outputs.claim_set(out, "x", TOOL).replace({"inspect.json": "{}\n"})
     assert new_set(out) == {"inspect.json": b"{}\n"}
 
 
@@ -238,7 +237,7 @@ def test_a_symlinked_folder_stays_a_symlink(tmp_path):
     target = earlier_set(tmp_path)
     link = tmp_path / "link"
     link.symlink_to(target)
-    cli.claim_set(str(link), "--out_dir=<x>", TOOL).replace({"inspect.json": "{}\n"})
+    outputs.claim_set(str(link), "--out_dir=<x>", TOOL).replace({"inspect.json": "{}\n"})
     assert os.path.islink(link) and new_set(target) == {"inspect.json": b"{}\n"}
 
 
@@ -247,23 +246,23 @@ def test_the_claim_holds_until_the_set_is_written_and_ends_with_the_run(tmp_path
     refused while the set is written and swapped, and may begin once it is; a run that wrote
     nothing leaves no folder behind."""
     out = earlier_set(tmp_path)
-    outputs = cli.claim_set(out, "x", TOOL)
-    probe = ("import sys, cli\ntry:\n    cli.claim_set(sys.argv[1], 'x', sys.argv[2])\n"
+    out_set = outputs.claim_set(out, "x", TOOL)
+    probe = ("import sys\nfrom nanotost import cli, outputs\ntry:\n    outputs.claim_set(sys.argv[1], 'x', sys.argv[2])\n"
              "except cli.UserError as e:\n    print(e)")
 
     def second_run():
         return subprocess.run([sys.executable, "-c", probe, out, TOOL], cwd=REPO, capture_output=True, text=True,
                               timeout=60).stdout
-    swap = cli.swap_folders
+    swap = outputs.swap_folders
     during = []
-    cli.swap_folders = lambda *folders: (swap(*folders), during.append(second_run()))
+    outputs.swap_folders = lambda *folders: (swap(*folders), during.append(second_run()))
     try:
-        outputs.replace({"inspect.json": "{}\n"})
+        out_set.replace({"inspect.json": "{}\n"})
     finally:
-        cli.swap_folders = swap
+        outputs.swap_folders = swap
     assert "in use by another run" in during[0] and second_run() == ""
     empty = str(tmp_path / "new" / "deeper")
-    cli.claim_set(empty, "x", TOOL)
+    outputs.claim_set(empty, "x", TOOL)
     while cli._cleanups:
         cli._cleanups.pop()()
     assert not os.path.exists(tmp_path / "new")
@@ -275,17 +274,17 @@ def test_the_claim_holds_until_the_set_is_written_and_ends_with_the_run(tmp_path
 def write_with(writer, path, tmp_path):
     """Replace `path` with new content through one of the project's writers."""
     if writer == "atomic_write":
-        with cli.atomic_write(path) as f:
+        with atomic.atomic_write(path) as f:
             f.write(b"new")
     elif writer == "write_json":
-        cli.write_json(path, {"new": 1})
+        atomic.write_json(path, {"new": 1})
     elif writer == "save_checkpoint":
-        tk.save_checkpoint({"model": {"w": torch.zeros(2)}, "iter_num": 1}, path)
+        checkpoints.save_checkpoint({"model": {"w": torch.zeros(2)}, "iter_num": 1}, path)
     elif writer == "write_together":
-        cli.write_together({path: b"new", str(tmp_path / "other.png"): b"other"})
+        atomic.write_together({path: b"new", str(tmp_path / "other.png"): b"other"})
     elif writer == "output_set":
         folder, name = os.path.split(path)  # (a file of an earlier set, written before manifests)
-        cli.claim_set(folder, "x", TOOL, legacy=(name,)).replace({name: b"new"})
+        outputs.claim_set(folder, "x", TOOL, legacy=(name,)).replace({name: b"new"})
 
 
 WRITERS = ["atomic_write", "write_json", "save_checkpoint", "write_together", "output_set"]
@@ -327,10 +326,10 @@ def test_files_written_together_are_all_replaced_or_none(tmp_path, monkeypatch):
     a.write_text("old json")
     b.write_bytes(b"old png")
     with pytest.raises(OSError):
-        cli.write_together({str(a): "new json", str(b): bytes(10), str(a / "under-a-file.png"): b""})
+        atomic.write_together({str(a): "new json", str(b): bytes(10), str(a / "under-a-file.png"): b""})
     assert a.read_text() == "old json" and b.read_bytes() == b"old png" and sorted(os.listdir(tmp_path)) == [
         "r.json", "r.png"]
-    cli.write_together({str(a): "new json", str(b): b"new png"})
+    atomic.write_together({str(a): "new json", str(b): b"new png"})
     assert a.read_text() == "new json" and b.read_bytes() == b"new png"
 
 
@@ -342,9 +341,9 @@ def test_a_fault_at_any_file_written_together_replaces_none(tmp_path, monkeypatc
     paths = [tmp_path / name for name in ("r.json", "r.png", "README.md")]
     for p in paths:
         p.write_bytes(b"old " + p.name.encode())
-    monkeypatch.setattr(cli, "keep_owner_and_mode", fail_at_second_file(fault, at))
+    monkeypatch.setattr(atomic, "keep_owner_and_mode", fail_at_second_file(fault, at))
     with pytest.raises(type(fault)) as e:
-        cli.write_together({str(p): f"new {p.name}" for p in paths})
+        atomic.write_together({str(p): f"new {p.name}" for p in paths})
     assert [p.read_bytes() for p in paths] == [b"old " + p.name.encode() for p in paths]
     assert sorted(os.listdir(tmp_path)) == ["README.md", "r.json", "r.png"]
     if isinstance(fault, OSError):
@@ -357,18 +356,18 @@ def test_a_fault_at_any_file_written_together_replaces_none(tmp_path, monkeypatc
 @pytest.mark.parametrize("text", ["a $x^$ b", r"run $\notacommand$", "$_{$", "$$", r"costs $5\$ and $6"])
 def test_a_dollar_in_any_figure_text_is_drawn_as_given(text):
     """Titles (paths, prompts), tick labels (tokens), legends: matplotlib's mathtext is off for
-    every figure of the project (cli.pyplot), so none of these parses, fails or changes."""
+    every figure of the project (plots.pyplot), so none of these parses, fails or changes."""
     import numpy as np
 
     import lm_inspect
     import vit_inspect
-    from whitebox import rvar_figure
+    from nanotost.whitebox import rvar_figure
 
     rvar = {s: {"before": [1.0, 2.0], "after": [0.5, 1.5]} for s in ("train", "val")}
     assert rvar_figure(rvar, [1, 2], text, text)[:4] == b"\x89PNG"
     assert lm_inspect.pi_tokens_figure([text, "b"], [np.full((2, 2), 0.5)], [1], text)[:4] == b"\x89PNG"
     assert vit_inspect.map_figure(np.zeros((4, 4, 3)), [np.zeros((2, 2, 2))], [text], text, text, 1.0)[:4] == b"\x89PNG"
-    plt = cli.pyplot()
+    plt = plots.pyplot()
     fig, ax = plt.subplots()
     ax.set_title(text)
     fig.canvas.draw()  # (each text above is a formula mathtext cannot parse: it would raise ValueError)

@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIM = os.path.join(REPO, "tests", "foreign_os")
 sys.path.insert(0, REPO)
 
-import cli  # noqa: E402
+from nanotost import cli, outputs  # noqa: E402
 
 # runs scripts as the command line does (cli.run_cli, sys.argv[0] the script), in one process
 # under the shim: [[script, argv], ...] -> [[exit code, stderr's last line], ...] as JSON. The
@@ -33,10 +33,10 @@ import cli  # noqa: E402
 DRIVER = r"""
 import contextlib, importlib, io, json, os, subprocess, sys
 sys.path.insert(0, os.getcwd())
-import cli, portable
+from nanotost import cli, portable
 assert portable.fcntl is None and portable._renameat2() is None and not hasattr(os, "fchmod")  # the shim holds
-HOLDER = ("import sys, cli\ncli.run_cli(lambda: (cli.claim_output(sys.argv[1], 'x', folder=True), "
-          "cli.claim_set(sys.argv[2], 'x', 'a preparation'), cli.claim_set(sys.argv[3], 'x', 'lm_inspect.py'), "
+HOLDER = ("import sys\nfrom nanotost import cli, outputs\ncli.run_cli(lambda: (outputs.claim_output(sys.argv[1], 'x', folder=True), "
+          "outputs.claim_set(sys.argv[2], 'x', 'a preparation'), outputs.claim_set(sys.argv[3], 'x', 'lm_inspect.py'), "
           "print('held', flush=True), sys.stdin.read()))")
 results = []
 for script, argv in json.loads(sys.argv[1]):
@@ -101,9 +101,9 @@ def test_the_five_scripts_run_their_cpu_path_without_fcntl_and_renameat2(written
     root, results = written
     chain = ("prepare", "prepare again", "train", "sample", "evaluate", "inspect", "inspect again")
     assert [results[step][0] for step in chain] == [0] * len(chain), results
-    assert sorted(os.listdir(root / "data" / "book")) == [cli.MANIFEST, "meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(root / "data" / "book")) == [outputs.MANIFEST, "meta.json", "train.bin", "val.bin"]
     assert {"ckpt.pt", "eval.jsonl"} <= set(os.listdir(root / "out"))
-    assert sorted(os.listdir(root / "page")) == [cli.MANIFEST, "index.html", "inspect.json", "pi_tokens.png",
+    assert sorted(os.listdir(root / "page")) == [outputs.MANIFEST, "index.html", "inspect.json", "pi_tokens.png",
                                                  "rvar.png"]
     assert sorted(os.listdir(root)) == ["book.txt", "data", "out", "page"]  # no lock, no temporary folder left
 
@@ -123,13 +123,13 @@ def test_two_writers_of_one_output_are_refused_without_fcntl(written):
 
 
 # the OS's own calls, and where each may be made: portable.py, or (guarded) the one place named
-OWN_CALLS = {"fcntl": {"portable.py"}, "msvcrt": {"portable.py"}, "renameat2": {"portable.py"},
-             "setsid": {"portable.py"}, "killpg": {"portable.py"}, "getloadavg": {"portable.py"},
-             "SIGKILL": {"portable.py"}, "SIGHUP": set(), "SIGALRM": set(), "SIGUSR1": set(), "SIGUSR2": set(),
-             "fork": set(), "preexec_fn": set(), "start_new_session": set(), "prctl": set(),
-             "register_at_fork": {"cli.py"}, "fchmod": {"cli.py"}, "fchown": {"cli.py"},
-             "sched_getaffinity": {"trainkit.py"}, "getuid": {"kernels/cpu.py"}, "geteuid": set(),
-             "kill": {"portable.py"}, "ismount": {"portable.py"}, "pathconf": {"portable.py"}}
+PORTABLE = {"nanotost/portable.py"}
+OWN_CALLS = {"fcntl": PORTABLE, "msvcrt": PORTABLE, "renameat2": PORTABLE, "setsid": PORTABLE, "killpg": PORTABLE,
+             "getloadavg": PORTABLE, "SIGKILL": PORTABLE, "kill": PORTABLE, "ismount": PORTABLE, "pathconf": PORTABLE,
+             "SIGHUP": set(), "SIGALRM": set(), "SIGUSR1": set(), "SIGUSR2": set(), "fork": set(), "preexec_fn": set(),
+             "start_new_session": set(), "prctl": set(), "geteuid": set(), "register_at_fork": {"nanotost/ranks.py"},
+             "fchmod": {"nanotost/atomic.py"}, "fchown": {"nanotost/atomic.py"},
+             "sched_getaffinity": {"nanotost/devices.py"}, "getuid": {"kernels/cpu.py"}}
 
 
 def project_files():
@@ -174,4 +174,4 @@ def test_the_oss_own_calls_are_made_only_behind_a_portable_path():
             places.setdefault(name, set()).add(path.replace(os.sep, "/"))
     stray = {name: sorted(files - OWN_CALLS[name]) for name, files in places.items() if files - OWN_CALLS[name]}
     assert not stray, f"OS-specific calls outside portable.py: {stray}"
-    assert places["fcntl"] == {"portable.py"} and "renameat2" in places  # (the check finds what it looks for)
+    assert places["fcntl"] == PORTABLE and "renameat2" in places  # (the check finds what it looks for)

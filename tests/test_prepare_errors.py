@@ -32,11 +32,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import bench  # noqa: E402
-from benchkit import suites as bench_suites  # noqa: E402
-import cli  # noqa: E402
+from results.benchkit import suites as bench_suites  # noqa: E402
 import prepare_char  # noqa: E402
 import prepare_openwebtext as prep  # noqa: E402
-import textdata as td  # noqa: E402
+from nanotost import cli, outputs
+from nanotost import textdata as td  # noqa: E402
 from test_train import TIKTOKEN_CACHE, needs_bpe  # noqa: E402  (where the GPT-2 BPE files are)
 
 try:  # the shared check of advice, where the repository has it
@@ -370,7 +370,7 @@ def ctrl_c_in_fill(monkeypatch):
 
 def swap_fails(monkeypatch):
     """The new folder cannot take the old one's place, whichever way the OS swaps them (one
-    exchange, cli.swap_folders; or renames, where a step fails after the old was set aside),
+    exchange, outputs.swap_folders; or renames, where a step fails after the old was set aside),
     for a reason other than a mount point (which the set then writes in place: test_output_sets.py)."""
     real = os.rename
 
@@ -379,7 +379,7 @@ def swap_fails(monkeypatch):
             raise OSError(errno.EIO, os.strerror(errno.EIO), src)
         real(src, dst)
     monkeypatch.setattr(os, "rename", rename)
-    monkeypatch.setattr(cli, "swap_folders", lambda src, dst, aside: rename(src, dst))
+    monkeypatch.setattr(outputs, "swap_folders", lambda src, dst, aside: rename(src, dst))
 
 
 FORCE_FAULTS = {"a crash midway": (crash_in_fill, None),
@@ -447,7 +447,8 @@ def test_data_prepared_again_keeps_its_modes_group_and_symlink(link, work, monke
 KILLED = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
-    import prepare_char, textdata
+    import prepare_char
+    from nanotost import textdata
 
     def write_tokens(f, ids):  # write half of the first split, then wait to be killed
         f.write(ids[:len(ids) // 2].astype("uint16").tobytes())

@@ -29,8 +29,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cli  # noqa: E402
 from results import figure, render  # noqa: E402
+from nanotost import atomic, cli  # noqa: E402
 from test_errors import call, refused  # noqa: E402
 from test_tables import copy_of_the_repository  # noqa: E402
 
@@ -102,7 +102,7 @@ def test_the_committed_figure_is_the_picture_of_its_points():
 
 @pytest.mark.parametrize("fault", ["interrupt", "disk-full", "a drawing error"])
 def test_a_rewrite_cut_short_leaves_the_documents_and_the_figure_as_they_were(fault, tmp_path, monkeypatch, capsys):
-    """The documents and the figures are one unit (cli.write_together): a fault while drawing or
+    """The documents and the figures are one unit (atomic.write_together): a fault while drawing or
     writing leaves every one of them as it was, not new tables beside an old figure."""
     root = copy_of_the_repository(tmp_path)
     (root / PNG).write_bytes(committed(PNG)[:1000])  # the figure must be drawn again
@@ -118,7 +118,7 @@ def test_a_rewrite_cut_short_leaves_the_documents_and_the_figure_as_they_were(fa
     else:
         error = KeyboardInterrupt() if fault == "interrupt" else OSError(28, "No space left on device")
         seen = []
-        monkeypatch.setattr(cli, "keep_owner_and_mode", lambda fd, old: seen.append(old) or (
+        monkeypatch.setattr(atomic, "keep_owner_and_mode", lambda fd, old: seen.append(old) or (
             len(seen) == 2 and (_ for _ in ()).throw(error)))
         code, message = call(SCRIPT, f"--root={root}")
         assert code == (130 if fault == "interrupt" else 1) and len(seen) == 2, message
@@ -180,7 +180,7 @@ def test_a_partial_report_draws_what_it_has_and_says_what_is_missing(case, tmp_p
 
 
 def test_a_training_row_without_its_length_is_one_line_naming_the_field(tmp_path):
-    """The figure's points are read as the tables are (cli.reading): a field a row lacks is one
+    """The figure's points are read as the tables are (atomic.reading): a field a row lacks is one
     line naming the file and the field, not a KeyError from the figure."""
     data = json.loads(committed(REPORT))
     both_models(data)
@@ -234,10 +234,10 @@ def test_a_non_finite_number_in_any_json_is_refused_naming_the_file_and_field(pa
 
 
 def test_non_finite_finds_the_field_at_any_depth():
-    field, value = cli.non_finite({"a": [1.0, {"b": float("nan")}]})
+    field, value = atomic.non_finite({"a": [1.0, {"b": float("nan")}]})
     assert field == "a[1].b" and math.isnan(value)
-    assert cli.non_finite({"a": [1, 2.5, "NaN"], "b": True}) is None  # a string "NaN" is not a number
-    assert cli.non_finite([float("-inf")]) == ("[0]", float("-inf"))
+    assert atomic.non_finite({"a": [1, 2.5, "NaN"], "b": True}) is None  # a string "NaN" is not a number
+    assert atomic.non_finite([float("-inf")]) == ("[0]", float("-inf"))
 
 
 # -----------------------------------------------------------------------------

@@ -34,11 +34,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import background  # noqa: E402
 import bench  # noqa: E402
-import cli  # noqa: E402
+from nanotost import cli  # noqa: E402
 import speed_tables  # noqa: E402
-from benchkit import headline, kernel_times, order, plan  # noqa: E402
-from benchkit.part import row_key  # noqa: E402
-from benchkit.meta import source_digest  # noqa: E402
+from results.benchkit import headline, kernel_times, order, plan  # noqa: E402
+from results.benchkit.part import row_key  # noqa: E402
+from results.benchkit.meta import source_digest  # noqa: E402
 
 TINY = ["--T=32", "--model_T=16", "--decode_T=8", "--main_iters=2", "--repeats=1", "--train_tokens=16",
         "--decode_steps=2"]
@@ -55,9 +55,9 @@ SCRIPT = r"""
 import ctypes, json, os, shlex, shutil, signal, subprocess, sys, time
 repo, work, tiny, fake, signals = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], sys.argv[5:]
 sys.path.insert(0, repo)
-from benchkit.meta import source_digest
-from benchkit.keeper import is_running
-from benchkit.report import REPORT_SCHEMA
+from results.benchkit.meta import source_digest
+from results.benchkit.keeper import is_running
+from results.benchkit.report import REPORT_SCHEMA
 out = os.path.join(work, "out")
 os.makedirs(out)
 path = os.path.join(out, "cpu-headline.json")

@@ -1,6 +1,6 @@
 """
 The documents' tables are their JSON (issue 27 item 5): every table block of README.md,
-SPEED.md, recall/README.md and lra/README.md equals its rendering by results/render.py from the
+SPEED.md, results/recall/README.md and lra/README.md equals its rendering by results/render.py from the
 committed JSON, so editing a number in a table (or in its JSON) fails here; every NAME in a
 document is registered, every registered table appears in a document, and the JSON a table
 names exists (or is awaited: a GPU report no machine here can write, whose tables say so).
@@ -25,11 +25,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "results"))
 
-import cli  # noqa: E402
 import render  # noqa: E402
 from results import figure  # noqa: E402
 from lra import listops_runs  # noqa: E402
 from lra import train as lra_train  # noqa: E402
+from nanotost import cli  # noqa: E402
 
 RENDER = os.path.join(REPO, "results", "render.py")
 TABLES, AWAITED, FIGURES = render.registry()

@@ -1,16 +1,16 @@
 """
 Issue 33: nothing lost, nothing silently wrong, in the newest tools (bench.py --report,
-results/render.py, compare/pydocs.py, recall/, lra/listops_runs.py) and a few corners of the
+results/render.py, results/compare/pydocs.py, results/recall/, lra/listops_runs.py) and a few corners of the
 older scripts. One parametrized test per class of fault, over the scripts that share its
 mechanism:
 
-  1. two writers at once: every writer of a shared output claims it (cli.claim_output) before
+  1. two writers at once: every writer of a shared output claims it (outputs.claim_output) before
      any work; a second writer, a real second process, is refused in one line
   2. a document or a committed file destroyed: render.py refuses markers that do not pair up
-     (rewrite and --check); compare/pydocs.py --calibrate writes the committed calibration only
+     (rewrite and --check); results/compare/pydocs.py --calibrate writes the committed calibration only
      when named, and keeps the models it does not measure
   3. the project's own JSON cut short, missing a field, or holding a value of another type: one
-     line naming the file (and the field) and what to do (cli.read_json, cli.reading)
+     line naming the file (and the field) and what to do (atomic.read_json, atomic.reading)
   4. Ctrl-C says what was saved, and stops a section that runs in its own process group
   5. an output that cannot be written is found before the work, not after
   6. settings that cannot do what they say: a budget too short for any section, a commit that
@@ -47,20 +47,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import cli  # noqa: E402
-import textdata as td  # noqa: E402
-from benchkit import meta as bench_meta  # noqa: E402
-from benchkit import report as bench_report  # noqa: E402
-from compare import pydocs  # noqa: E402
+from results.benchkit import meta as bench_meta  # noqa: E402
+from results.benchkit import report as bench_report  # noqa: E402
+from results.compare import pydocs  # noqa: E402
 from helpers_signals import default_signals  # noqa: E402
 from lra import listops_runs  # noqa: E402
-from recall import suite  # noqa: E402
+from results.recall import suite  # noqa: E402
 from results import render  # noqa: E402
+from nanotost import atomic, cli, outputs
+from nanotost import textdata as td  # noqa: E402
 from test_errors import call, data, refused  # noqa: E402,F401  (data: a fixture)
 from test_train import TIKTOKEN_CACHE, needs_bpe  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 40
-HOLDER = "import sys, cli; cli.claim_output(sys.argv[1], 'x'); print('held', flush=True); sys.stdin.read()"
+HOLDER = "import sys; from nanotost import outputs; outputs.claim_output(sys.argv[1], 'x'); print('held', flush=True); sys.stdin.read()"
 
 
 def python(*argv, **kwargs):
@@ -110,10 +110,10 @@ def writers(root):
         "bench.py --report": (["--report=1", "--device=cpu", "--quick=1", "--out=out/r.json"], out / "r.json"),
         "prepare_char.py": ([f"--input={root / 'book.txt'}", "--name=book", "--data_dir=out"], out / "book"),
         "prepare_openwebtext.py": ([f"--input={root / 'book.txt'}", "--name=owt", "--data_dir=out"], out / "owt"),
-        "compare/pydocs.py": ([f"--data_dir={root / 'data'}", "--dataset=tiny_char", f"--out_root={out / 'root'}",
+        "results/compare/pydocs.py": ([f"--data_dir={root / 'data'}", "--dataset=tiny_char", f"--out_root={out / 'root'}",
                                "--conditions=iters", f"--out={out / 'p.json'}"], out / "p.json"),
-        "recall/suite.py": (["--quick=True", "--out_json=out/q.json", "--figure=out/q.png"], out / "q.json"),
-        "recall/decode_bench.py": (["--out=out/d.json"], out / "d.json"),
+        "results/recall/suite.py": (["--quick=True", "--out_json=out/q.json", "--figure=out/q.png"], out / "q.json"),
+        "results/recall/decode_bench.py": (["--out=out/d.json"], out / "d.json"),
         "lra/listops_runs.py": ([f"--out={out / 'l.json'}", "--grids=tiny"], out / "l.json"),
         "lra/generate.py": (["--task=listops", "--out_dir=out/gen"], out / "gen"),
         "results/render.py": ([f"--root={root / 'docs'}"], root / "docs" / "README.md"),
@@ -193,7 +193,7 @@ DAMAGES = {  # doc -> what is done to it, what the refusal says
                                                    "has no <!-- /table --> after it"),
     "SPEED.md, an opening marker deleted": ("SPEED.md", lambda t: re.sub(r"<!-- table: [\w.-]+ -->\n", "", t, 1),
                                             "closes no table"),
-    "recall/README.md, a marker misspelt": ("recall/README.md",
+    "results/recall/README.md, a marker misspelt": ("results/recall/README.md",
                                             lambda t: t.replace("<!-- /table -->", "<!--/table-->", 1),
                                             "is not a table marker"),
 }
@@ -224,13 +224,13 @@ def test_calibrate_writes_the_committed_file_only_when_named_and_keeps_other_mod
     pydocs.claim_outputs(C, given={"calibrate"})
     assert C.calibration == os.path.join(str(tmp_path / "root"), "calibration.json")  # not the committed one
     C.calibration, C.names = str(tmp_path / "cal.json"), ["tost"]
-    cli.write_json(C.calibration, calibration(["tost", "softmax", "linear"], pydocs.machine()))
+    atomic.write_json(C.calibration, calibration(["tost", "softmax", "linear"], pydocs.machine()))
     measured = dict(tost=dict(s_per_iter=0.2, rounds=[0.2], recipe_id="r", recipe=[]))
     monkeypatch.setattr(pydocs, "calibrate_models", lambda names, C: (measured, []))
     pydocs.take_calibration(C)
     models = json.loads((tmp_path / "cal.json").read_text())["models"]
     assert models["tost"]["s_per_iter"] == 0.2 and set(models) == {"tost", "softmax", "linear"}
-    cli.write_json(C.calibration, calibration(["tost", "softmax"], dict(pydocs.machine(), cpu="another")))
+    atomic.write_json(C.calibration, calibration(["tost", "softmax"], dict(pydocs.machine(), cpu="another")))
     with pytest.raises(cli.UserError, match="softmax taken on another machine .* --calibration=<new file>"):
         pydocs.take_calibration(C)
 
@@ -259,12 +259,12 @@ JSON_READERS = {  # reader -> (file name, content, read(path), a field to delete
                           ["sections", "op", "rows"]),
     "results/render.py": ("lra/results_listops.json", committed("lra/results_listops.json"), read_render,
                           ["grids", "tiny", "runs"], ["grids", "tiny", "runs", 0, "test_acc_at_best_val"]),
-    "compare/pydocs.py calibration": ("cal.json", committed("compare/pydocs_calibration.json"),
+    "results/compare/pydocs.py calibration": ("cal.json", committed("results/compare/pydocs_calibration.json"),
                                       lambda p: pydocs.read_calibration(SimpleNamespace(calibration=p)),
                                       ["models", "tost", "s_per_iter"], ["models", "tost", "s_per_iter"]),
-    "compare/pydocs.py finished runs": ("results.json", FINISHED, lambda p: pydocs.run_all(
+    "results/compare/pydocs.py finished runs": ("results.json", FINISHED, lambda p: pydocs.run_all(
         [], SimpleNamespace(out_root=os.path.dirname(p)), set()), ["tost_s1_i8", "val_loss"], ["tost_s1_i8", "share"]),
-    "recall/suite.py": ("q.json", committed("recall/results_cpu.json"),
+    "results/recall/suite.py": ("q.json", committed("results/recall/results_cpu.json"),
                         lambda p: suite.load_results(SimpleNamespace(out_json=p)), ["runs", 0, "val_acc"],
                         ["runs", 0, "lr"]),
     "lra/listops_runs.py": ("l.json", committed("lra/results_listops.json"),
@@ -365,9 +365,9 @@ def fake_pydocs(monkeypatch, outcomes):
 INTERRUPTED = {  # script -> (its arguments under root, the fake that does its runs, what holds the runs)
     "lra/listops_runs.py": (lambda r: [f"--out={r}/l.json", "--grids=tiny", "--runs=shared_tssa", "--seeds=1,2,3",
                                        "--vector_paths=native"], fake_listops, "l.json holds the 1 run(s) that ended"),
-    "recall/suite.py": (lambda r: ["--quick=True", f"--out_json={r}/q.json", "--figure="], fake_recall,
+    "results/recall/suite.py": (lambda r: ["--quick=True", f"--out_json={r}/q.json", "--figure="], fake_recall,
                         "the runs that ended are in"),
-    "compare/pydocs.py": (lambda r: [f"--data_dir={r}/data", "--dataset=tiny_char", f"--out_root={r}/root",
+    "results/compare/pydocs.py": (lambda r: [f"--data_dir={r}/data", "--dataset=tiny_char", f"--out_root={r}/root",
                                      "--conditions=iters", "--models=tost", "--seeds=1,2,3"], fake_pydocs,
                           "the finished runs are in"),
 }
@@ -410,9 +410,9 @@ def no_work(*args, **kwargs):
 
 LATE = {  # script -> (arguments, where the work begins)
     "bench.py --report": (["--report=1", "--device=cpu", "--quick=1"], (bench_report, "run_child")),
-    "recall/suite.py": (["--quick=True"], (suite, "run_job")),
-    "recall/decode_bench.py": ([], ("recall.decode_bench", "measure")),
-    "compare/pydocs.py": (["--data_dir=DATA/data", "--dataset=tiny_char", "--out_root=DATA/out-compare/pydocs",
+    "results/recall/suite.py": (["--quick=True"], (suite, "run_job")),
+    "results/recall/decode_bench.py": ([], ("results.recall.decode_bench", "measure")),
+    "results/compare/pydocs.py": (["--data_dir=DATA/data", "--dataset=tiny_char", "--out_root=DATA/out-compare/pydocs",
                            "--conditions=iters"], (pydocs, "train_and_score")),
     "lra/listops_runs.py": (["--out=DATA/out-lra/l.json"], (listops_runs, "prepare_data")),
 }
@@ -443,7 +443,7 @@ SETTINGS = {  # name -> (script, arguments, environment, what the refusal says)
     "bench.py --T twice": ("bench.py", ["--T=8,8"], {}, "T names 8 more than once"),
     "lra/listops_runs.py --runs twice": ("lra/listops_runs.py", ["--runs=shared_tssa,shared_tssa"], {},
                                          "runs names shared_tssa more than once"),
-    "compare/pydocs.py --models twice": ("compare/pydocs.py", ["--models=tost,tost"], {}, "more than once"),
+    "results/compare/pydocs.py --models twice": ("results/compare/pydocs.py", ["--models=tost,tost"], {}, "more than once"),
     "evaluate.py --harness twice": ("evaluate.py", ["--harness=wikitext,wikitext"], {}, "more than once"),
     "render.py --json_path of another kind": ("results/render.py", ["--show=gpu_*", "--json_path=REPO/lra/"
                                               "results_listops.json"], {}, "it is not a report of python bench.py"),
@@ -494,7 +494,7 @@ def test_lm_eval_input_that_cannot_run_is_one_line(case, tmp_path, monkeypatch):
         refused("evaluate.py", "--harness=,", root=tmp_path, contains=["harness must be names separated by commas"])
         return
     pytest.importorskip("lm_eval", reason="lm-eval is not installed")
-    import lm_eval_adapter
+    from nanotost import lm_eval_adapter
     (tmp_path / "bad.yaml").write_text(YAML[case])
     with pytest.raises(cli.UserError, match=r"bad\.yaml:\d+: not YAML .*: correct the task file"):
         lm_eval_adapter.load_tasks([str(tmp_path / "bad.yaml")])
@@ -555,7 +555,7 @@ def test_local_files_are_prepared_under_a_datasets_cache_that_cannot_be_written(
     monkeypatch.chdir(tmp_path)
     assert call("prepare_openwebtext.py", "--input=a.txt", "--num_proc=1")[0] == 0
     assert sorted(os.listdir(tmp_path / "data")) == ["a"]  # its temp cache went with the run
-    assert sorted(os.listdir(tmp_path / "data" / "a")) == [cli.MANIFEST, "meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(tmp_path / "data" / "a")) == [outputs.MANIFEST, "meta.json", "train.bin", "val.bin"]
 
 
 # -----------------------------------------------------------------------------

@@ -29,17 +29,16 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import cli  # noqa: E402
 import evaluate  # noqa: E402
-import plaindata  # noqa: E402
 import prepare_char  # noqa: E402
 import prepare_openwebtext as prep  # noqa: E402
 import sample  # noqa: E402
-import textdata as td  # noqa: E402
 import train  # noqa: E402
-import trainkit as tk  # noqa: E402
 from helpers_signals import default_signals  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from nanotost import atomic, checkpoints, cli, outputs
+from nanotost import textdata as td
+from nanotost import trainkit as tk  # noqa: E402
 
 TIKTOKEN_CACHE = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(REPO, "..", "shared", "tiktoken_cache")
 needs_bpe = pytest.mark.skipif(not os.path.isdir(TIKTOKEN_CACHE),
@@ -94,7 +93,7 @@ def read_meta(folder):
 
 
 def load_weights(out_dir):
-    return tk.load_checkpoint(os.path.join(out_dir, "ckpt.pt"), "language")["model"]
+    return checkpoints.load_checkpoint(os.path.join(out_dir, "ckpt.pt"), "language")["model"]
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +127,7 @@ def test_tiny_tost_loss_goes_down(tiny_run):
     # untrained: about ln(vocab) = ln(107) = 4.67; 40 steps learn at least the character statistics
     assert evals[0]["val_loss"] > 4.3
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0
-    ckpt = tk.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"), "language")
+    ckpt = checkpoints.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"), "language")
     assert ckpt["iter_num"] == 40 and ckpt["model_args"]["attn"] == "tssa"
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
     assert ckpt["tokenizer"]["tokenizer"] == "char"
@@ -152,7 +151,7 @@ def check_sample_greedy(out_dir, prompt, n_new, capsys):
     assert code == 0, err
     samples = out.split("-" * 60)[1:-1]
     assert len(samples) == 2 and "tokens/s" in out
-    ckpt = tk.load_checkpoint(os.path.join(out_dir, "ckpt.pt"), "language")
+    ckpt = checkpoints.load_checkpoint(os.path.join(out_dir, "ckpt.pt"), "language")
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(ckpt["model"])
     model.eval()
@@ -170,13 +169,13 @@ def test_sample_greedy_matches_full_forward(tiny_run, capsys):
 def test_sample_softmax_checkpoint(tiny_run, tmp_path, capsys):
     """The softmax baseline's checkpoint samples too (KV cache, then a sliding window past
     block_size: 10 + 30 tokens > 32, like the cropped reference)."""
-    tiny = tk.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"), "language")
+    tiny = checkpoints.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"), "language")
     args = dict(tiny["model_args"], attn="softmax", layer_scale_init=None)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**args))  # untrained: a random but fixed greedy path is enough here
     with torch.no_grad():  # spread the logits (init std 0.02 leaves near-ties that float rounding could flip)
         model.wte.weight.mul_(50)
-    tk.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=args, iter_num=0, config={},
+    checkpoints.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=args, iter_num=0, config={},
                             tokenizer=tiny["tokenizer"]), str(tmp_path / "ckpt.pt"))
     check_sample_greedy(str(tmp_path), "Return the", 30, capsys)
 
@@ -189,7 +188,7 @@ def test_evaluate_scores_the_whole_split(tiny_run, capsys):
     record = read_log(tiny_run["out"], "all", "eval.jsonl")[-1]
     assert record["tokens"] == 2000 and record["split"] == "val"
     # independent reference: the first 2001 tokens of val cut into windows of 32, each scored by a plain forward
-    ckpt = tk.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"), "language")
+    ckpt = checkpoints.load_checkpoint(os.path.join(tiny_run["out"], "ckpt.pt"), "language")
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(ckpt["model"])
     model.eval()
@@ -229,14 +228,14 @@ def test_resume_continues_exactly(tiny_run, tmp_path):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run("train.py", *common, f"--out_dir={full}", "--max_iters=8")
     run("train.py", *common, f"--out_dir={part}", "--max_iters=4")
-    assert tk.load_checkpoint(os.path.join(part, "ckpt.pt"), "language")["iter_num"] == 4
+    assert checkpoints.load_checkpoint(os.path.join(part, "ckpt.pt"), "language")["iter_num"] == 4
     p = run("train.py", *common, f"--out_dir={part}", "--max_iters=8", "--init_from=resume")
     assert "resumed from" in p.stdout
     losses_full = [(r["iter"], r["train_loss"]) for r in read_log(full, "train")]
     losses_part = [(r["iter"], r["train_loss"]) for r in read_log(part, "train")]
     assert [i for i, _ in losses_full] == list(range(8))
     assert losses_part == losses_full  # exact equality of the floats
-    a, b = (tk.load_checkpoint(os.path.join(d, "ckpt.pt"), "language") for d in (full, part))
+    a, b = (checkpoints.load_checkpoint(os.path.join(d, "ckpt.pt"), "language") for d in (full, part))
     assert a["iter_num"] == b["iter_num"] == 8
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
@@ -257,17 +256,17 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_run, tmp_path, cap
     assert code == 1
     assert "non-finite training loss" in err and "last good checkpoint" in err
     assert open(ckpt_path, "rb").read() == before  # untouched: still the iter-2 checkpoint
-    ckpt = tk.load_checkpoint(ckpt_path, "language")
+    ckpt = checkpoints.load_checkpoint(ckpt_path, "language")
     assert ckpt["iter_num"] == 2 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
 SAVER = """
 import io, sys, time, torch
 sys.path.insert(0, {repo!r})
-import trainkit as tk
+from nanotost import checkpoints
 path = sys.argv[1]
-FIELDS = dict(model={{}}, model_args={{}}, config={{}}, iter_num=0, tokenizer={{}})  # (read back by plaindata.read)
-tk.save_checkpoint({{"kind": "language", "version": 0, "w": torch.zeros(2**20), **FIELDS}}, path)
+FIELDS = dict(model={{}}, model_args={{}}, config={{}}, iter_num=0, tokenizer={{}})  # (read back by checkpoints.read)
+checkpoints.save_checkpoint({{"kind": "language", "version": 0, "w": torch.zeros(2**20), **FIELDS}}, path)
 real_save = torch.save
 def torn_save(obj, f):  # write the first half of the bytes, then hang until killed
     buf = io.BytesIO()
@@ -277,7 +276,7 @@ def torn_save(obj, f):  # write the first half of the bytes, then hang until kil
     print("mid-save", flush=True)
     time.sleep(120)
 torch.save = torn_save
-tk.save_checkpoint({{"kind": "language", "version": 1, "w": torch.ones(2**20), **FIELDS}}, path)
+checkpoints.save_checkpoint({{"kind": "language", "version": 1, "w": torch.ones(2**20), **FIELDS}}, path)
 """
 
 
@@ -296,11 +295,11 @@ def test_killed_save_leaves_a_loadable_checkpoint_and_the_next_save_cleans_up(tm
         proc.wait()
     torn = [f for f in os.listdir(tmp_path) if f.startswith(".ckpt.pt.tmp")]
     assert torn == [f".ckpt.pt.tmp{proc.pid}"]  # the half-written new checkpoint, never renamed over the old one
-    ckpt = plaindata.read(path)  # whole: it reads back
+    ckpt = checkpoints.read(path)  # whole: it reads back
     assert ckpt["version"] == 0 and torch.equal(ckpt["w"], torch.zeros(2**20))
-    tk.save_checkpoint(dict(kind="language", version=2, model={}, model_args={}, config={}, iter_num=0, tokenizer={}), path)
+    checkpoints.save_checkpoint(dict(kind="language", version=2, model={}, model_args={}, config={}, iter_num=0, tokenizer={}), path)
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "saver.py"]  # the stale temp file is gone
-    assert plaindata.read(path)["version"] == 2
+    assert checkpoints.read(path)["version"] == 2
 
 
 # -----------------------------------------------------------------------------
@@ -340,7 +339,7 @@ def test_torchrun_two_processes_match_one(tiny_run, tmp_path, capsys):
     assert all(torch.equal(ckpt_ddp[k], ckpt_single[k]) for k in ckpt_single)
     ddp_losses = [r["train_loss"] for r in read_log(ddp, "train")]
     assert len(ddp_losses) == 6 and ddp_losses == [r["train_loss"] for r in read_log(single, "train")]
-    model = GPT(GPTConfig(**tk.load_checkpoint(os.path.join(ddp, "ckpt.pt"), "language")["model_args"]))
+    model = GPT(GPTConfig(**checkpoints.load_checkpoint(os.path.join(ddp, "ckpt.pt"), "language")["model_args"]))
     model.load_state_dict(ckpt_ddp)  # the DDP checkpoint loads into a plain model
 
 
@@ -574,7 +573,7 @@ def test_evaluation_sets_prepare_and_score(tmp_path, monkeypatch, capsys):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**args)).eval()
     out = str(tmp_path / "out")
-    tk.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=asdict(model.config), iter_num=0,
+    checkpoints.save_checkpoint(dict(kind="language", model=model.state_dict(), model_args=asdict(model.config), iter_num=0,
                             config={}, tokenizer=dict(tokenizer="gpt2", vocab_size=50257)), os.path.join(out, "ckpt.pt"))
     common = ["--dataset=wikitext2", f"--data_dir={data}", f"--out_dir={out}", "--device=cpu"]
     code, _, err = call_main(evaluate, *common, capsys=capsys)  # the default split is val: not in an evaluation set
@@ -693,7 +692,7 @@ def test_preparation_removes_temp_files_of_a_killed_run(tmp_path):
     folder.mkdir()
     (folder / "train.bin.tmp").write_bytes(bytes(1000))  # what kill -9 mid-write leaves
     prepare_char.main([f"--input={src}", f"--data_dir={tmp_path}"])
-    assert sorted(os.listdir(folder)) == [cli.MANIFEST, "meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(folder)) == [outputs.MANIFEST, "meta.json", "train.bin", "val.bin"]
 
 
 def test_configs_list_only_what_differs_and_the_base_recipe_is_the_released_one():
@@ -720,7 +719,7 @@ def test_max_time_stops_cleanly_with_an_evaluation_and_a_checkpoint(tiny_run, tm
                                   capsys=capsys)
     assert code == 0 and "max_time" in stdout, err
     assert [r["iter"] for r in read_log(out, "eval")] == [0, 1]  # the last step is evaluated and saved
-    assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"), "language")["iter_num"] == 1
+    assert checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "language")["iter_num"] == 1
 
 
 def test_flops_count_tssa_as_linear_and_mfu_knows_hopper():
@@ -742,7 +741,7 @@ def test_flops_count_tssa_as_linear_and_mfu_knows_hopper():
 def test_a_resumed_run_keeps_a_symlinked_shared_checkpoint_as_the_user_set_it(tiny_run, tmp_path, capsys):
     """The run folder on a small disk, ckpt.pt a symlink to a big one, readable by the group
     (0o640); resumed under umask 077: ckpt.pt is still the link, its target holds the new
-    iteration, with the mode it had (cli.atomic_write, the one writer under save_checkpoint)."""
+    iteration, with the mode it had (atomic.atomic_write, the one writer under save_checkpoint)."""
     out, big = tmp_path / "out", tmp_path / "big"
     big.mkdir()
     out.mkdir()
@@ -758,4 +757,4 @@ def test_a_resumed_run_keeps_a_symlinked_shared_checkpoint_as_the_user_set_it(ti
         os.umask(old)
     assert code == 0, err
     assert os.path.islink(out / "ckpt.pt") and stat.S_IMODE(os.stat(big / "ckpt.pt").st_mode) == 0o640
-    assert tk.load_checkpoint(str(big / "ckpt.pt"), "language")["iter_num"] == 41
+    assert checkpoints.load_checkpoint(str(big / "ckpt.pt"), "language")["iter_num"] == 41

@@ -25,7 +25,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchkit.reportfile import part_measured_at, read_report  # noqa: E402
+from results.benchkit.reportfile import part_measured_at, read_report  # noqa: E402
 from kernels import launch_model  # noqa: E402
 
 triton_tssa = pytest.importorskip("kernels.triton_tssa", reason="triton is not installed")

@@ -1,6 +1,6 @@
 """
 Tests of the linear-attention baseline and the opt-in ToST variants (short_conv, hybrid_every),
-and of the recall suite's data (recall/). CPU only, offline, tiny models; about 20 s.
+and of the recall suite's data (results/recall/). CPU only, offline, tiny models; about 20 s.
 
     python -m pytest -q tests/test_variants.py
 
@@ -26,15 +26,14 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import cli  # noqa: E402
 import prepare_char  # noqa: E402
 import train  # noqa: E402
-import trainkit as tk  # noqa: E402
 from lra.encoder import LRAClassifier, LRAConfig  # noqa: E402
 from model import (GPT, LINEAR_CHUNK, GPTConfig, LinearAttention, SoftmaxAttention, TSSA,  # noqa: E402
                    causal_linear_attention, elu_feature_map)
-from recall import decode_bench, suite, tasks  # noqa: E402
+from results.recall import decode_bench, suite, tasks  # noqa: E402
 from results import recall_tables  # noqa: E402
+from nanotost import checkpoints, cli  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and steady on a shared machine
 
@@ -217,7 +216,7 @@ def test_train_py_runs_each_variant(char_data, extra, capsys):
     for arg in extra:
         key, value = arg[2:].split("=")
         assert str(getattr(model.config, key)) == value
-    ckpt = tk.load_checkpoint(str(out / "ckpt.pt"), "language")
+    ckpt = checkpoints.load_checkpoint(str(out / "ckpt.pt"), "language")
     reloaded = GPT(GPTConfig(**ckpt["model_args"]))  # what sample.py does
     reloaded.load_state_dict(ckpt["model"])
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), model.state_dict().values()))
@@ -338,11 +337,11 @@ def test_suite_refuses_bad_lists_in_one_line(tmp_path, bad, says):
 
 
 def test_suite_empty_models_is_one_line_from_the_command_line(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "recall", "suite.py"), "--models=",
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "results", "recall", "suite.py"), "--models=",
                            f"--out_json={tmp_path / 'r.json'}"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        "recall/suite.py: models must be names separated by commas (choose from softmax, linear, tost, tost_uniform, "
+        "results/recall/suite.py: models must be names separated by commas (choose from softmax, linear, tost, tost_uniform, "
         "tost_conv, hybrid, hybrid_conv), got ''"]
 
 
@@ -373,8 +372,8 @@ def test_recall_output_defaults_are_ignored_files_not_committed_results(script, 
     defaults = [script.SETTINGS[key]] + ([suite.QUICK[key]] if script is suite else [])
     for path in defaults:
         assert path and git_tracked_or_not_ignored(path) is None, (path, git_tracked_or_not_ignored(path))
-    readme = open(os.path.join(REPO, "recall", "README.md"), encoding="utf-8").read()
-    committed = {"out_json": "recall/results_cpu.json", "figure": "recall/recall.png", "out": "recall/decode_cpu.json"}
+    readme = open(os.path.join(REPO, "results", "recall", "README.md"), encoding="utf-8").read()
+    committed = {"out_json": "results/recall/results_cpu.json", "figure": "results/recall/recall.png", "out": "results/recall/decode_cpu.json"}
     assert f"--{key}={committed[key]}" in readme  # the README's command names the committed file
     assert git_tracked_or_not_ignored(committed[key]) == "tracked by git"
 

@@ -28,12 +28,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-import cli
-import trainkit
-import vit_data
 import vit_inspect
 import vit_train
 from model import VIT_PRESETS, ClassAttentionBlock, ToSTViT, ViTConfig, compression_objective
+from nanotost import checkpoints, cli, loading, trainkit, vit_data
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and steady on a shared machine
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +136,7 @@ def test_small_tost_learns_the_shapes_task(trained):
     # 40% is more than 7 standard deviations above chance
     assert log[-1]["val_acc"] > 0.40, log
     assert log[-1]["train_loss"] < math.log(4) - 0.1, log
-    ck = trainkit.load_checkpoint(os.path.join(trained, "ckpt.pt"), "vit")
+    ck = checkpoints.load_checkpoint(os.path.join(trained, "ckpt.pt"), "vit")
     assert {"kind", "model", "optimizer", "scaler", "model_args", "iter_num", "best_val_loss", "best_val_acc",
             "config", "rng", "classes"} <= set(ck) and ck["kind"] == "vit"
 
@@ -162,8 +160,8 @@ def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path):
     train(RANDOM + [f"--out_dir={b}", "--max_iters=8", "--init_from=resume"])
     assert [i for i, _ in losses(a)] == list(range(9))
     assert losses(a) == losses(b)  # bit-identical on CPU fp32: same ops, same order, same data
-    sd_a = trainkit.load_checkpoint(os.path.join(a, "ckpt.pt"), "vit")["model"]
-    sd_b = trainkit.load_checkpoint(os.path.join(b, "ckpt.pt"), "vit")["model"]
+    sd_a = checkpoints.load_checkpoint(os.path.join(a, "ckpt.pt"), "vit")["model"]
+    sd_b = checkpoints.load_checkpoint(os.path.join(b, "ckpt.pt"), "vit")["model"]
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
 
 
@@ -173,7 +171,7 @@ def test_max_time_evaluates_saves_and_stops(tmp_path):
     out = str(tmp_path / "out")
     train(RANDOM + [f"--out_dir={out}", "--max_iters=8", "--eval_interval=100", "--max_time=1e-9"])
     assert [i for i, _ in losses(out)] == [0, 1]
-    assert trainkit.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == 1
+    assert checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == 1
 
 
 def test_two_gloo_processes_match_one_with_two_micro_steps(tmp_path):
@@ -193,19 +191,19 @@ def test_two_gloo_processes_match_one_with_two_micro_steps(tmp_path):
     assert [i for i, _ in la] == [i for i, _ in lb] == [0, 1, 2, 3]
     # float32: the gradient is summed in another order (all-reduce vs accumulation); 1e-5 relative
     assert np.allclose([l for _, l in la[1:]], [l for _, l in lb[1:]], rtol=1e-5, atol=0), (la, lb)
-    pa = trainkit.load_checkpoint(os.path.join(one, "ckpt.pt"), "vit")["model"]
-    pb = trainkit.load_checkpoint(os.path.join(two, "ckpt.pt"), "vit")["model"]
+    pa = checkpoints.load_checkpoint(os.path.join(one, "ckpt.pt"), "vit")["model"]
+    pb = checkpoints.load_checkpoint(os.path.join(two, "ckpt.pt"), "vit")["model"]
     for k in pa:  # weights (not BatchNorm running statistics: under DDP they are rank 0's)
         if "running" not in k and "num_batches" not in k:
             torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=1e-6)
 
 
 def test_finetune_replaces_the_head_and_keeps_the_body(trained, tmp_path):
-    src = trainkit.load_checkpoint(os.path.join(trained, "ckpt.pt"), "vit")
+    src = checkpoints.load_checkpoint(os.path.join(trained, "ckpt.pt"), "vit")
     out = str(tmp_path / "ft")
     train(TINY + [f"--out_dir={out}", "--init_from=finetune", f"--finetune_from={trained}/ckpt.pt",
                            "--shapes_num_classes=6", "--max_iters=0"])
-    ft = trainkit.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")
+    ft = checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")
     assert ft["model_args"]["num_classes"] == 6 and ft["model"]["head.weight"].shape == (6, 64)
     body = [k for k in src["model"] if not k.startswith("head.")]
     assert body and all(torch.equal(src["model"][k], ft["model"][k]) for k in body)
@@ -285,7 +283,7 @@ def test_training_on_an_image_folder(tmp_path):
     train(["--dataset=folder", f"--data_dir={tmp_path / 'data'}", f"--out_dir={out}", "--img_size=16",
                     "--patch_size=4", "--n_layer=1", "--n_head=2", "--n_embd=16", "--batch_size=8", "--max_iters=2",
                     "--eval_interval=2", "--crop_scale=(0.5, 1.0)", "--dtype=float32", "--device=cpu"])
-    ck = trainkit.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")
+    ck = checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")
     assert ck["classes"] == ["a", "b"] and ck["iter_num"] == 2 and ck["model_args"]["num_classes"] == 2
 
 
@@ -403,7 +401,7 @@ def test_inspect_writes_the_pictures(inspected):
 
 def test_inspect_rvar_equals_compression_objective_on_the_same_tensors(trained, inspected):
     _, report = inspected
-    model, ck = vit_data.load_vit_model(os.path.join(trained, "ckpt.pt"))
+    model, ck = loading.load_vit_model(os.path.join(trained, "ckpt.pt"))
     model.eval()
     T = settings(**ck["config"])
     for split, src in zip(("train", "val"), vit_data.build_sources(T)):

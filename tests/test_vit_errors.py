@@ -31,8 +31,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-import cli  # noqa: E402
-import trainkit as tk  # noqa: E402
+from nanotost import atomic, checkpoints, cli, outputs
+from nanotost import trainkit as tk  # noqa: E402
 import vit_inspect  # noqa: E402
 import vit_train  # noqa: E402
 from helpers_signals import default_signals  # noqa: E402
@@ -236,7 +236,7 @@ def foreign_checkpoint(folder, kind):
     else:
         record.update(kind=kind, model_args={"vocab_size": 65} if kind == "language" else {"max_len": 1000})
     path = os.path.join(folder, "ckpt.pt")
-    tk.save_checkpoint(record, path)
+    checkpoints.save_checkpoint(record, path)
     return path
 
 
@@ -247,7 +247,7 @@ def test_a_checkpoint_of_another_kind_is_refused(use, kind, tmp_path, capsys):
     if kind == "language-old":
         words = f"{path} was not written by this version of vit_train.py (it lacks kind)"
     else:
-        words = f"{path} is a {kind} checkpoint (written by {tk.KIND_MAKER[kind]}), not a vit one"
+        words = f"{path} is a {kind} checkpoint (written by {checkpoints.KIND_MAKER[kind]}), not a vit one"
     if use == "resume":
         argv = TINY + [f"--out_dir={tmp_path / 'theirs'}", "--init_from=resume"]
     elif use == "finetune":
@@ -382,7 +382,7 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(eval_interva
     assert re.fullmatch(rf"vit_train\.py: non-finite {words}; {re.escape(out)}/ckpt\.pt is the last good checkpoint\. "
                         r"Try a lower --learning_rate", line), line
     check_advice(line)
-    ckpt = tk.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")
+    ckpt = checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")
     assert ckpt["iter_num"] == 0 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
@@ -420,18 +420,18 @@ def test_interrupt_names_the_checkpoint_and_a_second_run_refuses_the_locked_out_
     assert match, stderr
     check_advice(stderr)
     saved = int(match.group(1))
-    assert saved >= 3 and tk.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == saved
+    assert saved >= 3 and checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == saved
     code, stdout, err = call("vit_train.py", argv + ["--init_from=resume", f"--max_iters={saved + 1}"], capsys)
     assert code == 0 and f"resumed from {out}/ckpt.pt at iter {saved}" in stdout, err
-    assert tk.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == saved + 1
+    assert checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == saved + 1
 
 
-ONE_SET = [cli.MANIFEST, "cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]  # an inspection of one image
+ONE_SET = [outputs.MANIFEST, "cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]  # an inspection of one image
 
 
 @pytest.mark.parametrize("fault", ["interrupt", "disk-full", "another-run"])
 def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path, monkeypatch, capsys, fault):
-    """The pictures are one set (cli.claim_set): an interrupt or a full disk while the new set is
+    """The pictures are one set (outputs.claim_set): an interrupt or a full disk while the new set is
     written, or another run holding the folder, leave the earlier set as it was (a stale
     pi_02.png included), and the line says so."""
     out = tmp_path / "pictures"
@@ -441,7 +441,7 @@ def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path
     assert "pi_02.png" in earlier and ".lock" not in earlier
     holder = None
     if fault == "another-run":
-        holder = subprocess.Popen([sys.executable, "-c", "import sys, cli; cli.run_cli(lambda: (cli.claim_set(sys.argv[1], 'x', "
+        holder = subprocess.Popen([sys.executable, "-c", "import sys; from nanotost import cli, outputs; cli.run_cli(lambda: (outputs.claim_set(sys.argv[1], 'x', "
                                    "'vit_inspect.py'), print('held', flush=True), sys.stdin.read()))", str(out)], cwd=REPO,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   preexec_fn=default_signals)
@@ -449,7 +449,7 @@ def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path
     else:
         error = KeyboardInterrupt() if fault == "interrupt" else OSError(28, "No space left on device")
         calls = []
-        monkeypatch.setattr(cli, "keep_owner_and_mode", lambda fd, old: calls.append(old) or (
+        monkeypatch.setattr(atomic, "keep_owner_and_mode", lambda fd, old: calls.append(old) or (
             len(calls) == 2 and (_ for _ in ()).throw(error)))
     try:
         code, _, err = call("vit_inspect.py", argv + ["--n_show=1"], capsys)
@@ -468,7 +468,7 @@ def test_vit_inspect_a_fault_leaves_the_earlier_pictures_whole(vit_run, tmp_path
 
 def test_vit_inspect_writes_a_writable_folder_whose_parent_is_read_only(vit_run, tmp_path, monkeypatch, capsys):
     """The pictures' folder can be written, its parent cannot (no folder can be made beside it):
-    the new set is written in place (cli.OutputSet.in_place), the earlier run's pi_02.png gone."""
+    the new set is written in place (outputs.OutputSet.in_place), the earlier run's pi_02.png gone."""
     out = tmp_path / "pictures"
     argv = [f"--ckpt={vit_run}", f"--out_dir={out}", "--n_rvar=4"]
     assert call("vit_inspect.py", argv + ["--n_show=3"], capsys)[0] == 0

@@ -1,0 +1,174 @@
+"""
+results/benchkit/settings.py: bench.py's settings checked before any work (check_settings: a refusal
+measures and writes nothing; settings under which a section would record nothing, such as a main
+job all warm-up, are refused too: check_measurable), the lists they hold, and the shapes shared
+by its modes: the quick run's tiniest shapes (QUICK) and models (TINY), the presets, the
+training shape.
+"""
+
+import os
+
+import kernels
+from nanotost import cli
+
+SUITES = ("op", "decode", "model", "model_decode", "vit")
+IMPLS = tuple(i for i in kernels.IMPLS if i != "auto") + ("sdpa", "compiled")  # (--impls=auto: the default set)
+MODES = ("fwd", "fwdbwd")
+SECTION_START_S = 1.0  # a section's process, forked, starts and writes its part file within it
+MIN_BUDGET_S = 90  # budget_s: a section starts only with 60 s of it left, 10 s kept for the writes, ~20 s of meta
+# (the headline: ~20 s of meta and 25 s for the writes leave a row 45 s)
+TRAINING_SHAPE = (16, 1024)  # (B, T) of the operator at the main job's micro-batch (ToST-Base: 16 x 1K)
+QUICK = dict(T="64,128", model_T="64", decode_T="32,64", H=2, p=16, repeats=3, warmup=0, decode_steps=4,
+             train_tokens=128, main_iters=3)  # a smoke run of every code path, seconds on a CPU
+TINY = dict(n_layer=1, n_head=2, n_embd=32)  # the models of a quick report
+PRESETS = {"tost": "tost-base", "gpt2": "gpt2"}
+
+
+def lengths(key, text):
+    """A comma-separated list of positive integers ("4096", "1024,4096"), each once (cli.parse_list)."""
+    values = cli.parse_list(key, text, int, what="positive integers")
+    cli.require(min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
+    return values
+
+
+def names(key, text, allowed):
+    """A comma-separated list of names, each once and one of `allowed`, as a list (cli.parse_list)."""
+    return cli.parse_list(key, text, allowed=allowed)
+
+
+def chosen_sections(C, sections):
+    """The sections --sections names (each once: check_settings), or all of `sections`."""
+    return list(sections) if C.sections == "all" else cli.parse_list("sections", C.sections)
+
+
+def plan_lengths(text, fallback):
+    """The lengths of a setting check_settings accepted ("auto": fallback)."""
+    return fallback if text == "auto" else cli.parse_list("lengths", text, int)
+
+
+def quick_defaults(C, given):
+    """A quick report: the tiniest shapes and models (TINY), every code path in seconds."""
+    if C.quick:
+        for key, value in QUICK.items():
+            if key not in given:
+                setattr(C, key, value)
+
+
+def main_warmup(C):
+    """The main job's first iterations, which its tokens/s leaves out (compile, warm-up): the
+    first of a quick run's (its iteration 0), else a quarter of them, at most 20."""
+    return 1 if C.quick else min(20, C.main_iters // 4)
+
+
+def row_reserve_s(C):
+    """Seconds of a section's limit kept for its last write, beyond a row's estimated cost: a row
+    starts only with its estimate and this left (a quick run's rows take milliseconds)."""
+    return 0.0 if C.quick else 3.0 if C.headline else 15.0
+
+
+def check_measurable(C, sections):
+    """Refuse settings under which a section would run and record nothing (sections: the
+    report's or the headline's): a main job all warm-up, a section's limit all reserve."""
+    chosen = chosen_sections(C, sections)
+    if "main_job" in chosen:
+        skip = main_warmup(C)
+        cli.require(C.main_iters > skip, f"main_iters={C.main_iters} leaves the main job no iteration to measure: "
+                                         f"its tokens/s leaves out the first {skip} (compile and warm-up"
+                                         f"{', in a quick run' if C.quick else ''}): give --main_iters={skip + 1} "
+                                         "or more")
+    cli.require([n for n in chosen if n != "meta"], f"sections={C.sections!r} measures nothing (meta runs first in "
+                                                    "every command): name a section to measure, e.g. --sections=op")
+    if C.headline:  # the headline measures under a deadline: one that leaves nothing to measure is refused
+        cli.require(C.budget_s >= MIN_BUDGET_S, f"budget_s={C.budget_s:g} leaves the headline no time to measure a "
+                                                f"row (it runs under a deadline, and keeps ~20 s for meta and 25 s "
+                                                f"for the writes): give --budget_s={MIN_BUDGET_S} or more (540 is "
+                                                "its default)")
+    if not C.section_s.strip():
+        return
+    reserve = row_reserve_s(C)
+    least = SECTION_START_S + reserve
+    kept = f" and keeps {reserve:g} s of its limit for its last write" if reserve else ""
+    limits = section_limits(C, sections)
+    for name in [n for n in chosen if n != "meta"]:  # (meta measures no rows)
+        cli.require(limits[name] > least, f"section_s gives {name} {limits[name]:g} s, too short to measure a row: a "
+                                          f"section takes about {SECTION_START_S:g} s to start{kept}; give it more "
+                                          f"than {least:g} s")
+
+
+# The settings one mode reads and the other does not (bench.py's settings, by the code that
+# reads them): a setting given must do something, so giving one to the other mode is refused.
+SUITES_ONLY = ("suites", "impls", "modes", "causal", "max_case_s")
+REPORTS_ONLY = ("sections", "section_s", "budget_s", "remeasure", "train_tokens", "main_iters", "main_tssa_impl",
+                "plan_from", "compile_cache")
+
+
+def check_mode_settings(C, given):
+    """Refuse, in one line, the settings given that the chosen mode never reads."""
+    if C.report or C.headline:
+        cli.unread(given, SUITES_ONLY, "a setting of the suites (bench.py without --report or --headline), which "
+                                       "this command does not run: drop it")
+    else:
+        cli.unread(given, REPORTS_ONLY, "a setting of --report and --headline, which this command does not run: "
+                                        "drop it, or add --report or --headline")
+
+
+def check_settings(C, sections=None, given=()):
+    """Every setting, checked before any work (a refusal measures and writes nothing); sections:
+    the report's or the headline's ({name: Section}), which --sections and --section_s name;
+    given: the settings the command line or a config file set (check_mode_settings).
+    Returns the lists the comma-separated settings hold (None where "auto")."""
+    check_mode_settings(C, given)
+    cli.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
+              non_negative=("warmup", "budget_s"), workers=("threads",), positive=("max_case_s",),
+              choices={"main_tssa_impl": kernels.IMPLS})
+    cli.require(not (C.report and C.headline), "report and headline are two modes: give --report or --headline")
+    cli.require(C.budget_s == 0 or C.budget_s >= MIN_BUDGET_S,
+                f"budget_s={C.budget_s:g} is too short to start any section (each needs 60 s of it, and 10 s are kept "
+                f"for writing): give at least {MIN_BUDGET_S}" + ("" if C.headline else ", or 0 for no limit"))
+    plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
+                impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
+                model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
+                decode_T=None if C.decode_T == "auto" else lengths("decode_T", C.decode_T))
+    cli.require(C.out, "out must name the results file, e.g. --out=bench_results.json")
+    if C.sections != "all":  # (the lists' rule in every mode, the names where the mode has sections)
+        names("sections", C.sections, None if sections is None else tuple(sections))
+    section_seconds(C, sections)
+    cli.require(not C.plan_from or C.headline, "plan_from prints the headline's plan: give it with --headline")
+    cli.require(not C.plan_from or os.path.isfile(C.plan_from), f"plan_from={C.plan_from!r}: no such file; give "
+                                                                "a report's JSON, e.g. results/nvidia-h200.json")
+    cli.require(C.compile_cache in ("auto", "off") or not os.path.isdir(C.compile_cache),
+                f"compile_cache={C.compile_cache!r} is a folder: give 'auto', 'off' or a file, e.g. "
+                f"{os.path.join(C.compile_cache, 'gpu.compile-cache.zip')}")
+    if sections is not None:
+        check_measurable(C, sections)
+    report = C.report or C.headline
+    into_folder = C.out == "auto" or (report and C.out.endswith(("/", os.sep)))  # a report: <gpu>.json in it
+    if os.path.isdir(C.out) and not into_folder:
+        raise cli.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
+    if C.out == "auto":  # where the default goes, checked before anything is measured
+        cli.writable_place("out-bench/" if report else "bench_results.json", "--out")
+    else:
+        cli.writable_place(C.out, "--out")
+    return plan
+
+
+def section_limits(C, sections):
+    """Each section's time limit in seconds: its own (sections: {name: Section}), or section_s
+    ("300" for all, "op:200,decode:100" for some)."""
+    limits = {n: float(s.limit_s) for n, s in sections.items()}
+    for key, seconds in sorted(section_seconds(C, sections), key=lambda pair: pair[0] is not None):
+        for n in ([key] if key else limits):  # (a section's own over the one for all)
+            limits[n] = seconds
+    return limits
+
+
+def section_seconds(C, sections=None):
+    """section_s as [(section or None for all, seconds)], each section once (cli.parse_list) and
+    one of `sections` where given."""
+    if not C.section_s.strip():
+        return []
+    pairs = cli.parse_list("section_s", C.section_s, float, allowed=None if sections is None else tuple(sections),
+                           pairs=True, what="seconds ('300') or section:seconds pairs ('op:200,decode:100')")
+    cli.require(all(0 < seconds < 10 ** 7 for _, seconds in pairs), f"section_s must be seconds ('300') or "
+                f"section:seconds pairs ('op:200,decode:100'), each in (0, 10**7), got {C.section_s!r}")
+    return pairs
