@@ -112,13 +112,13 @@ DEFAULTS = cli.config_defaults(globals())  # the settings above
 def main(argv):
     """The settings (a config file, then --key=value), then the mode they choose."""
     argv = [a + "=1" if a in ("--quick", "--report", "--headline") else a for a in argv]
-    C, given = cli.configure(DEFAULTS, argv)
-    C.argv = list(argv)
-    if C.headline:
-        return headline_mode.run(C, given)
-    if C.report:
-        return report_mode.run(C, given)
-    return suites_mode.run(C, given)
+    cfg, given = cli.configure(DEFAULTS, argv)
+    cfg.argv = list(argv)
+    if cfg.headline:
+        return headline_mode.run(cfg, given)
+    if cfg.report:
+        return report_mode.run(cfg, given)
+    return suites_mode.run(cfg, given)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Hub id: a model's folder stays as it was exported; a default place that cannot b
 warning there, never the printed score).
 
 With --harness=<tasks> the checkpoint is scored by EleutherAI's lm-evaluation-harness instead
-(lm_eval_adapter.py; an optional extra, pip install lm-eval==0.4.13), on its tasks or task YAML files:
+(nanotost/lm_eval_adapter.py; an optional extra, pip install lm-eval==0.4.13), on its tasks or task YAML files:
 
     python evaluate.py --out_dir=out-tost-owt --harness=lambada_openai,wikitext
 """
@@ -56,37 +56,39 @@ out = ""  # the JSON lines file the result is appended to ("": out_dir/eval.json
 SPLIT_ONLY = ("dataset", "data_dir", "split", "max_tokens")  # settings of a split's scoring, not of --harness
 
 
-def check_settings(C, given):
+def check_settings(cfg, given):
     """Every setting, checked before any work, with the settings one mode ignores refused in the
     other (a setting given must do something) and an --out given checked to be writable."""
-    cli.check(C, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "harness_limit"),
+    cli.check(cfg, at_least_1=("batch_size",), non_negative=("stride", "max_tokens", "harness_limit"),
               workers=("num_threads",), between={"ddp_timeout_s": ranks.DDP_TIMEOUT_RANGE},
               choices={"tssa_impl": kernels.IMPLS})
     ignored = ", ".join(f"--{k}" for k in SPLIT_ONLY if k in given)
-    cli.require(not (C.harness and ignored), f"--harness scores lm-eval's tasks, not a split: drop {ignored} "
+    cli.require(not (cfg.harness and ignored), f"--harness scores lm-eval's tasks, not a split: drop {ignored} "
                                              "(--harness_limit limits the documents per task)")
-    if C.harness:  # each task once (lm-eval would run a name twice), at least one
-        cli.name_list("harness", C.harness)
-    cli.require(C.harness or "harness_limit" not in given,
+    if cfg.harness:  # each task once (lm-eval would run a name twice), at least one
+        cli.name_list("harness", cfg.harness)
+    cli.require(cfg.harness or "harness_limit" not in given,
                 "--harness_limit limits the documents of --harness=<tasks>: drop it, or give --harness")
-    if C.out:
-        cli.require(not os.path.isdir(C.out), f"--out={C.out} is a folder: give a file, e.g. --out={C.out}/eval.jsonl")
-        existing = os.path.dirname(os.path.abspath(C.out))
+    if cfg.out:
+        cli.require(not os.path.isdir(cfg.out),
+                    f"--out={cfg.out} is a folder: give a file, e.g. --out={cfg.out}/eval.jsonl")
+        existing = os.path.dirname(os.path.abspath(cfg.out))
         while not os.path.exists(existing):  # the part of the path that exists: a folder that can be written
             existing = os.path.dirname(existing)
         cli.require(os.path.isdir(existing) and os.access(existing, os.W_OK | os.X_OK),
-                    f"--out={C.out} cannot be written ({existing} is not a writable folder): choose another --out")
+                    f"--out={cfg.out} cannot be written ({existing} is not a writable folder): choose another --out")
 
 
-def save_record(record, C):
+def save_record(record, cfg):
     """Append the printed result to --out; where none was given, a failure to write out_dir/
     eval.jsonl (a read-only checkpoint folder) is a warning: the score is out already."""
-    path = C.out or (hub.beside(C.init_from, "eval.jsonl") if C.init_from else os.path.join(C.out_dir, "eval.jsonl"))
+    path = cfg.out or (hub.beside(cfg.init_from, "eval.jsonl") if cfg.init_from else
+                       os.path.join(cfg.out_dir, "eval.jsonl"))
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tk.JsonlLogger(path).log(record)
     except OSError as e:
-        if C.out:
+        if cfg.out:
             raise
         print(f"evaluate.py: warning: the result was not saved ({cli.os_error_line(e)}); --out=<file> saves it "
               "elsewhere", file=sys.stderr)
@@ -94,49 +96,49 @@ def save_record(record, C):
     print(f"appended to {path}")
 
 
-def run_harness(C, given):
-    """--harness: lm-eval's tasks on the checkpoint, in one process (lm_eval_adapter.py); prints
+def run_harness(cfg, given):
+    """--harness: lm-eval's tasks on the checkpoint, in one process (nanotost/lm_eval_adapter.py); prints
     lm-eval's table and appends the metrics to --out (save_record)."""
     cli.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
     from nanotost import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
 
-    specs = cli.name_list("harness", C.harness)
-    lm = lm_eval_adapter.NanoToSTLM(out_dir=C.out_dir if "out_dir" in given else None, init_from=C.init_from,
-                                    device=C.device, dtype=C.dtype, batch_size=C.batch_size, stride=C.stride,
-                                    tssa_impl=C.tssa_impl)
+    specs = cli.name_list("harness", cfg.harness)
+    lm = lm_eval_adapter.NanoToSTLM(out_dir=cfg.out_dir if "out_dir" in given else None, init_from=cfg.init_from,
+                                    device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size, stride=cfg.stride,
+                                    tssa_impl=cfg.tssa_impl)
     t0 = time.time()
-    results, table = lm_eval_adapter.run_tasks(lm, specs, C.harness_limit)
+    results, table = lm_eval_adapter.run_tasks(lm, specs, cfg.harness_limit)
     print(table)
     print(f"lm-eval {', '.join(specs)}: {time.time() - t0:.1f}s")
     metrics = {task: {k: v for k, v in values.items() if isinstance(v, (int, float))}
                for task, values in results["results"].items()}
-    record = dict(iter=lm.iter_num, harness=specs, limit=C.harness_limit, block_size=lm.T, stride=lm.stride,
+    record = dict(iter=lm.iter_num, harness=specs, limit=cfg.harness_limit, block_size=lm.T, stride=lm.stride,
                   results=metrics)
-    save_record(record, C)
+    save_record(record, cfg)
     return record
 
 
 @torch.no_grad()
 def main(argv):
-    C, given = cli.configure(cli.config_defaults(globals()), argv)
-    check_settings(C, given)
-    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
-    if C.num_threads > 0:
-        torch.set_num_threads(C.num_threads)
-    if C.harness:
-        return run_harness(C, given)
-    with ranks.distributed(device, C.ddp_timeout_s) as dist:  # under torchrun: this rank's GPU
+    cfg, given = cli.configure(cli.config_defaults(globals()), argv)
+    check_settings(cfg, given)
+    device, dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    if cfg.harness:
+        return run_harness(cfg, given)
+    with ranks.distributed(device, cfg.ddp_timeout_s) as dist:  # under torchrun: this rank's GPU
         device = dist.device
-        model, ckpt, ckpt_path = loading.load_reader_model(C, device, given)  # (or the folder export.py wrote)
-        C.dataset = C.dataset or ckpt["config"].get("dataset") or ckpt["tokenizer"].get("dataset")  # its own data
-        cli.require(C.dataset, f"{ckpt_path} does not say what it was trained on: give --dataset=<prepared dataset>")
-        folder, meta = td.open_dataset(C.data_dir, C.dataset, (C.split,), 1)
-        td.check_tokenizer(ckpt, meta, ckpt_path, C.dataset, "score it on data prepared with its tokenizer")
-        tokens = np.memmap(os.path.join(folder, f"{C.split}.bin"), dtype=np.uint16, mode="r")
-        if C.max_tokens:
-            tokens = tokens[:C.max_tokens + 1]
+        model, ckpt, ckpt_path = loading.load_reader_model(cfg, device, given)  # (or the folder export.py wrote)
+        cfg.dataset = cfg.dataset or ckpt["config"].get("dataset") or ckpt["tokenizer"].get("dataset")  # its own data
+        cli.require(cfg.dataset, f"{ckpt_path} does not say what it was trained on: give --dataset=<prepared dataset>")
+        folder, meta = td.open_dataset(cfg.data_dir, cfg.dataset, (cfg.split,), 1)
+        td.check_tokenizer(ckpt, meta, ckpt_path, cfg.dataset, "score it on data prepared with its tokenizer")
+        tokens = np.memmap(os.path.join(folder, f"{cfg.split}.bin"), dtype=np.uint16, mode="r")
+        if cfg.max_tokens:
+            tokens = tokens[:cfg.max_tokens + 1]
         T = model.config.block_size
-        stride = C.stride or T
+        stride = cfg.stride or T
         cli.require(0 < stride <= T, f"stride must be in 1..block_size ({T}), got {stride}")
         ctx = torch.autocast(device.split(":")[0], dtype=devices.DTYPES[dtype],
                              enabled=dtype != "float32")
@@ -144,15 +146,15 @@ def main(argv):
         t0 = time.time()
         total = torch.zeros(2, dtype=torch.float64, device=dist.device)  # (sum of losses, tokens scored)
         mine = td.windows(len(tokens), T, stride)[dist.rank::dist.world_size]
-        for i in range(0, len(mine), C.batch_size):
-            x = np.zeros((len(mine[i:i + C.batch_size]), T), dtype=np.int64)  # (B, T)
+        for i in range(0, len(mine), cfg.batch_size):
+            x = np.zeros((len(mine[i:i + cfg.batch_size]), T), dtype=np.int64)  # (B, T)
             y = np.full_like(x, -1)  # -1: not scored (padding, or scored by an earlier window)
-            for row, (start, skip) in enumerate(mine[i:i + C.batch_size]):
+            for row, (start, skip) in enumerate(mine[i:i + cfg.batch_size]):
                 chunk = tokens[start:start + T + 1].astype(np.int64)
                 x[row, :len(chunk) - 1], y[row, :len(chunk) - 1] = chunk[:-1], chunk[1:]
                 y[row, :skip] = -1
             if x.max(initial=0) >= meta["vocab_size"]:
-                raise cli.UserError(f"{folder}/{C.split}.bin holds token id {x.max()}, outside the vocabulary "
+                raise cli.UserError(f"{folder}/{cfg.split}.bin holds token id {x.max()}, outside the vocabulary "
                                     f"({meta['vocab_size']}): prepare it again: {meta['redo']}")
             x, y = torch.from_numpy(x).to(dist.device), torch.from_numpy(y).to(dist.device)
             with ctx:
@@ -162,12 +164,12 @@ def main(argv):
         if dist.ddp:
             torch_dist.all_reduce(total)
         loss, n = (total[0] / total[1]).item(), int(total[1].item())
-        record = dict(iter=ckpt["iter_num"], dataset=C.dataset, split=C.split, loss=loss, ppl=math.exp(loss),
+        record = dict(iter=ckpt["iter_num"], dataset=cfg.dataset, split=cfg.split, loss=loss, ppl=math.exp(loss),
                       tokens=n, block_size=T, stride=stride)
         if dist.is_master:
-            print(f"{C.dataset} {C.split}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} ({n:,} tokens, "
+            print(f"{cfg.dataset} {cfg.split}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} ({n:,} tokens, "
                   f"windows of {T} every {stride}, {time.time() - t0:.1f}s)")
-            save_record(record, C)
+            save_record(record, cfg)
     return record
 
 

@@ -81,15 +81,16 @@ CLASSES = ("letters", "digits", "spaces", "punctuation")
 RECORD = ("z", "w", "pi", "out")  # the maps of each TSSA block the page draws (TSSA.forward's record)
 
 
-def check_settings(C):
+def check_settings(cfg):
     """Every setting that can be wrong on its own, checked before anything is read or built."""
-    cli.check(C, at_least_1=("n_windows", "batch_size", "top_tokens"), non_negative=("val_start",),
+    cli.check(cfg, at_least_1=("n_windows", "batch_size", "top_tokens"), non_negative=("val_start",),
               workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS})
-    cli.require(C.out_dir or C.ckpt_path or C.init_from, "give the run to inspect: --out_dir=<a train.py out_dir>")
-    layer_numbers(C.layers, "1,6")
-    cli.require(not C.screenshot or C.screenshot.lower().endswith(".png"),
-                f"screenshot={C.screenshot!r}: give a .png path, e.g. --screenshot=page.png")
-    cli.require(not C.screenshot or browser(), "--screenshot needs Chromium (e.g. apt-get install chromium), and "
+    cli.require(cfg.out_dir or cfg.ckpt_path or cfg.init_from,
+                "give the run to inspect: --out_dir=<a train.py out_dir>")
+    layer_numbers(cfg.layers, "1,6")
+    cli.require(not cfg.screenshot or cfg.screenshot.lower().endswith(".png"),
+                f"screenshot={cfg.screenshot!r}: give a .png path, e.g. --screenshot=page.png")
+    cli.require(not cfg.screenshot or browser(), "--screenshot needs Chromium (e.g. apt-get install chromium), and "
                                                "none was found on PATH: install it, or leave --screenshot out")
 
 
@@ -165,13 +166,13 @@ def head_table(pi, pieces, top):
 
 
 @torch.no_grad()
-def over_windows(model, folder, split, starts, T, C, meta, decode):
+def over_windows(model, folder, split, starts, T, cfg, meta, decode):
     """R_var before/after per TSSA layer (mean, share of windows lowered) over the windows of a
     split that begin at starts; for val also each TSSA layer's head table and mean entropy of Pi
     (over every token, and at each position)."""
     before, after, pis, ids = [], [], [], []
-    for i in range(0, len(starts), C.batch_size):
-        x, _ = td.read_batch(folder, split, starts[i:i + C.batch_size], T, C.device, meta)  # (b, T)
+    for i in range(0, len(starts), cfg.batch_size):
+        x, _ = td.read_batch(folder, split, starts[i:i + cfg.batch_size], T, cfg.device, meta)  # (b, T)
         _, layer_maps = recorded_forward(model, x)
         b, a = rvar_before_after(model, layer_maps)
         before.append(b.cpu().double()), after.append(a.cpu().double())
@@ -183,7 +184,7 @@ def over_windows(model, folder, split, starts, T, C, meta, decode):
     if split == "val":
         pieces = [decode([t]) for t in torch.cat(ids).flatten().tolist()]  # (n * T,)
         per_layer = [torch.cat([p[l] for p in pis]) for l in range(len(pis[0]))]  # n_tssa x (n, H, T)
-        result["heads"] = [head_table(p.permute(0, 2, 1).reshape(-1, p.shape[1]), pieces, C.top_tokens)
+        result["heads"] = [head_table(p.permute(0, 2, 1).reshape(-1, p.shape[1]), pieces, cfg.top_tokens)
                            for p in per_layer]
         result["entropy"] = [float(entropy(p).mean()) for p in per_layer]
         result["entropy_by_position"] = [entropy(p).mean(0).tolist() for p in per_layer]  # n_tssa x (T,)
@@ -441,18 +442,18 @@ def screenshot_png(page_path, *, size=(1100, 1000), layer=None, dark=False, dom=
 # -----------------------------------------------------------------------------
 
 
-def shown_tokens(C, encode, T, folder, meta):
+def shown_tokens(cfg, encode, T, folder, meta):
     """The token ids of the text to show (at most T) and where they came from."""
-    if C.text:
-        ids = encode(loading.prompt_text(C.text))  # the text given, or the file that FILE:path names
+    if cfg.text:
+        ids = encode(loading.prompt_text(cfg.text))  # the text given, or the file that FILE:path names
         cli.require(ids, "the text is empty: give at least one character/token with --text")
         note = f"the first {T} tokens of the text given" if len(ids) > T else "the text given"
         return ids[:T], note
     n_val = meta["splits"]["val"]
-    cli.require(C.val_start + T < n_val, f"val_start={C.val_start} leaves less than a window of {T} tokens in "
+    cli.require(cfg.val_start + T < n_val, f"val_start={cfg.val_start} leaves less than a window of {T} tokens in "
                                          f"val.bin ({n_val:,} tokens): give --val_start below {n_val - T}")
-    x, _ = td.read_batch(folder, "val", [C.val_start], T, "cpu", meta)
-    return x[0].tolist(), f"val.bin tokens {C.val_start}..{C.val_start + T - 1}"
+    x, _ = td.read_batch(folder, "val", [cfg.val_start], T, "cpu", meta)
+    return x[0].tolist(), f"val.bin tokens {cfg.val_start}..{cfg.val_start + T - 1}"
 
 
 def text_layers(model, idx, chosen, colours):
@@ -473,41 +474,38 @@ def text_layers(model, idx, chosen, colours):
     return shown
 
 
-def load(C, dev, given):
+def load(cfg, dev, given):
     """(model, ckpt, path) of a TSSA run (or of a model export.py wrote), or one line that says why not."""
-    model, ckpt, path = loading.load_reader_model(C, dev, given)
+    model, ckpt, path = loading.load_reader_model(cfg, dev, given)
     if not any(isinstance(block.attn, TSSA) for block in model.blocks):  # (a fork's subclass too)
         raise cli.UserError(f"{path} is a {model.config.attn} model: lm_inspect.py draws TSSA's Pi and statistics; "
                             "give a ToST run (attn=tssa, e.g. --out_dir=out-pydocs-char-tost)")
-    threads = C.num_threads or ckpt["config"].get("num_threads", 0)
-    if threads > 0:
-        torch.set_num_threads(threads)
     return model, ckpt, path
 
 
 def main(argv):
-    C, given = cli.configure(DEFAULTS, argv)
-    check_settings(C)
-    C.device = devices.choose_device_dtype(C.device, "float32")[0]
-    model, ckpt, path = load(C, C.device, given)
+    cfg, given = cli.configure(DEFAULTS, argv)
+    check_settings(cfg)
+    cfg.device = devices.choose_device_dtype(cfg.device, "float32")[0]
+    model, ckpt, path = load(cfg, cfg.device, given)
     tssa_layers = [i + 1 for i, b in enumerate(model.blocks) if isinstance(b.attn, TSSA)]
-    chosen = layer_numbers(C.layers, "1,6") or tssa_layers  # the page opens at the first
-    cli.require(set(chosen) <= set(tssa_layers), f"layers {C.layers!r}: this model's TSSA layers are "
+    chosen = layer_numbers(cfg.layers, "1,6") or tssa_layers  # the page opens at the first
+    cli.require(set(chosen) <= set(tssa_layers), f"layers {cfg.layers!r}: this model's TSSA layers are "
                                                  f"{','.join(map(str, tssa_layers))}: choose among them")
-    out = C.page_dir or (hub.beside(C.init_from, "inspect") if C.init_from else
+    out = cfg.page_dir or (hub.beside(cfg.init_from, "inspect") if cfg.init_from else
                          os.path.join(os.path.dirname(os.path.abspath(path)), "inspect"))
     out_set = claim_outputs(out, "--page_dir=<another folder>", "lm_inspect.py")  # before any work
-    if C.screenshot:
-        outputs.claim_output(C.screenshot, "--screenshot=<another file>")
+    if cfg.screenshot:
+        outputs.claim_output(cfg.screenshot, "--screenshot=<another file>")
     run = ckpt["config"]
     dataset, T, H = run.get("dataset") or ckpt["tokenizer"].get("dataset"), model.config.block_size, model.config.n_head
     cli.require(dataset, f"{path} does not say what it was trained on: inspect a run of train.py (--out_dir=<run>)")
-    folder, meta = td.open_dataset(C.data_dir or run.get("data_dir", "data"), dataset, ("train", "val"), T)
+    folder, meta = td.open_dataset(cfg.data_dir or run.get("data_dir", "data"), dataset, ("train", "val"), T)
     td.check_tokenizer(ckpt, meta, path, dataset, "inspect it with the data it was trained on (--data_dir)")
     encode, decode = td.load_tokenizer(ckpt["tokenizer"])
 
     # the text: each chosen layer's Pi, its dominant head and the running statistic along it
-    ids, description = shown_tokens(C, encode, T, folder, meta)
+    ids, description = shown_tokens(cfg, encode, T, folder, meta)
     pieces = [decode([t]) for t in ids]
     colours = head_colours(H)
     report = {"checkpoint": os.path.abspath(path), "checkpoint_name": path, "iter": ckpt.get("iter_num"),
@@ -515,23 +513,23 @@ def main(argv):
               "tssa_layers": tssa_layers, "skipped": sorted(set(range(1, len(model.blocks) + 1)) - set(tssa_layers)),
               "description": f"{path} (iteration {ckpt.get('iter_num')}): {description}",
               "tokens": ids, "pieces": pieces, "colours": colours,
-              "layers": text_layers(model, torch.tensor([ids], device=C.device), chosen, colours)}
+              "layers": text_layers(model, torch.tensor([ids], device=cfg.device), chosen, colours)}
 
     # R_var over windows of both splits, what each head takes over the val windows
     report["rvar"] = {}
     for split in ("train", "val"):
         n = meta["splits"][split]
-        starts = torch.randint(0, n - T, (C.n_windows,), generator=torch.Generator().manual_seed(0)).tolist()
-        report["rvar"][split] = over_windows(model, folder, split, starts, T, C, meta, decode)
+        starts = torch.randint(0, n - T, (cfg.n_windows,), generator=torch.Generator().manual_seed(0)).tolist()
+        report["rvar"][split] = over_windows(model, folder, split, starts, T, cfg, meta, decode)
 
     title = f"{path}: iteration {ckpt.get('iter_num')}, {len(tssa_layers)} TSSA layers of {len(model.blocks)}"
     files = {"pi_tokens.png": pi_tokens_figure(pieces, [torch.tensor(L["pi"]).T.numpy() for L in report["layers"]],
                                                chosen, f"Pi over {description}; {title}"),
-             "rvar.png": rvar_figure(report["rvar"], tssa_layers, f"{C.n_windows} windows of {T} tokens", title),
+             "rvar.png": rvar_figure(report["rvar"], tssa_layers, f"{cfg.n_windows} windows of {T} tokens", title),
              "index.html": page(report, pieces, colours).encode()}
     report["files"] = sorted(files) + ["inspect.json"]
     print_summary(report, H)
-    write_all(out_set, files, report, C.screenshot)
+    write_all(out_set, files, report, cfg.screenshot)
     return report
 
 

@@ -178,12 +178,6 @@ def causal_tssa_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
     return (-pi.unsqueeze(-1) * w_t * f_prime(s)).to(dtype)
 
 
-# The three operators a TSSA runs. Section 1's are looked up by name each time they run (as f_prime
-# is), so `model.causal_tssa = my_version` from a script changes every form that uses it.
-TSSAOperators = namedtuple("TSSAOperators", "tssa causal_tssa causal_tssa_step")
-REFERENCE_OPERATORS = TSSAOperators(lambda *a, **k: tssa(*a, **k), lambda *a, **k: causal_tssa(*a, **k),
-                                    lambda *a, **k: causal_tssa_step(*a, **k))
-
 # -----------------------------------------------------------------------------
 # 2. The modules: x (B, T, C) -> (B, T, C)
 
@@ -202,8 +196,8 @@ class TSSA(nn.Module):
     """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
     heads stacked), the operator, a free output projection (MATH.md §2.3). causal=True adds
     the learned per-head position bias of the causal form (its length is config.block_size).
-    self.operators: the three operator functions it runs: section 1's (REFERENCE_OPERATORS), a
-    subclass's own (MATH.md §9), or fused versions of section 1's (kernels/).
+    self.operators: the three operator functions it runs: section 1's (REFERENCE_OPERATORS, in the
+    appendix), a subclass's own (MATH.md §9), or fused versions of section 1's (kernels/).
     Opt-in variant (causal only, GPTConfig.short_conv = k > 0): a ShortConv of kernel k on the
     input, before the projection, which gives each token a channel to the k - 1 before it."""
 
@@ -702,8 +696,8 @@ class ToSTViT(nn.Module):
 # =============================================================================
 # Appendix. What the sections above use but need not show: the short convolution (a ToST variant),
 # the softmax baseline (GPT-2) with its KV cache, linear attention (Katharopoulos et al. 2020) with its
-# state; then checks (shapes, f_prime against f) and the plumbing of the fast paths (torch.compile's
-# scans, CUDA graphs' device-side positions and in-place states).
+# state; then the operators' plumbing (TSSAOperators), checks (shapes, f_prime against f) and the fast
+# paths' (torch.compile's scans, CUDA graphs' device-side positions and in-place states).
 
 
 class ShortConv(nn.Module):
@@ -880,6 +874,12 @@ class LinearAttention(SoftmaxAttention):
 
 
 ATTENTIONS.update(softmax=SoftmaxAttention, linear=LinearAttention)
+
+# The three operators a TSSA runs (TSSA.operators). Section 1's are looked up by name each time they
+# run (as f_prime is), so `model.causal_tssa = my_version` changes every form that uses it.
+TSSAOperators = namedtuple("TSSAOperators", "tssa causal_tssa causal_tssa_step")
+REFERENCE_OPERATORS = TSSAOperators(lambda *a, **k: tssa(*a, **k), lambda *a, **k: causal_tssa(*a, **k),
+                                    lambda *a, **k: causal_tssa_step(*a, **k))
 
 
 def check_shapes(w, gamma, mask=None):

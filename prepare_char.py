@@ -10,7 +10,7 @@ The embedded corpus is the docstrings of the Python standard library this interp
 every machine with Python has it, so the small CPU configs train with no download (another
 Python version gives a somewhat different corpus). The vocabulary is the sorted characters the
 text uses (token i is character i, kept in meta.json). val is --val_fraction (10%): the end of a file, or a
-seeded random tenth of the docstrings. Output as textdata.py describes it (meta.json keeps the
+seeded random tenth of the docstrings. Output as nanotost/textdata.py describes it (meta.json keeps the
 command, which errors about the data quote), written all or nothing (a failed or killed run,
 --force included, leaves the old folder as it was); the same command again says "already
 prepared", and an edited --input file is refused (--force prepares it again).

@@ -21,7 +21,7 @@ folder as it was (--force needs room for the old and the new data until the swap
 command again says "already prepared"; input that changed since (an edited file, another
 glob match) is refused: --force prepares it again, --name=<other> writes elsewhere.
 Every mistake is one line (cli.run_cli). meta.json keeps the command, which errors about
-the data quote; the checks and the writing are textdata.py's, shared with prepare_char.py.
+the data quote; the checks and the writing are nanotost/textdata.py's, shared with prepare_char.py.
 """
 
 import argparse

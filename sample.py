@@ -17,7 +17,6 @@ Settings are globals overridden by --key=value (as in train.py).
 
 import sys
 import time
-from functools import partial
 
 import torch
 
@@ -45,41 +44,37 @@ num_threads = 0  # torch CPU threads (0: the training run's setting, else torch'
 
 
 def main(argv):
-    C, given = cli.configure(cli.config_defaults(globals()), argv)
-    cli.check(C, at_least_1=("num_samples",), non_negative=loading.SAMPLING_SETTINGS, seed=("seed",),
+    cfg, given = cli.configure(cli.config_defaults(globals()), argv)
+    cli.check(cfg, at_least_1=("num_samples",), non_negative=loading.SAMPLING_SETTINGS, seed=("seed",),
               workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS, "cuda_graph": ("auto", "off")})
-    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
-    torch.manual_seed(C.seed)
+    device, dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
+    torch.manual_seed(cfg.seed)
 
-    # the model and its tokenizer, from the checkpoint (or the folder export.py wrote)
-    model, ckpt, path = loading.load_reader_model(C, device, given)
-    threads = C.num_threads or ckpt["config"].get("num_threads", 0)
-    if threads > 0:  # a small model on a busy CPU: one thread is far faster than contending ones
-        torch.set_num_threads(threads)
-    # a fork whose decoding (prompt, then steps) differs from its parallel form: said, and sampled by the latter
-    decoding_differs = forks.check_decoding(model, "sampling by the parallel form instead (a full forward per token)")
-    if C.cuda_graph == "auto":
+    # the model, from the checkpoint (or the folder export.py wrote), and how it generates: from its
+    # decoding state; a fork whose decoding differs from its parallel form is said, and sampled by the latter
+    model, ckpt, path = loading.load_reader_model(cfg, device, given)
+    generate = forks.generator(model, "sampling by the parallel form instead (a full forward per token)")
+    if cfg.cuda_graph == "auto":
         kernels.capture_steps(model)  # on CUDA, each step is one replay of a recorded graph
-    if C.compile:
+    if cfg.compile:
         model = torch.compile(model)
     info = ckpt["tokenizer"]
     encode, decode = td.load_tokenizer(info)
 
     # the prompt, repeated once per sample: (num_samples, T)
-    ids = encode(loading.prompt_text(C.start))  # the text given, or the file that FILE:path names
+    ids = encode(loading.prompt_text(cfg.start))  # the text given, or the file that FILE:path names
     cli.require(len(ids) > 0, "the prompt is empty: give at least one character/token with --start")
-    idx = torch.tensor([ids] * C.num_samples, dtype=torch.long, device=device)
+    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
 
     # generate: the prompt in parallel, then one step per token from the decoding state
     ctx = torch.autocast(device.split(":")[0], dtype=devices.DTYPES[dtype], enabled=dtype != "float32")
     c = model.config
     print(f"{path} (iter {ckpt['iter_num']}): {c.attn}, {c.n_layer} layers, {c.n_embd} wide, block "
-          f"{c.block_size}, {info['tokenizer']} tokenizer; {C.num_samples} samples of {C.max_new_tokens} "
+          f"{c.block_size}, {info['tokenizer']} tokenizer; {cfg.num_samples} samples of {cfg.max_new_tokens} "
           f"tokens on {device}")
     t0 = time.time()
-    generate = partial(forks.generate_in_parallel, model) if decoding_differs else model.generate
     with torch.no_grad(), ctx:
-        out = generate(idx, C.max_new_tokens, temperature=C.temperature, top_k=C.top_k or None,
+        out = generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
                        tokenizer_vocab_size=info["vocab_size"])
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -88,9 +83,9 @@ def main(argv):
         print("-" * 60)
         print(decode(row))
     print("-" * 60)
-    n = C.num_samples * C.max_new_tokens
+    n = cfg.num_samples * cfg.max_new_tokens
     print(f"{n:,} tokens in {seconds:.2f}s: {n / max(seconds, 1e-9):,.0f} tokens/s "
-          f"({C.num_samples} samples decoded together)")
+          f"({cfg.num_samples} samples decoded together)")
     return out
 
 

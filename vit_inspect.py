@@ -55,13 +55,13 @@ DEFAULTS = cli.config_defaults(globals())
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 
 
-def check_settings(C):
+def check_settings(cfg):
     """Every setting that can be wrong on its own, checked before anything is read or built."""
-    cli.check(C, at_least_1=("n_show", "n_rvar", "batch_size"), workers=("num_threads",))
-    cli.require(bool(C.ckpt) != bool(C.init_from), "give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt (a "
+    cli.check(cfg, at_least_1=("n_show", "n_rvar", "batch_size"), workers=("num_threads",))
+    cli.require(bool(cfg.ckpt) != bool(cfg.init_from), "give the checkpoint to inspect: --ckpt=out-vit-cpu/ckpt.pt (a "
                                                    "vit_train.py run's), or --init_from=<a folder export.py wrote>; "
                                                    "one of the two")
-    layer_numbers(C.layers)
+    layer_numbers(cfg.layers)
 
 
 @torch.no_grad()
@@ -116,46 +116,46 @@ def map_figure(picture, rows, row_labels, title, scale_label, vmax):
 # -----------------------------------------------------------------------------
 
 
-def shown_images(C, T, S):
+def shown_images(cfg, T, S):
     """(uint8 images (B, 3, S, S), names, true labels or None) to draw; T: the training settings."""
-    if C.images:
-        if not os.path.isdir(C.images):
-            raise cli.UserError(f"images={C.images!r} is not a folder: give --images=<a folder of image files>")
-        paths = [os.path.join(C.images, f) for f in sorted(os.listdir(C.images))
-                 if f.lower().endswith(IMAGE_EXTENSIONS)][:C.n_show]
+    if cfg.images:
+        if not os.path.isdir(cfg.images):
+            raise cli.UserError(f"images={cfg.images!r} is not a folder: give --images=<a folder of image files>")
+        paths = [os.path.join(cfg.images, f) for f in sorted(os.listdir(cfg.images))
+                 if f.lower().endswith(IMAGE_EXTENSIONS)][:cfg.n_show]
         if not paths:
-            raise cli.UserError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in {C.images}: give "
+            raise cli.UserError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in {cfg.images}: give "
                                 "--images=<a folder of pictures>, or leave it out to show the val split")
         pics = [vit_data.center_crop(vit_data.load_image(p), S, T.eval_crop_pct) for p in paths]
         return torch.stack(pics), paths, [None] * len(paths)
     val = vit_data.build_sources(T)[1]
     view = vit_data.View(val, T, train=False)
-    idx = range(min(C.n_show, len(val)))
+    idx = range(min(cfg.n_show, len(val)))
     return torch.stack([view[i][0] for i in idx]), [f"val[{i}]" for i in idx], [val.labels[i] for i in idx]
 
 
 def main(argv):
-    C, _ = cli.configure(DEFAULTS, argv)
-    check_settings(C)
-    dev, _ = devices.choose_device_dtype(C.device, "float32")
-    if C.num_threads > 0:
-        torch.set_num_threads(C.num_threads)
-    path = C.init_from or (os.path.join(C.ckpt, "ckpt.pt") if os.path.isdir(C.ckpt) else C.ckpt)
-    out = C.out_dir or (hub.beside(C.init_from, "inspect") if C.init_from else
+    cfg, _ = cli.configure(DEFAULTS, argv)
+    check_settings(cfg)
+    dev, _ = devices.choose_device_dtype(cfg.device, "float32")
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    path = cfg.init_from or (os.path.join(cfg.ckpt, "ckpt.pt") if os.path.isdir(cfg.ckpt) else cfg.ckpt)
+    out = cfg.out_dir or (hub.beside(cfg.init_from, "inspect") if cfg.init_from else
                         os.path.join(os.path.dirname(os.path.abspath(path)), "inspect"))
     cli.require(not os.path.exists(out) or os.path.isdir(out),
                 f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
-    if not C.init_from and not os.path.isfile(path):
+    if not cfg.init_from and not os.path.isfile(path):
         raise cli.UserError(f"no checkpoint at {path}: give --ckpt=<a ckpt.pt written by vit_train.py>")
     out_set = claim_outputs(out, "--out_dir=<another folder>", "vit_inspect.py")  # before any work
-    model, ck = (hub.from_pretrained(path, dev, kind="vit") if C.init_from else
+    model, ck = (hub.from_pretrained(path, dev, kind="vit") if cfg.init_from else
                  loading.load_vit_model(path, device=dev))
     model.eval()
     T = SimpleNamespace(**{**ck["config"], "img_size": model.config.img_size})  # the run's data settings
     S, H, L, is_tost = model.config.img_size, model.config.n_head, model.config.n_layer, model.config.attn == "tssa"
-    chosen = layer_numbers(C.layers) or sorted({1, (L + 1) // 2, L})
+    chosen = layer_numbers(cfg.layers) or sorted({1, (L + 1) // 2, L})
     cli.require(all(1 <= l <= L for l in chosen), f"layers {chosen} out of range: this model has layers 1..{L}")
-    shown, sources, truth = shown_images(C, T, S)
+    shown, sources, truth = shown_images(cfg, T, S)
     x = vit_data.to_input(shown, T.dataset, dev)
     if is_tost:
         before, after, maps = rvar_before_after(model, x)
@@ -189,9 +189,9 @@ def main(argv):
     if is_tost:  # Figure 4a on train and val images, a fixed subset of each
         report["rvar"] = {}
         for split, src in zip(("train", "val"), vit_data.build_sources(T)):
-            indices = torch.randperm(len(src), generator=torch.Generator().manual_seed(0))[:C.n_rvar].tolist()
+            indices = torch.randperm(len(src), generator=torch.Generator().manual_seed(0))[:cfg.n_rvar].tolist()
             view = vit_data.View(src, T, train=False)
-            report["rvar"][split] = rvar_over(model, view, indices, T.dataset, C.batch_size, dev)
+            report["rvar"][split] = rvar_over(model, view, indices, T.dataset, cfg.batch_size, dev)
         pictures["rvar.png"] = rvar_figure(report["rvar"], list(range(1, L + 1)),
                                            f"{len(report['rvar']['val']['indices'])} images",
                                            f"{path}: {L} ToST layers, iteration {ck.get('iter_num')}")

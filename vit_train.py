@@ -2,7 +2,7 @@
 Train or fine-tune ToST-ViT (the Token Statistics Transformer for images), or the softmax
 baseline of the same size (--attn=softmax), for image classification, nanoGPT-style: the
 settings, then main() top to bottom (the checkpoint, the data, DDP, the model, the loop). The
-images and the recipes are vit_data.py's.
+images and the recipes are nanotost/vit_data.py's.
 
     python vit_train.py config/vit_cpu.py                  # CPU, built-in "shapes" data, minutes
     torchrun --standalone --nproc_per_node=8 vit_train.py config/vit_tost_s.py   # ImageNet-1k
@@ -19,7 +19,7 @@ init_from: "scratch", "resume" (out_dir/ckpt.pt, exactly), "auto" (either) or "f
 body of finetune_from's model, a new head when the classes differ; its architecture, this run's
 img_size, dropout and drop_path). out_dir/ckpt.pt is written atomically at every evaluation
 (always_save_checkpoint) and log.jsonl gets one JSON line per evaluation. Conventions shared
-with train.py and lra/train.py: trainkit.py's docstring.
+with train.py and lra/train.py: nanotost/trainkit.py's docstring.
 """
 
 import math
@@ -116,9 +116,9 @@ MODEL_KEYS = ("img_size", "patch_size", "n_layer", "n_head", "n_embd", "mlp_rati
 FINETUNE_OWN = ("img_size", "dropout", "drop_path")  # what a fine-tuning run sets itself
 
 
-def check_settings(C):
+def check_settings(cfg):
     """Every setting that can be wrong on its own, checked before anything is built."""
-    cli.check(C, **model_settings.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
+    cli.check(cfg, **model_settings.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
         at_least_1=("eval_interval", "log_interval", "shapes_train_size", "shapes_val_size", "shapes_source_size",
                     "repeated_aug", "batch_size", "gradient_accumulation_steps"),
         non_negative=("eval_max_images", "mixup", "cutmix", "max_iters", "min_lr", "warmup_iters", "lr_decay_iters",
@@ -130,20 +130,22 @@ def check_settings(C):
         choices={"init_from": ("scratch", "resume", "auto", "finetune"),
                  "dataset": ("shapes", "folder", *vit_data.HF_DATASETS), "recipe": ("builtin", "paper"),
                  "tssa_impl": kernels.IMPLS, "lr_schedule": ("cosine", "linear", "constant")}))
-    low_high = C.crop_scale
+    low_high = cfg.crop_scale
     cli.require(len(low_high) == 2 and all(type(v) in (int, float) for v in low_high)
                 and 0 < low_high[0] <= low_high[1] <= 1,
                 f"crop_scale must be two numbers (low, high) with 0 < low <= high <= 1, got {low_high!r}")
-    cli.require(C.patch_size >= 2 and C.patch_size & (C.patch_size - 1) == 0,
-                f"patch_size must be a power of two >= 2 (stride-2 convolutions), got {C.patch_size}")
-    cli.require(C.img_size % C.patch_size == 0,
-                f"img_size ({C.img_size}) must be divisible by patch_size ({C.patch_size})")
-    cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    cli.require(C.n_embd >= C.patch_size // 2, f"n_embd ({C.n_embd}) must be at least patch_size / 2 "
-                                               f"({C.patch_size // 2}): the patch embedding halves it per convolution")
-    cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
-    cli.require(C.out_dir, "out_dir must not be empty")
-    cli.require(C.dataset != "folder" or C.data_dir, "dataset='folder' needs --data_dir=<a folder of class folders>")
+    cli.require(cfg.patch_size >= 2 and cfg.patch_size & (cfg.patch_size - 1) == 0,
+                f"patch_size must be a power of two >= 2 (stride-2 convolutions), got {cfg.patch_size}")
+    cli.require(cfg.img_size % cfg.patch_size == 0,
+                f"img_size ({cfg.img_size}) must be divisible by patch_size ({cfg.patch_size})")
+    cli.require(cfg.n_embd % cfg.n_head == 0, f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
+    cli.require(cfg.n_embd >= cfg.patch_size // 2, f"n_embd ({cfg.n_embd}) must be at least patch_size / 2 "
+                f"({cfg.patch_size // 2}): the patch embedding halves it per convolution")
+    cli.require(cfg.min_lr <= cfg.learning_rate,
+                f"min_lr ({cfg.min_lr}) must not exceed learning_rate ({cfg.learning_rate})")
+    cli.require(cfg.out_dir, "out_dir must not be empty")
+    cli.require(cfg.dataset != "folder" or cfg.data_dir,
+                "dataset='folder' needs --data_dir=<a folder of class folders>")
 
 
 @torch.no_grad()
@@ -172,88 +174,88 @@ def evaluate(model, loader, ctx, d, dataset):
 def main(argv):
     # -------------------------------------------------------------------------
     # settings: the globals above, then config files and --key=value, then checks
-    C, given = cli.configure(DEFAULTS, argv)
-    check_settings(C)
-    tk.check_init_from(C, given, "a ckpt.pt written by vit_train.py")  # (finetune_from: a finetune's alone)
-    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
-    if C.num_threads > 0:
-        torch.set_num_threads(C.num_threads)
-    ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-    resume_cmd = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if any; the command that does
-    if C.init_from != "resume" and os.path.exists(ckpt_path):  # before the data is read (claim_out_dir checks again)
-        raise cli.UserError(f"{ckpt_path} already exists and init_from={C.init_from!r} would overwrite it: continue "
+    cfg, given = cli.configure(DEFAULTS, argv)
+    check_settings(cfg)
+    tk.check_init_from(cfg, given, "a ckpt.pt written by vit_train.py")  # (finetune_from: a finetune's alone)
+    device, dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    resume_cmd = tk.init_from_auto(cfg, ckpt_path)  # auto: continue the run in out_dir if any; the command that does
+    if cfg.init_from != "resume" and os.path.exists(ckpt_path):  # before the data is read (claim_out_dir checks again)
+        raise cli.UserError(f"{ckpt_path} already exists and init_from={cfg.init_from!r} would overwrite it: continue "
                             "that run with --init_from=resume, or write this one elsewhere with --out_dir=<new folder>")
 
     # -------------------------------------------------------------------------
     # the checkpoint to continue (its architecture, dataset and seed win), or to fine-tune (its
     # architecture, this run's img_size, dropout and drop_path)
     ckpt = None
-    if C.init_from == "resume":
+    if cfg.init_from == "resume":
         ckpt = tk.load_checkpoint(ckpt_path, "vit", "resume")
-        tk.take_settings(ckpt, C, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path, check_settings)
-    elif C.init_from == "finetune":
-        pretrained, ckpt = loading.load_vit_model(C.finetune_from, tssa_impl=C.tssa_impl,
-                                                   **{k: getattr(C, k) for k in FINETUNE_OWN})
+        tk.take_settings(ckpt, cfg, given, MODEL_KEYS + ("dataset", "seed"), ckpt_path, check_settings)
+    elif cfg.init_from == "finetune":
+        pretrained, ckpt = loading.load_vit_model(cfg.finetune_from, tssa_impl=cfg.tssa_impl,
+                                                   **{k: getattr(cfg, k) for k in FINETUNE_OWN})
         body = tuple(k for k in MODEL_KEYS if k not in FINETUNE_OWN)
-        tk.take_settings(ckpt, C, given, body, C.finetune_from, check_settings)
+        tk.take_settings(ckpt, cfg, given, body, cfg.finetune_from, check_settings)
 
     # -------------------------------------------------------------------------
     # the data, read and checked before anything is written to out_dir
-    train_src, val_src = vit_data.build_sources(C)
+    train_src, val_src = vit_data.build_sources(cfg)
     num_classes = len(train_src.classes)
-    if C.init_from == "resume" and ckpt["classes"] != train_src.classes:
-        raise cli.UserError(f"{ckpt_path} classifies {len(ckpt['classes'])} classes, dataset {C.dataset!r} has "
+    if cfg.init_from == "resume" and ckpt["classes"] != train_src.classes:
+        raise cli.UserError(f"{ckpt_path} classifies {len(ckpt['classes'])} classes, dataset {cfg.dataset!r} has "
                             f"other classes ({num_classes}): resume it on its own data, or start from it with "
                             f"--init_from=finetune --finetune_from={ckpt_path} --out_dir=<new folder>")
-    if C.init_from == "resume" and ckpt["iter_num"] >= C.max_iters:  # (after the classes: those are refused first)
-        print(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
+    if cfg.init_from == "resume" and ckpt["iter_num"] >= cfg.max_iters:  # (after the classes: those are refused first)
+        print(f"{ckpt_path} already reached max_iters={cfg.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
               f"raise --max_iters to train it further, or look inside it: python vit_inspect.py --ckpt={ckpt_path}")
         return None
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
-    with ranks.distributed(device, C.ddp_timeout_s) as d:
+    with ranks.distributed(device, cfg.ddp_timeout_s) as d:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
-        cli.require(C.gradient_accumulation_steps % d.world_size == 0,
-                    f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
+        cli.require(cfg.gradient_accumulation_steps % d.world_size == 0,
+                    f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by the "
                     f"number of processes ({d.world_size})")
-        accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
-        start = ckpt["iter_num"] * accum if C.init_from == "resume" else 0  # this process's next micro-step
-        train_loader, val_loader = vit_data.loaders(train_src, val_src, C, d, start)  # (checked: >= 1 batch)
-        mix = vit_data.mixer(C, num_classes)  # the recipe's mixup / cutmix and label smoothing
-        torch.manual_seed(C.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
-        np.random.seed((C.seed + d.rank) % 2**32)  # timm's Mixup draws from numpy's and python's generators
-        random.seed(C.seed + d.rank)
+        accum = cfg.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
+        start = ckpt["iter_num"] * accum if cfg.init_from == "resume" else 0  # this process's next micro-step
+        train_loader, val_loader = vit_data.loaders(train_src, val_src, cfg, d, start)  # (checked: >= 1 batch)
+        mix = vit_data.mixer(cfg, num_classes)  # the recipe's mixup / cutmix and label smoothing
+        torch.manual_seed(cfg.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
+        np.random.seed((cfg.seed + d.rank) % 2**32)  # timm's Mixup draws from numpy's and python's generators
+        random.seed(cfg.seed + d.rank)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
         # ---------------------------------------------------------------------
         # the model: fresh, or the checkpoint's (finetune: its body, a new head for other classes)
-        if C.init_from == "finetune":
+        if cfg.init_from == "finetune":
             model = pretrained
             if model.config.num_classes != num_classes:
                 model.reset_classifier(num_classes)
         else:
-            model_args = {k: getattr(C, k) for k in MODEL_KEYS}
-            model_args["layer_scale_init"] = C.layer_scale_init or None  # 0: none
+            model_args = {k: getattr(cfg, k) for k in MODEL_KEYS}
+            model_args["layer_scale_init"] = cfg.layer_scale_init or None  # 0: none
             model = cli.build(ToSTViT, ViTConfig(**model_args, num_classes=num_classes))  # (a ValueError: one line)
-            if C.tssa_impl != "torch":  # fused operators in place of model.py's
-                kernels.use(model, C.tssa_impl)
+            if cfg.tssa_impl != "torch":  # fused operators in place of model.py's
+                kernels.use(model, cfg.tssa_impl)
         model = model.to(device)
-        if d.ddp and C.sync_bn and device.startswith("cuda"):  # the patch embedding's BatchNorm over all GPUs
+        if d.ddp and cfg.sync_bn and device.startswith("cuda"):  # the patch embedding's BatchNorm over all GPUs
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         raw_model = model  # the plain module: parameters, checkpoints
         if d.is_master:  # (once the model and its operators are accepted: a refusal leaves no out_dir)
-            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
+            tk.claim_out_dir(cfg.out_dir, cfg.init_from)  # a lock; a scratch run never overwrites a checkpoint
 
         # ---------------------------------------------------------------------
         # optimizer and precision: autocast for the forward pass, a GradScaler for float16
         device_type = device.split(":")[0]  # "cuda", "mps" or "cpu": autocast's and the scaler's
-        optimizer = tk.configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+        optimizer = tk.configure_adamw(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
         ctx = torch.autocast(device_type, dtype=devices.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         iter_num, best_val_loss, best_val_acc = 0, float("inf"), 0.0
-        if C.init_from == "resume":
+        if cfg.init_from == "resume":
             checkpoints.load_weights(model, ckpt["model"], ckpt_path)
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("scaler"):  # (empty when the run that saved it had no float16 scaler)
@@ -262,38 +264,38 @@ def main(argv):
             tk.restore_rng(ckpt["rng"], d, say)
             say(f"resumed from {ckpt_path} at iter {iter_num}")
         ckpt = pretrained = None  # free the memory
-        if C.compile:
+        if cfg.compile:
             say("compiling the model (takes a minute)...")
             model = torch.compile(model)
         eval_model = model  # evaluation skips DDP (no gradients)
         if d.ddp:
             model = DDP(model, device_ids=[d.local_rank] if device.startswith("cuda") else None,
-                        find_unused_parameters=C.pi != "softmax")  # (uniform Pi leaves gamma unused)
+                        find_unused_parameters=cfg.pi != "softmax")  # (uniform Pi leaves gamma unused)
 
         # ---------------------------------------------------------------------
         # logging
-        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from != "resume",
-                                resume_at=iter_num if C.init_from == "resume" else None)  # each iteration once
-        images_per_iter = C.gradient_accumulation_steps * C.batch_size
-        say(f"{C.attn} ViT: {raw_model.get_num_params() / 1e6:.2f}M parameters, {num_classes} classes, "
+        logger = tk.JsonlLogger(os.path.join(cfg.out_dir, "log.jsonl"), d.is_master, fresh=cfg.init_from != "resume",
+                                resume_at=iter_num if cfg.init_from == "resume" else None)  # each iteration once
+        images_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size
+        say(f"{cfg.attn} ViT: {raw_model.get_num_params() / 1e6:.2f}M parameters, {num_classes} classes, "
             f"{len(train_src)} train / {len(val_src)} val images, {d.world_size} process(es) on {device}, {dtype}, "
-            f"recipe {C.recipe}, {images_per_iter} images per iteration")
-        if C.init_from == "resume":
+            f"recipe {cfg.recipe}, {images_per_iter} images per iteration")
+        if cfg.init_from == "resume":
             cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}")
 
         # ---------------------------------------------------------------------
         # the training loop
-        resumed_at = iter_num if C.init_from == "resume" else None
-        t_start, stop_at = time.time(), C.max_iters
+        resumed_at = iter_num if cfg.init_from == "resume" else None
+        t_start, stop_at = time.time(), cfg.max_iters
         train_iter, train_losses = iter(train_loader), []  # the training losses since the last evaluation
         while True:
-            lr = tk.get_lr(iter_num, C)
+            lr = tk.get_lr(iter_num, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
             # evaluate, log and checkpoint (not again at the iteration a resume starts from)
-            if (iter_num % C.eval_interval == 0 or iter_num == stop_at) and iter_num != resumed_at:
-                val_acc, val_loss = evaluate(eval_model, val_loader, ctx, d, C.dataset)
+            if (iter_num % cfg.eval_interval == 0 or iter_num == stop_at) and iter_num != resumed_at:
+                val_acc, val_loss = evaluate(eval_model, val_loader, ctx, d, cfg.dataset)
                 train_loss = sum(train_losses) / len(train_losses) if train_losses else None
                 train_losses = []
                 say(f"step {iter_num}: val acc {100 * val_acc:.2f}%, val loss {val_loss:.4f}, train loss "
@@ -302,17 +304,17 @@ def main(argv):
                                 time_s=round(time.time() - t_start, 3)))
                 if not math.isfinite(val_loss):  # the last update broke the weights: do not save them
                     raise tk.non_finite(f"validation loss ({val_loss}) at iter {iter_num}, not saved", ckpt_path,
-                                        C, dtype)
+                                        cfg, dtype)
                 improved = val_acc > best_val_acc
                 best_val_loss, best_val_acc = min(best_val_loss, val_loss), max(best_val_acc, val_acc)
-                if C.always_save_checkpoint or improved or iter_num == stop_at:
+                if cfg.always_save_checkpoint or improved or iter_num == stop_at:
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
                     if d.is_master:
                         checkpoints.save_checkpoint(dict(
                             kind="vit", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
-                            config=vars(C), rng=rng, best_val_acc=best_val_acc, classes=train_src.classes), ckpt_path)
+                            config=vars(cfg), rng=rng, best_val_acc=best_val_acc, classes=train_src.classes), ckpt_path)
                     cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}")
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
@@ -325,7 +327,7 @@ def main(argv):
             for micro in range(accum):
                 images, labels = next(train_iter)
                 step = (iter_num * accum + micro) * d.world_size + d.rank  # the global micro-batch number
-                x = vit_data.to_input(images, C.dataset, device)  # (B, 3, S, S), normalised
+                x = vit_data.to_input(images, cfg.dataset, device)  # (B, 3, S, S), normalised
                 x, target = mix(x, labels.to(device), step)  # the recipe's mixing; soft targets (B, K)
                 with model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
                     with ctx:
@@ -337,10 +339,10 @@ def main(argv):
             train_loss = ranks.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
                 raise tk.non_finite(f"training loss ({train_loss}) at iter {iter_num} (lr {lr:.3g}), stopped before "
-                                    "the update", ckpt_path, C, dtype)
-            if C.grad_clip > 0:
+                                    "the update", ckpt_path, cfg, dtype)
+            if cfg.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradient, not the scaled one
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)
+                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
             scaler.step(optimizer)  # (float16: skipped when the gradients overflowed)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -348,19 +350,19 @@ def main(argv):
             # timing (the log gets the mean training loss at each evaluation)
             dt = time.time() - t0
             train_losses.append(train_loss)
-            if iter_num % C.log_interval == 0:
+            if iter_num % cfg.log_interval == 0:
                 say(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.2e}, {1000 * dt:.1f} ms, "
                     f"{images_per_iter / dt:,.0f} images/s")
             iter_num += 1
 
             # max_time: every rank must agree to stop at the same iteration (clocks differ)
-            if C.max_time > 0 and stop_at > iter_num:
-                out = torch.tensor(float(time.time() - t_start >= C.max_time), device=device)
+            if cfg.max_time > 0 and stop_at > iter_num:
+                out = torch.tensor(float(time.time() - t_start >= cfg.max_time), device=device)
                 if d.ddp:
                     torch_dist.all_reduce(out, op=torch_dist.ReduceOp.MAX)
                 if out.item():
                     stop_at = iter_num  # evaluate, save and stop at the top of the loop
-                    say(f"max_time ({C.max_time:.0f}s) reached at iter {iter_num}")
+                    say(f"max_time ({cfg.max_time:.0f}s) reached at iter {iter_num}")
     return raw_model
 
 

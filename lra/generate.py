@@ -400,64 +400,67 @@ def longest_listops(max_depth, max_args):
     return longest
 
 
-def check_settings(C):
+def check_settings(cfg):
     """Every count and size, checked before anything is written."""
-    cli.check(C, at_least_1=("n_train", "n_val", "n_test", "max_depth", "max_len", "max_args", "n_images",
+    cli.check(cfg, at_least_1=("n_train", "n_val", "n_test", "max_depth", "max_len", "max_args", "n_images",
                              "per_folder"),
               non_negative=("min_len",), seed=("seed",), workers=("workers",),
               choices={"task": ("listops", "pathfinder"), "size": (32, 128)})
-    cli.require(C.out_dir, "out_dir must not be empty")
-    top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
+    cli.require(cfg.out_dir, "out_dir must not be empty")
+    top = os.path.abspath(cfg.out_dir)  # the part of out_dir that exists must be a folder
     while not os.path.exists(top):
         top = os.path.dirname(top)
-    cli.require(os.path.isdir(top), f"out_dir {C.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
-    if C.task == "listops":
-        cli.require(C.max_args >= 2, f"max_args must be at least 2 (an operator takes 2..max_args), got {C.max_args}")
-        cli.require(C.max_len <= LISTOPS_LONGEST + 1, f"max_len must be at most {LISTOPS_LONGEST + 1}: lra/data.py "
-                    f"reads ListOps sequences of up to {LISTOPS_LONGEST} tokens, got {C.max_len}")
-        longest = longest_listops(C.max_depth, C.max_args)  # a tree is 1 digit, or 4..longest tokens
-        fits = lambda lo, hi: max(lo, C.min_len + 1) <= min(hi, C.max_len - 1)  # noqa: E731 (lengths in range)
-        cli.require(fits(1, 1) or fits(4, longest), f"no ListOps tree has more than min_len ({C.min_len}) and fewer "
-                    f"than max_len ({C.max_len}) tokens: with max_depth={C.max_depth} and max_args={C.max_args} a "
-                    f"tree is one digit or has 4 to {longest} tokens; change --min_len / --max_len or raise "
+    cli.require(os.path.isdir(top), f"out_dir {cfg.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
+    if cfg.task == "listops":
+        cli.require(cfg.max_args >= 2,
+                    f"max_args must be at least 2 (an operator takes 2..max_args), got {cfg.max_args}")
+        cli.require(cfg.max_len <= LISTOPS_LONGEST + 1, f"max_len must be at most {LISTOPS_LONGEST + 1}: lra/data.py "
+                    f"reads ListOps sequences of up to {LISTOPS_LONGEST} tokens, got {cfg.max_len}")
+        longest = longest_listops(cfg.max_depth, cfg.max_args)  # a tree is 1 digit, or 4..longest tokens
+        fits = lambda lo, hi: max(lo, cfg.min_len + 1) <= min(hi, cfg.max_len - 1)  # noqa: E731 (lengths in range)
+        cli.require(fits(1, 1) or fits(4, longest), f"no ListOps tree has more than min_len ({cfg.min_len}) and fewer "
+                    f"than max_len ({cfg.max_len}) tokens: with max_depth={cfg.max_depth} and "
+                    f"max_args={cfg.max_args} a tree is one digit or has 4 to {longest} tokens; change --min_len / --max_len or raise "
                     "--max_depth / --max_args")
-        n = C.n_train + C.n_val + C.n_test
+        n = cfg.n_train + cfg.n_val + cfg.n_test
         fix = " and ".join((["--max_depth above 1"] if longest == 1 else [])
-                           + (["--max_len above 4"] if C.max_len <= 4 else []))  # an operator needs 4 tokens
-        cli.require(fits(4, longest) or n <= 10, f"only single digits fit these settings (max_depth={C.max_depth}, "
-                    f"max_len={C.max_len}): 10 distinct examples, not {n}; raise {fix}")
+                           + (["--max_len above 4"] if cfg.max_len <= 4 else []))  # an operator needs 4 tokens
+        cli.require(fits(4, longest) or n <= 10, f"only single digits fit these settings (max_depth={cfg.max_depth}, "
+                    f"max_len={cfg.max_len}): 10 distinct examples, not {n}; raise {fix}")
     else:
-        cli.require(C.n_images >= 10, f"n_images must be at least 10 (lra/data.py cuts them 80/10/10 into "
-                    f"train/val/test), got {C.n_images}")
+        cli.require(cfg.n_images >= 10, f"n_images must be at least 10 (lra/data.py cuts them 80/10/10 into "
+                    f"train/val/test), got {cfg.n_images}")
 
 
-def existing_set(C):
+def existing_set(cfg):
     """The task's folder in out_dir when it already holds a set (what the loaders read), else None."""
-    if C.task == "listops":
-        folder = os.path.join(C.out_dir, "listops-1000")
+    if cfg.task == "listops":
+        folder = os.path.join(cfg.out_dir, "listops-1000")
         found = [n for n in ("basic_train.tsv", "basic_val.tsv", "basic_test.tsv")
                  if os.path.exists(os.path.join(folder, n))]
     else:
-        folder = os.path.join(C.out_dir, f"pathfinder{C.size}", "curv_contour_length_14")
+        folder = os.path.join(cfg.out_dir, f"pathfinder{cfg.size}", "curv_contour_length_14")
         meta = os.path.join(folder, "metadata")
         found = [n for n in os.listdir(meta) if n.endswith(".npy")] if os.path.isdir(meta) else []
     return folder if found else None
 
 
 def main(argv):
-    C, _ = cli.configure(DEFAULTS, argv)
-    check_settings(C)
-    outputs.claim_output(C.out_dir, "--out_dir=<new folder>")  # one writer at a time, before the existing set is looked for
-    folder = existing_set(C)
+    cfg, _ = cli.configure(DEFAULTS, argv)
+    check_settings(cfg)
+    # one writer at a time, before the existing set is looked for
+    outputs.claim_output(cfg.out_dir, "--out_dir=<new folder>")
+    folder = existing_set(cfg)
     if folder:  # never overwrite a set (it may be the release's own)
-        raise cli.UserError(f"{folder} already holds a {C.task} set: write this one elsewhere with "
+        raise cli.UserError(f"{folder} already holds a {cfg.task} set: write this one elsewhere with "
                             "--out_dir=<new folder>, or delete that folder first")
-    if C.task == "listops":
-        folder = write_listops(C.out_dir, C.n_train, C.n_val, C.n_test, seed=C.seed, min_len=C.min_len,
-                               max_len=C.max_len, max_depth=C.max_depth, max_args=C.max_args, parens=C.parens)
+    if cfg.task == "listops":
+        folder = write_listops(cfg.out_dir, cfg.n_train, cfg.n_val, cfg.n_test, seed=cfg.seed, min_len=cfg.min_len,
+                               max_len=cfg.max_len, max_depth=cfg.max_depth, max_args=cfg.max_args, parens=cfg.parens)
     else:
-        folder = write_pathfinder(C.out_dir, C.size, C.n_images, C.seed, C.per_folder, C.workers or devices.cpu_cores())
-    print(f"wrote {folder}; train with --data_dir={C.out_dir}")
+        folder = write_pathfinder(cfg.out_dir, cfg.size, cfg.n_images, cfg.seed, cfg.per_folder,
+                                  cfg.workers or devices.cpu_cores())
+    print(f"wrote {folder}; train with --data_dir={cfg.out_dir}")
     return folder
 
 

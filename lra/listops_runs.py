@@ -97,9 +97,9 @@ def capability(path):
     return done.stdout.strip().splitlines()[-1]
 
 
-def prepare_data(grid, C):
+def prepare_data(grid, cfg):
     """The grid's data folder (generated when absent) and what identifies and describes it."""
-    folder = os.path.join(C.data_root, grid["folder"])
+    folder = os.path.join(cfg.data_root, grid["folder"])
     command = [sys.executable, "lra/generate.py", "--task=listops", f"--out_dir={folder}", *grid["generate"]]
     if not os.path.isdir(os.path.join(folder, "listops-1000")):
         print(f"generating {folder}", flush=True)
@@ -121,12 +121,12 @@ def prepare_data(grid, C):
                 majority_label=label, majority_acc=majority)
 
 
-def one_run(name, config, extra, seed, path, C):
+def one_run(name, config, extra, seed, path, cfg):
     """`python lra/train.py CONFIG EXTRA --seed=S` on vector path `path`, into a temporary
     out_dir: the figures it logged, its settings and its time."""
     with tempfile.TemporaryDirectory(prefix="listops_runs_") as tmp:
-        argv = [config, *extra, f"--seed={seed}"] + ([f"--max_iters={C.max_iters}"] if C.max_iters else [])
-        command = [sys.executable, "lra/train.py", *argv, f"--data_dir={C.data_dir}", f"--out_dir={tmp}/run",
+        argv = [config, *extra, f"--seed={seed}"] + ([f"--max_iters={cfg.max_iters}"] if cfg.max_iters else [])
+        command = [sys.executable, "lra/train.py", *argv, f"--data_dir={cfg.data_dir}", f"--out_dir={tmp}/run",
                    "--num_threads=1"]
         load, t0 = portable.load_average(), time.time()
         done = subprocess.run(command, cwd=REPO, env=environment(path), capture_output=True, text=True)
@@ -155,13 +155,13 @@ def git_commit():
     return head.stdout.strip(), bool(dirty.stdout.strip())
 
 
-def read_results(out, C):
+def read_results(out, cfg):
     """The results already at `out` (the grids not run now are kept as they are), checked."""
     if not os.path.isfile(out):
         return dict(schema=SCHEMA, grids={})
     fix = "restore it (git checkout, for the committed one), or choose another --out"
     results = atomic.read_json(out, fix)
-    cli.require(results.get("schema") == SCHEMA, f"{C.out} is not a file this script wrote (schema "
+    cli.require(results.get("schema") == SCHEMA, f"{cfg.out} is not a file this script wrote (schema "
                                                  f"{results.get('schema')!r}): choose another --out")
     with atomic.reading(out, fix):  # what the tables read of each grid, each of its type
         for grid in dict(results["grids"]).values():
@@ -173,27 +173,27 @@ def read_results(out, C):
 
 
 def main(argv):
-    C, given = cli.configure(SETTINGS, argv)
-    chosen = cli.name_list("grids", C.grids, tuple(GRIDS))
+    cfg, given = cli.configure(SETTINGS, argv)
+    chosen = cli.name_list("grids", cfg.grids, tuple(GRIDS))
     known = [n for g in chosen for n in GRIDS[g]["runs"]]
-    names = known if C.runs == "all" else cli.name_list("runs", C.runs, known)  # each once: never a run twice
-    seed_list = cli.seed_list("seeds", C.seeds)
-    paths = None if C.vector_paths == "grid" else cli.name_list("vector_paths", C.vector_paths, VECTOR_PATHS)
-    cli.check(C, non_negative=("max_iters",))
-    out = C.out if os.path.isabs(C.out) else os.path.join(REPO, C.out)
+    names = known if cfg.runs == "all" else cli.name_list("runs", cfg.runs, known)  # each once: never a run twice
+    seed_list = cli.seed_list("seeds", cfg.seeds)
+    paths = None if cfg.vector_paths == "grid" else cli.name_list("vector_paths", cfg.vector_paths, VECTOR_PATHS)
+    cli.check(cfg, non_negative=("max_iters",))
+    out = cfg.out if os.path.isabs(cfg.out) else os.path.join(REPO, cfg.out)
     outputs.claim_output(out, "--out=<another file>")  # one writer, and a place that can be written, before any run
-    results = read_results(out, C)
+    results = read_results(out, cfg)
     commit, dirty = git_commit()
     for g in chosen:
         grid = GRIDS[g]
-        data = prepare_data(grid, C)
-        C.data_dir = data["dir"]
+        data = prepare_data(grid, cfg)
+        cfg.data_dir = data["dir"]
         found = {}  # the vector path each name takes here; one run per distinct path
         for path in paths or grid["vector_paths"]:
             found.setdefault(capability(path), path)
         record = dict(command=" ".join(["python lra/listops_runs.py", *argv]), commit=commit, dirty=dirty,
                       date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), torch=_torch_version(),
-                      cpu=_cpu_name(), threads=1, max_iters_override=C.max_iters or None,
+                      cpu=_cpu_name(), threads=1, max_iters_override=cfg.max_iters or None,
                       vector_paths={p: cap for cap, p in found.items()}, data=data, complete=False, runs=[])
         results["grids"][g] = record
         t0 = time.time()
@@ -201,17 +201,17 @@ def main(argv):
             config, extra = grid["runs"][name]
             for seed in seed_list:
                 for path in found.values():
-                    r = one_run(name, config, extra, seed, path, C)
+                    r = one_run(name, config, extra, seed, path, cfg)
                     record["runs"].append(r)
                     print(f"{g} {name} seed {seed} {path}: test {r['test_acc_at_best_val']:.2f} (best val "
                           f"{r['best_val_acc']:.2f}), {r['wall_s']:.0f} s at load {r['load_average_before'][0]:.1f}",
                           flush=True)
-                    atomic.write_json(out, results, saved=f"{C.out} holds the {len(record['runs'])} run(s) that "
+                    atomic.write_json(out, results, saved=f"{cfg.out} holds the {len(record['runs'])} run(s) that "
                                                        f"ended, grid {g} marked incomplete (the same command runs "
                                                        "that grid again)")
         record.update(complete=True, wall_s=round(time.time() - t0), load_average_after=list(portable.load_average()))
         atomic.write_json(out, results)
-        print(f"{g}: {len(record['runs'])} runs in {record['wall_s']} s; wrote {C.out}", flush=True)
+        print(f"{g}: {len(record['runs'])} runs in {record['wall_s']} s; wrote {cfg.out}", flush=True)
     return results
 
 

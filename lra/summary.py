@@ -28,13 +28,14 @@ hf_image = "uoft-cs/cifar10"  # the Hub dataset of the image task
 
 
 def main(argv):
-    C, _ = cli.configure(cli.config_defaults(globals()), argv)
-    cli.check(C, at_least_1=("workers",), workers=("workers",), choices={"task": tuple(TASKS)})
+    cfg, _ = cli.configure(cli.config_defaults(globals()), argv)
+    cli.check(cfg, at_least_1=("workers",), workers=("workers",), choices={"task": tuple(TASKS)})
     for split in SPLITS:
-        d = load_split(C.task, split, C.data_dir, cache_dir=C.cache_dir, hf_text=C.hf_text, hf_image=C.hf_image,
-                       workers=C.workers)
+        d = load_split(cfg.task, split, cfg.data_dir, cache_dir=cfg.cache_dir, hf_text=cfg.hf_text,
+                       hf_image=cfg.hf_image,
+                       workers=cfg.workers)
         lengths = d.inputs[0].lengths()
-        print(f"{C.task} {split}: {len(d)} examples, length {lengths.min()}-{lengths.max()} "
+        print(f"{cfg.task} {split}: {len(d)} examples, length {lengths.min()}-{lengths.max()} "
               f"(mean {lengths.mean():.0f}), label counts {np.bincount(d.labels).tolist()}")
 
 

@@ -476,12 +476,12 @@ def test_a_damaged_cache_file_is_said_and_rebuilt(damage, listops, tmp_path):
 def test_invsqrt_schedule_and_layer_scale_zero_means_none():
     from nanotost.trainkit import get_lr
 
-    C = SimpleNamespace(learning_rate=1e-3, min_lr=1e-5, warmup_iters=100, lr_decay_iters=0, max_iters=10**6,
+    cfg = SimpleNamespace(learning_rate=1e-3, min_lr=1e-5, warmup_iters=100, lr_decay_iters=0, max_iters=10**6,
                         lr_schedule="invsqrt")
-    assert get_lr(0, C) < get_lr(99, C) < 1e-3  # warmup
+    assert get_lr(0, cfg) < get_lr(99, cfg) < 1e-3  # warmup
     # lr * sqrt(warmup / it): exactly lr at the end of the warmup, half of it at 4 x warmup
-    assert get_lr(100, C) == pytest.approx(1e-3, rel=1e-12) and get_lr(400, C) == pytest.approx(5e-4, rel=1e-12)
-    assert get_lr(10**8, C) == 1e-5  # never below min_lr (lr_decay_iters plays no part)
+    assert get_lr(100, cfg) == pytest.approx(1e-3, rel=1e-12) and get_lr(400, cfg) == pytest.approx(5e-4, rel=1e-12)
+    assert get_lr(10**8, cfg) == 1e-5  # never below min_lr (lr_decay_iters plays no part)
     base, _ = cli.configure(train.DEFAULTS, [])
     scaled, _ = cli.configure(train.DEFAULTS, ["--layer_scale_init=1e-5"])
     assert train.model_config(base).layer_scale_init is None

@@ -105,9 +105,9 @@ MODEL_KEYS = ("n_layer", "n_head", "n_embd", "mlp_hidden", "dropout", "attn", "p
 TASK_KEYS = ("task", "max_len")  # what a checkpoint's position table and head were built for
 
 
-def check_settings(C):
+def check_settings(cfg):
     """Every setting that can be wrong on its own, checked before anything is read or written."""
-    cli.check(C, **model_settings.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
+    cli.check(cfg, **model_settings.with_model_ranges(MODEL_KEYS,  # their ranges: a checkpoint's model_args' too
         at_least_1=("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "pad_multiple",
                     "load_workers"),
         non_negative=("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip", "max_len",
@@ -116,33 +116,35 @@ def check_settings(C):
         workers=("load_workers", "num_threads"), between={"ddp_timeout_s": ranks.DDP_TIMEOUT_RANGE},
         choices={"task": tuple(TASKS), "init_from": ("scratch", "resume", "auto", "finetune"),
                  "tssa_impl": kernels.IMPLS, "lr_schedule": ("linear", "cosine", "invsqrt", "constant")}))
-    cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    cli.require(C.norm == "post" or int(C.mlp_hidden / C.n_embd * C.n_embd) == C.mlp_hidden,
-                f"mlp_hidden ({C.mlp_hidden}) / n_embd ({C.n_embd}) is not a ratio model.Block (norm='pre') can "
+    cli.require(cfg.n_embd % cfg.n_head == 0, f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
+    cli.require(cfg.norm == "post" or int(cfg.mlp_hidden / cfg.n_embd * cfg.n_embd) == cfg.mlp_hidden,
+                f"mlp_hidden ({cfg.mlp_hidden}) / n_embd ({cfg.n_embd}) is not a ratio model.Block (norm='pre') can "
                 "turn back into mlp_hidden: pick another --mlp_hidden, or --norm=post")
-    cli.require(C.min_lr <= C.learning_rate, f"min_lr ({C.min_lr}) must not exceed learning_rate ({C.learning_rate})")
-    cli.require(C.out_dir and C.data_dir, "out_dir and data_dir must not be empty")
-    cli.require(not (C.eval_only and C.init_from == "finetune"), "eval_only scores out_dir/ckpt.pt: drop --init_from")
-    top = os.path.abspath(C.out_dir)  # the part of out_dir that exists must be a folder
+    cli.require(cfg.min_lr <= cfg.learning_rate,
+                f"min_lr ({cfg.min_lr}) must not exceed learning_rate ({cfg.learning_rate})")
+    cli.require(cfg.out_dir and cfg.data_dir, "out_dir and data_dir must not be empty")
+    cli.require(not (cfg.eval_only and cfg.init_from == "finetune"),
+                "eval_only scores out_dir/ckpt.pt: drop --init_from")
+    top = os.path.abspath(cfg.out_dir)  # the part of out_dir that exists must be a folder
     while not os.path.exists(top):
         top = os.path.dirname(top)
-    cli.require(os.path.isdir(top), f"out_dir {C.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
+    cli.require(os.path.isdir(top), f"out_dir {cfg.out_dir!r}: {top} is a file, not a folder: choose another --out_dir")
 
 
-def model_config(C):
+def model_config(cfg):
     """The classifier the settings describe (sizes from the task: vocabulary, classes, length)."""
-    spec = get_task(C.task)
+    spec = get_task(cfg.task)
     return LRAConfig(vocab_size=spec.vocab_size, num_classes=spec.num_classes,
-                     max_len=min(C.max_len or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
-                     n_layer=C.n_layer, n_head=C.n_head, n_embd=C.n_embd, mlp_hidden=C.mlp_hidden,
-                     dropout=C.dropout, attn=C.attn, pi=C.pi, norm=C.norm, bias=C.bias,
-                     layer_scale_init=C.layer_scale_init or None)  # 0: none
+                     max_len=min(cfg.max_len or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
+                     n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, mlp_hidden=cfg.mlp_hidden,
+                     dropout=cfg.dropout, attn=cfg.attn, pi=cfg.pi, norm=cfg.norm, bias=cfg.bias,
+                     layer_scale_init=cfg.layer_scale_init or None)  # 0: none
 
 
-def count_params(C):
+def count_params(cfg):
     """Parameters of the model a config builds (on the meta device: no memory, no time)."""
     with torch.device("meta"):
-        return LRAClassifier(model_config(C)).get_num_params()
+        return LRAClassifier(model_config(cfg)).get_num_params()
 
 
 @lru_cache(maxsize=4)
@@ -171,17 +173,17 @@ def to_device(towers, labels, device):
 
 
 @torch.no_grad()
-def evaluate(model, split, C, max_len, ctx, d):
+def evaluate(model, split, cfg, max_len, ctx, d):
     """(mean loss, accuracy) on a whole split. Examples are sorted by length so batches carry
     little padding; under DDP each rank takes every world_size-th batch."""
     model.eval()
     lengths = np.max([r.lengths() for r in split.inputs], axis=0)
     order = np.argsort(lengths, kind="stable")
-    bs = C.eval_batch_size or C.batch_size
+    bs = cfg.eval_batch_size or cfg.batch_size
     batches = [order[i:i + bs] for i in range(0, len(order), bs)][d.rank::d.world_size]
     total = torch.zeros(3, device=d.device)  # (sum of losses, right, seen)
     for idx in batches:
-        towers, labels = to_device(*make_batch(split, idx, max_len, C.pad_multiple), d.device)
+        towers, labels = to_device(*make_batch(split, idx, max_len, cfg.pad_multiple), d.device)
         with ctx:
             logits = model(towers)
         loss = F.cross_entropy(logits.float(), labels, reduction="sum")
@@ -196,27 +198,27 @@ def evaluate(model, split, C, max_len, ctx, d):
 def main(argv):
     # -------------------------------------------------------------------------
     # settings: the globals above, then config files and --key=value, then checks
-    C, given = cli.configure(DEFAULTS, argv)
-    check_settings(C)
-    tk.check_init_from(C, given)  # (finetune_from: read by a finetune alone)
-    device, dtype = devices.choose_device_dtype(C.device, C.dtype)
-    if C.num_threads > 0:
-        torch.set_num_threads(C.num_threads)
-    ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
-    resume_cmd = tk.init_from_auto(C, ckpt_path)  # auto: continue the run in out_dir if any; the command that does
-    resume = C.init_from == "resume" and not C.eval_only  # (eval_only: out_dir's weights, no optimizer)
-    from_path = ckpt_path if resume or C.eval_only else C.finetune_from if C.init_from == "finetune" else None
+    cfg, given = cli.configure(DEFAULTS, argv)
+    check_settings(cfg)
+    tk.check_init_from(cfg, given)  # (finetune_from: read by a finetune alone)
+    device, dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    resume_cmd = tk.init_from_auto(cfg, ckpt_path)  # auto: continue the run in out_dir if any; the command that does
+    resume = cfg.init_from == "resume" and not cfg.eval_only  # (eval_only: out_dir's weights, no optimizer)
+    from_path = ckpt_path if resume or cfg.eval_only else cfg.finetune_from if cfg.init_from == "finetune" else None
 
     # -------------------------------------------------------------------------
     # DDP from torchrun's environment (one process without torchrun)
-    with ranks.distributed(device, C.ddp_timeout_s) as d, ExitStack() as cleanup:
+    with ranks.distributed(device, cfg.ddp_timeout_s) as d, ExitStack() as cleanup:
         device = d.device
         say = print if d.is_master else (lambda *a, **k: None)
-        cli.require(C.gradient_accumulation_steps % d.world_size == 0,
-                    f"gradient_accumulation_steps ({C.gradient_accumulation_steps}) must be divisible by the "
+        cli.require(cfg.gradient_accumulation_steps % d.world_size == 0,
+                    f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by the "
                     f"number of processes ({d.world_size})")
-        accum = C.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
-        torch.manual_seed(C.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
+        accum = cfg.gradient_accumulation_steps // d.world_size  # micro-steps of this process per optimizer step
+        torch.manual_seed(cfg.seed + d.rank)  # dropout differs per rank; the weights come from rank 0 (DDP)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
         # ---------------------------------------------------------------------
@@ -226,34 +228,34 @@ def main(argv):
         if from_path:
             ckpt = tk.load_checkpoint(from_path, "lra", "resume" if resume else "weights")
             stamp = (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns) if resume else None  # a save renames
-            own = ("seed",) if C.init_from != "finetune" else ()
-            tk.take_settings(ckpt, C, given, MODEL_KEYS + TASK_KEYS + own, from_path, check_settings)
-            if resume and ckpt["iter_num"] >= C.max_iters:
-                say(f"{ckpt_path} already reached max_iters={C.max_iters} (iter {ckpt['iter_num']}, best val acc "
+            own = ("seed",) if cfg.init_from != "finetune" else ()
+            tk.take_settings(ckpt, cfg, given, MODEL_KEYS + TASK_KEYS + own, from_path, check_settings)
+            if resume and ckpt["iter_num"] >= cfg.max_iters:
+                say(f"{ckpt_path} already reached max_iters={cfg.max_iters} (iter {ckpt['iter_num']}, best val acc "
                     f"{ckpt['best_val_acc']:.4f}): nothing to do; raise --max_iters to train it further, or "
                     f"score it with --eval_only=True")
                 return None
-        mconf = model_config(C)
+        mconf = model_config(cfg)
 
         # ---------------------------------------------------------------------
         # the data, checked when loaded (damage is one line naming the file and line), before
         # anything is written to out_dir
         def load(split, n):
-            data = load_split(C.task, split, C.data_dir, mconf.max_len, C.cache_dir, C.hf_text, C.hf_image,
-                              C.load_workers, say).subset(n)
+            data = load_split(cfg.task, split, cfg.data_dir, mconf.max_len, cfg.cache_dir, cfg.hf_text, cfg.hf_image,
+                              cfg.load_workers, say).subset(n)
             if data.cropped:
-                say(f"{C.task} {split}: {data.cropped:,} of {len(data):,} sequences are longer than max_len "
+                say(f"{cfg.task} {split}: {data.cropped:,} of {len(data):,} sequences are longer than max_len "
                     f"and were cropped to {mconf.max_len:,} tokens (the task's LRA length is "
-                    f"{get_task(C.task).seq_len:,})")
+                    f"{get_task(cfg.task).seq_len:,})")
             return data
 
-        val, test = load("val", C.n_eval), load("test", C.n_eval)
-        train = None if C.eval_only else load("train", C.n_train)
+        val, test = load("val", cfg.n_eval), load("test", cfg.n_eval)
+        train = None if cfg.eval_only else load("train", cfg.n_train)
         if train is not None:
-            say(f"{C.task}: {len(train)} train / {len(val)} val / {len(test)} test examples")
-        if d.is_master and not C.eval_only:
-            tk.claim_out_dir(C.out_dir, C.init_from)  # a lock; a scratch run never overwrites a checkpoint
-            cleanup.callback(tk.release_out_dir, C.out_dir)
+            say(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test examples")
+        if d.is_master and not cfg.eval_only:
+            tk.claim_out_dir(cfg.out_dir, cfg.init_from)  # a lock; a scratch run never overwrites a checkpoint
+            cleanup.callback(tk.release_out_dir, cfg.out_dir)
             if resume and (os.stat(ckpt_path).st_ino, os.stat(ckpt_path).st_mtime_ns) != stamp:
                 raise cli.UserError(f"{ckpt_path} was rewritten while this run loaded it (by a run that has "
                                     "ended since): start this one again to continue from the new checkpoint")
@@ -261,17 +263,17 @@ def main(argv):
         # ---------------------------------------------------------------------
         # model, optimizer and precision, fresh or exactly as the checkpoint left them
         model = cli.build(LRAClassifier, mconf).to(device)  # (a ValueError: one line)
-        if C.tssa_impl != "torch":  # fused operators in place of model.py's
-            kernels.use(model, C.tssa_impl)
+        if cfg.tssa_impl != "torch":  # fused operators in place of model.py's
+            kernels.use(model, cfg.tssa_impl)
         raw_model = model  # the plain module: parameters, checkpoints
         device_type = device.split(":")[0]  # "cuda", "mps" or "cpu": autocast's and the scaler's
-        optimizer = tk.configure_adamw(model, C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+        optimizer = tk.configure_adamw(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
         ctx = torch.autocast(device_type, dtype=devices.DTYPES[dtype], enabled=dtype != "float32")
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         start_iter, best_val_loss, best_val, test_at_best = 0, float("inf"), -1.0, None
         if ckpt is not None:
             checkpoints.load_weights(model, ckpt["model"], from_path)
-            start_iter = ckpt["iter_num"] if C.init_from != "finetune" else 0
+            start_iter = ckpt["iter_num"] if cfg.init_from != "finetune" else 0
         if resume:
             optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt.get("scaler"):  # (empty when the run that saved it had no float16 scaler)
@@ -284,43 +286,43 @@ def main(argv):
         n_params = model.get_num_params()
         say(f"model: {mconf.attn} attention, {n_params:,} parameters "
             f"({mconf.n_layer} layers, width {mconf.n_embd}, {mconf.n_head} heads, MLP {mconf.mlp_hidden}, "
-            f"{mconf.norm}-norm), {dtype} on {device}, {C.batch_size * C.gradient_accumulation_steps} examples "
-            f"per step ({C.gradient_accumulation_steps} x {C.batch_size})")
-        if C.eval_only:
-            (val_loss, val_acc), (_, test_acc) = (evaluate(model, s, C, mconf.max_len, ctx, d) for s in (val, test))
+            f"{mconf.norm}-norm), {dtype} on {device}, {cfg.batch_size * cfg.gradient_accumulation_steps} examples "
+            f"per step ({cfg.gradient_accumulation_steps} x {cfg.batch_size})")
+        if cfg.eval_only:
+            (val_loss, val_acc), (_, test_acc) = (evaluate(model, s, cfg, mconf.max_len, ctx, d) for s in (val, test))
             result = {"iter": start_iter, "val_loss": val_loss, "val_acc": val_acc, "test_acc": test_acc,
                       "n_params": n_params}
             say(result)
             return result
-        if C.compile:
+        if cfg.compile:
             say("compiling the model (takes a minute)...")
             model = torch.compile(model, dynamic=True)
         eval_model = model  # evaluation skips DDP (no gradients)
         if d.ddp:
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[d.local_rank] if device_type == "cuda" else None)
-        logger = tk.JsonlLogger(os.path.join(C.out_dir, "log.jsonl"), d.is_master, fresh=C.init_from != "resume",
-                                resume_at=start_iter if C.init_from == "resume" else None)  # each iteration once
+        logger = tk.JsonlLogger(os.path.join(cfg.out_dir, "log.jsonl"), d.is_master, fresh=cfg.init_from != "resume",
+                                resume_at=start_iter if cfg.init_from == "resume" else None)  # each iteration once
         if start_iter:
             cli.on_interrupt(f"{ckpt_path} holds iter {start_iter}; continue with {resume_cmd}")
         else:
-            cli.on_interrupt(f"no checkpoint was written yet (the first comes at iter {C.eval_interval})")
+            cli.on_interrupt(f"no checkpoint was written yet (the first comes at iter {cfg.eval_interval})")
 
         # ---------------------------------------------------------------------
         # the training loop
         result = {"n_params": n_params}
         t_start, train_loss = time.time(), None
-        for it in range(start_iter, C.max_iters + 1):
-            lr = tk.get_lr(it, C)
+        for it in range(start_iter, cfg.max_iters + 1):
+            lr = tk.get_lr(it, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
             # evaluate, log and checkpoint (not again at the iteration a resume starts from)
-            if (it % C.eval_interval == 0 or it == C.max_iters) and not (start_iter and it == start_iter):
-                val_loss, val_acc = evaluate(eval_model, val, C, mconf.max_len, ctx, d)
+            if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not (start_iter and it == start_iter):
+                val_loss, val_acc = evaluate(eval_model, val, cfg, mconf.max_len, ctx, d)
                 best_val_loss = min(best_val_loss, val_loss)
                 if val_acc > best_val:
-                    best_val, test_at_best = val_acc, evaluate(eval_model, test, C, mconf.max_len, ctx, d)[1]
+                    best_val, test_at_best = val_acc, evaluate(eval_model, test, cfg, mconf.max_len, ctx, d)[1]
                 record = dict(iter=it, lr=lr, train_loss=train_loss, val_loss=val_loss, val_acc=val_acc,
                               best_val_acc=best_val, test_acc_at_best_val=test_at_best,
                               time_s=round(time.time() - t_start, 3))
@@ -335,23 +337,23 @@ def main(argv):
                             kind="lra", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), model_args=asdict(mconf),
                             iter_num=it, best_val_loss=best_val_loss, best_val_acc=best_val,
-                            test_acc_at_best_val=test_at_best, config=vars(C), rng=rng), ckpt_path)
+                            test_acc_at_best_val=test_at_best, config=vars(cfg), rng=rng), ckpt_path)
                     cli.on_interrupt(f"{ckpt_path} holds iter {it}; continue with {resume_cmd}")
                     say(f"saved {ckpt_path}")
-            if it == C.max_iters:
-                say(f"max_iters={C.max_iters} reached: best val acc {best_val:.4f}, test acc at best val "
+            if it == cfg.max_iters:
+                say(f"max_iters={cfg.max_iters} reached: best val acc {best_val:.4f}, test acc at best val "
                     f"{test_at_best:.4f}" + (f"; {ckpt_path} holds iter {it}" if it > 0 else ""))
                 break
 
             # one optimizer step: this process's `accum` micro-batches of batch_size examples,
             # picked by their global micro-step index from the step's batch
-            B = C.batch_size
-            idx = batch_indices(len(train), B * C.gradient_accumulation_steps, it, C.seed)
+            B = cfg.batch_size
+            idx = batch_indices(len(train), B * cfg.gradient_accumulation_steps, it, cfg.seed)
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
                 m = d.rank * accum + micro
                 towers, labels = to_device(*make_batch(train, idx[m * B:(m + 1) * B], mconf.max_len,
-                                                       C.pad_multiple), device)
+                                                       cfg.pad_multiple), device)
                 with model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
                     with ctx:
                         logits = model(towers)
@@ -361,14 +363,14 @@ def main(argv):
             train_loss = ranks.all_reduce_mean(loss_sum, d).item()  # over every micro-batch of every rank
             if not math.isfinite(train_loss):  # stop before the update: the last checkpoint stays good
                 raise tk.non_finite(f"training loss ({train_loss}) at iter {it} (lr {lr:.3g}), stopped before the "
-                                    "update", ckpt_path, C, dtype)
-            if C.grad_clip > 0:
+                                    "update", ckpt_path, cfg, dtype)
+            if cfg.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradient, not the scaled one
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), C.grad_clip)
+                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
             scaler.step(optimizer)  # (float16: skipped when the gradients overflowed)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            if it % C.log_interval == 0:
+            if it % cfg.log_interval == 0:
                 dt = (time.time() - t_start) / (it - start_iter + 1)
                 say(f"iter {it}: loss {train_loss:.4f}, lr {lr:.2e}, {dt * 1000:.0f} ms/iter")
                 logger.log(dict(iter=it, lr=lr, train_loss=train_loss, time_s=round(time.time() - t_start, 3)))

@@ -287,44 +287,44 @@ def writable_place(path, option):
                         f"choose another {option}")
 
 
-def check(C, *, at_least_1=(), non_negative=(), positive=(), fraction=(), seed=(), workers=(), between=None,
+def check(cfg, *, at_least_1=(), non_negative=(), positive=(), fraction=(), seed=(), workers=(), between=None,
           choices=None, dashes=False):
-    """Check the settings of C by kind, once, before any work: at_least_1 (counts, sizes,
+    """Check the settings of cfg by kind, once, before any work: at_least_1 (counts, sizes,
     intervals), non_negative, positive, fraction (in [0, 1)), seed (whole, 0..SEED_MAX),
     workers (threads or processes: 0..MAX_WORKERS, the script says what 0 means), between
     {key: (low, high)} (inclusive) and choices {key: allowed values}. dashes=True names them
     --key in messages (argparse options).
 
-    Every int and float setting of C must have a kind here (or be a choice): a number left out
+    Every int and float setting of cfg must have a kind here (or be a choice): a number left out
     would reach library code unchecked, so that is a bug in the script, an AssertionError."""
     kinds = {"at_least_1": at_least_1, "non_negative": non_negative, "positive": positive, "fraction": fraction,
              "seed": seed, "workers": workers, "between": between or {}, "choices": choices or {}}
     declared = {key for keys in kinds.values() for key in keys}
-    numbers = {k for k, v in vars(C).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numbers = {k for k, v in vars(cfg).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     assert not numbers - declared, f"settings with no declared range (give each a kind in cli.check): " \
                                    f"{', '.join(sorted(numbers - declared))}"
     dash = "--" if dashes else ""
     for key in seed:
-        value = getattr(C, key)
+        value = getattr(cfg, key)
         require(isinstance(value, int) and 0 <= value <= SEED_MAX, f"{dash}{key} must be a whole number in "
                 f"0..{SEED_MAX} (2**32 - 1, what numpy and torch take), got {value}")
     for key in workers:
-        require(0 <= getattr(C, key) <= MAX_WORKERS,
-                f"{dash}{key} must be in 0..{MAX_WORKERS} ({os.cpu_count()} cores here), got {getattr(C, key)}")
+        require(0 <= getattr(cfg, key) <= MAX_WORKERS,
+                f"{dash}{key} must be in 0..{MAX_WORKERS} ({os.cpu_count()} cores here), got {getattr(cfg, key)}")
     for key, (low, high) in kinds["between"].items():
         span = f"{low}..{high}" if isinstance(low, int) and isinstance(high, int) else f"[{low:g}, {high:g}]"
-        require(low <= getattr(C, key) <= high, f"{dash}{key} must be in {span}, got {getattr(C, key)}")
+        require(low <= getattr(cfg, key) <= high, f"{dash}{key} must be in {span}, got {getattr(cfg, key)}")
     for key in at_least_1:
-        require(getattr(C, key) >= 1, f"{dash}{key} must be at least 1, got {getattr(C, key)}")
+        require(getattr(cfg, key) >= 1, f"{dash}{key} must be at least 1, got {getattr(cfg, key)}")
     for key in non_negative:
-        require(getattr(C, key) >= 0, f"{dash}{key} must not be negative, got {getattr(C, key)}")
+        require(getattr(cfg, key) >= 0, f"{dash}{key} must not be negative, got {getattr(cfg, key)}")
     for key in positive:
-        require(getattr(C, key) > 0, f"{dash}{key} must be positive, got {getattr(C, key)}")
+        require(getattr(cfg, key) > 0, f"{dash}{key} must be positive, got {getattr(cfg, key)}")
     for key in fraction:
-        require(0 <= getattr(C, key) < 1, f"{dash}{key} must be in [0, 1), got {getattr(C, key)}")
+        require(0 <= getattr(cfg, key) < 1, f"{dash}{key} must be in [0, 1), got {getattr(cfg, key)}")
     for key, allowed in kinds["choices"].items():
-        require(getattr(C, key) in allowed,
-                f"{dash}{key} must be one of {', '.join(map(str, allowed))}, got {getattr(C, key)!r}")
+        require(getattr(cfg, key) in allowed,
+                f"{dash}{key} must be one of {', '.join(map(str, allowed))}, got {getattr(cfg, key)!r}")
 
 
 # -----------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def _read_config_file(path):
 
 def configure(defaults, argv):
     """Settings from `defaults` (name -> value), overridden in order by each config file in
-    argv and each --key=value. Returns (C, given): the settings as attributes, and the set of
+    argv and each --key=value. Returns (cfg, given): the settings as attributes, and the set of
     keys a config file or the command line set. --help lists the settings."""
     if "--help" in argv or "-h" in argv:
         doc = sys.modules["__main__"].__doc__ or ""

@@ -6,8 +6,8 @@ they take model.py's place.
 1. Decoding against training (check_decoding, decoding_differs): the recurrent form (a prompt in
    parallel, then a step per token from the state it leaves) against the parallel form, each
    kind of attention alone, then the model as GPT.generate runs it; a fork whose two forms differ
-   is said in one line naming the block and the form at the start. generate_in_parallel samples
-   by the parallel form alone (what a reader does then).
+   is said in one line naming the block and the form at the start. generator: how a reader
+   generates then (generate_in_parallel: by the parallel form alone).
 2. The fused kernels against model.py's operators (kernel_differences, mismatch): model.py's
    operators as they are now (looked up by name, so a fork's edit shows) against the fused kernels
    of an implementation, which compute the shipped TSSA, on three small cases that reach the
@@ -37,6 +37,7 @@ they take model.py's place.
 """
 
 import sys
+from functools import partial
 
 import torch
 
@@ -198,6 +199,13 @@ def check_decoding(gpt, then, speak=True):
         print(f"{cli.script_name(sys.argv[0])}: warning: decoding differs from the parallel form: {line}; {then}",
               file=sys.stderr)
     return line
+
+
+def generator(gpt, then, speak=True):
+    """How a reader generates with gpt: GPT.generate, from its decoding state; or, for a fork whose
+    decoding differs from its parallel form (check_decoding: said in one line that ends with `then`),
+    generate_in_parallel."""
+    return partial(generate_in_parallel, gpt) if check_decoding(gpt, then, speak) else gpt.generate
 
 
 @torch.no_grad()

@@ -28,11 +28,11 @@ What the three kinds of request do (NanoToSTLM):
   generate_until         greedy decoding (sampling if the task asks: do_sample, temperature,
                          top_k) from ToST's recurrent state (GPT.generate: constant work per
                          token; a fork whose decoding differs from its parallel form is told so
-                         once, and decoded by the parallel form, textdata.check_decoding), cut
+                         once, and decoded by the parallel form, forks.check_decoding), cut
                          at the first stop string, at most max_gen_toks tokens; the
                          context keeps its last block_size - max_gen_toks tokens (at least half
                          the block), so the text stays within the learned positions. The
-                         settings follow sample.py's rules (textdata.check_generation: top_k 0
+                         settings follow sample.py's rules (loading.check_generation: top_k 0
                          is no limit, temperature >= 0, until is text): a task that breaks them
                          is one line naming it
 
@@ -43,7 +43,6 @@ log-probabilities are computed in float32. One process.
 
 import os
 import warnings
-from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -127,7 +126,7 @@ class NanoToSTLM(LM):
         self.info, self.iter_num = ckpt["tokenizer"], ckpt.get("iter_num")
         self.encode, self.decode = td.load_tokenizer(self.info)
         self.tokenizer_vocab_size = self.info["vocab_size"]  # the ids above only pad vocab_size: never drawn
-        self.decoding_differs = None  # why generation runs the parallel form ("": it does not; asked once)
+        self.generate = None  # how generation runs (forks.generator: asked once, at the first request)
         if self.info["tokenizer"] == "char":
             chars = self.info["chars"]
             self.prefix_id, self.eot_text = (chars.index("\n") if "\n" in chars else 0), None
@@ -219,7 +218,7 @@ class NanoToSTLM(LM):
 
     def _gen_settings(self, kwargs, task):
         """(stop strings, max_gen_toks, temperature, top_k or None) from a request's generation
-        kwargs, by sample.py's rules (textdata.check_generation); a wrong one is one line that
+        kwargs, by sample.py's rules (loading.check_generation); a wrong one is one line that
         names the task."""
         kwargs = dict(kwargs or {})
         unknown = sorted(set(kwargs) - GEN_KWARGS)
@@ -247,15 +246,14 @@ class NanoToSTLM(LM):
         first stop string. model.generate runs GEN_CHUNK tokens at a time (the prompt and what is
         written so far encoded again in parallel), and decoding ends when every row has a stop
         string (or after max_gen_toks)."""
-        if self.decoding_differs is None:  # a fork whose decoding differs from its parallel form: said once
-            self.decoding_differs = forks.check_decoding(self.model, "generating by the parallel form instead") or ""
-        generate = partial(forks.generate_in_parallel, self.model) if self.decoding_differs else self.model.generate
+        if self.generate is None:  # a fork whose decoding differs from its parallel form: said once
+            self.generate = forks.generator(self.model, "generating by the parallel form instead")
         idx = torch.tensor(prompts, dtype=torch.long, device=self._device)  # (B, T0)
         T0, texts = idx.shape[1], [""] * len(prompts)
         with torch.no_grad(), self.autocast:
             while idx.shape[1] - T0 < max_gen_toks:
                 n = min(GEN_CHUNK, max_gen_toks - (idx.shape[1] - T0))
-                idx = generate(idx, n, temperature=temperature, top_k=top_k,
+                idx = self.generate(idx, n, temperature=temperature, top_k=top_k,
                                tokenizer_vocab_size=self.tokenizer_vocab_size)
                 texts = [self.decode(row[T0:]) for row in idx.tolist()]
                 if all(any(s in text for s in until) for text in texts):

@@ -14,23 +14,37 @@ import dataclasses
 import os
 from types import SimpleNamespace
 
+import torch
+
 import kernels
 from model import GPT, GPTConfig, ToSTViT, ViTConfig
 from nanotost import checkpoints, cli, hub, textdata
 
 
-def load_reader_model(C, device, given=()):
+def load_reader_model(cfg, device, given=()):
     """(model, ckpt, path) of a reader's settings: --init_from (a folder export.py wrote, or its
     Hugging Face Hub id) where given, else --ckpt_path (where the reader has it), else
-    <out_dir>/ckpt.pt; the TSSA run by C.tssa_impl. --init_from with either of the others (in
-    `given`, the settings set) is one line: a setting given must do something."""
-    ckpt_path = getattr(C, "ckpt_path", "")
+    <out_dir>/ckpt.pt; the TSSA run by cfg.tssa_impl, in eval mode on `device`. This process then
+    runs cfg.num_threads CPU threads where given, else the run's own setting (reader_threads).
+    --init_from with either of the others (in `given`, the settings set) is one line: a setting
+    given must do something."""
+    ckpt_path = getattr(cfg, "ckpt_path", "")
     both = [f"--{k}" for k in ("out_dir", "ckpt_path") if k in given or (k == "ckpt_path" and ckpt_path)]
-    cli.require(not (C.init_from and both), f"--init_from names the model, and so do {' and '.join(both)}: "
-                                            "give one of them")
-    path = C.init_from or ckpt_path or os.path.join(C.out_dir, "ckpt.pt")
-    model, ckpt = load_language_model(path, device, C.tssa_impl, exported=bool(C.init_from))
+    cli.require(not (cfg.init_from and both), f"--init_from names the model, and so do {' and '.join(both)}: "
+                                              "give one of them")
+    path = cfg.init_from or ckpt_path or os.path.join(cfg.out_dir, "ckpt.pt")
+    model, ckpt = load_language_model(path, device, cfg.tssa_impl, exported=bool(cfg.init_from))
+    reader_threads(getattr(cfg, "num_threads", 0), ckpt)
     return model, ckpt, path
+
+
+def reader_threads(given, ckpt):
+    """torch's CPU threads for a reader: `given` (its --num_threads) where not 0, else the training
+    run's own setting, else torch's default: a small model on a busy CPU runs far faster on one
+    thread than on contending ones."""
+    threads = given or ckpt.get("config", {}).get("num_threads", 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 def load_language_model(path, device, tssa_impl="torch", exported=False):
@@ -71,9 +85,9 @@ def check_generation(**settings):
     top_k >= 0 (0: no limit). Returns them (text made numbers); a UserError names the first
     that is wrong."""
     types = {"max_new_tokens": 0, "max_gen_toks": 0, "temperature": 0.0, "top_k": 0}  # (max_gen_toks: lm-eval's)
-    C = SimpleNamespace(**{k: cli.coerce(k, v, types[k]) for k, v in settings.items()})
-    cli.check(C, non_negative=tuple(settings))
-    return C
+    cfg = SimpleNamespace(**{k: cli.coerce(k, v, types[k]) for k, v in settings.items()})
+    cli.check(cfg, non_negative=tuple(settings))
+    return cfg
 
 
 def load_vit_model(path, device="cpu", tssa_impl="torch", **overrides):

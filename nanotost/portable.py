@@ -180,7 +180,7 @@ def end_own_group(leader):
 
 def load_average():
     """(1, 5, 15 minute load) of the machine; NaNs where the OS keeps none (Windows): a figure
-    not measured, printed as nan, and refused as such by a report's reader (cli.read_json)."""
+    not measured, printed as nan, and refused as such by a report's reader (atomic.read_json)."""
     try:
         return os.getloadavg()
     except (AttributeError, OSError):

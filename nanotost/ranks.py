@@ -8,7 +8,7 @@ stopped or interrupted, so that a distributed run always ends.
                 ddp_timeout_s); one that gave up, or found the other ranks gone, is one line
                 naming the rank, the collective and the script's line that ran it:
 
-    train.py: rank 1 waited 600 s for the other ranks in all_reduce (trainkit.all_reduce_mean) at
+    train.py: rank 1 waited 600 s for the other ranks in all_reduce (ranks.all_reduce_mean) at
     train.py:<line> (train_loss = tk.all_reduce_mean(loss_sum, d).item()) and gave up: ...
 
   interrupts_reach_c  an interrupt (torchrun's or a scheduler's SIGTERM, Ctrl-C) ends a rank within
@@ -83,7 +83,7 @@ def lost_line(rank, timeout_s, e):
 
 def held_in(rank, frame):
     """What the main thread of rank `rank`, now at `frame` (its innermost), is held in: for
-    cli.interrupts_reach_c's line."""
+    ranks.interrupts_reach_c's line."""
     frames = _frames(traceback.walk_stack(frame))[::-1]  # (outermost first)
     if _collective(frames)[1] is None:
         return f"rank {rank} was held in C code {_place(frames)}"

@@ -108,36 +108,36 @@ def _logged_before(line, it):
 # training: resume, the learning-rate schedule, a non-finite loss, the RNGs
 
 
-def check_init_from(C, given, written_by="a ckpt.pt"):
+def check_init_from(cfg, given, written_by="a ckpt.pt"):
     """init_from="finetune" needs --finetune_from; a new run (scratch, or auto) never reads it,
     so there it is refused, never ignored (a resume may keep it from the command that began it)."""
-    cli.require(C.init_from != "finetune" or C.finetune_from,
+    cli.require(cfg.init_from != "finetune" or cfg.finetune_from,
                 f"init_from='finetune' needs --finetune_from=<{written_by}>")
-    cli.unread(given, ("finetune_from",) if C.init_from in ("scratch", "auto") else (),
-               f"read by --init_from=finetune alone (a new run from its weights), not by --init_from={C.init_from}: "
+    cli.unread(given, ("finetune_from",) if cfg.init_from in ("scratch", "auto") else (),
+               f"read by --init_from=finetune alone (a new run from its weights), not by --init_from={cfg.init_from}: "
                "add --init_from=finetune, or drop it")
 
 
-def init_from_auto(C, ckpt_path):
+def init_from_auto(cfg, ckpt_path):
     """init_from="auto" becomes "resume" where ckpt_path exists, else "scratch". Returns how to
     continue the run after a stop: the same command where it resumes by itself (resume, auto),
     else the same command and --init_from=resume."""
-    again = "the same command" + ("" if C.init_from in ("resume", "auto") else " and --init_from=resume")
-    if C.init_from == "auto":
-        C.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
+    again = "the same command" + ("" if cfg.init_from in ("resume", "auto") else " and --init_from=resume")
+    if cfg.init_from == "auto":
+        cfg.init_from = "resume" if os.path.isfile(ckpt_path) else "scratch"
     return again
 
 
-def take_settings(ckpt, C, given, keys, path, check):
-    """A resumed run is the checkpoint's run, a fine-tuned one (C.init_from="finetune") keeps its
-    architecture: the settings `keys` of ckpt["config"] replace C's. Refused in one line: settings
+def take_settings(ckpt, cfg, given, keys, path, check):
+    """A resumed run is the checkpoint's run, a fine-tuned one (cfg.init_from="finetune") keeps its
+    architecture: the settings `keys` of ckpt["config"] replace cfg's. Refused in one line: settings
     given on the command line or in a config file that differ from them, a key the checkpoint
-    lacks, or a value the trainer would refuse (of another type than its setting, or by check(C))."""
+    lacks, or a value the trainer would refuse (of another type than its setting, or by check(cfg))."""
     old = ckpt["config"]
-    differ = [k for k in keys if k in given and k in old and getattr(C, k) != old[k]]
+    differ = [k for k in keys if k in given and k in old and getattr(cfg, k) != old[k]]
     if differ:
-        pairs = ", ".join(f"{k}={getattr(C, k)!r} (checkpoint: {old[k]!r})" for k in differ)
-        advice = ("fine-tuning keeps its architecture: drop them" if C.init_from == "finetune" else
+        pairs = ", ".join(f"{k}={getattr(cfg, k)!r} (checkpoint: {old[k]!r})" for k in differ)
+        advice = ("fine-tuning keeps its architecture: drop them" if cfg.init_from == "finetune" else
                   "drop them to resume it, or start a new run with --out_dir=<new folder>")
         raise UserError(f"{path} was trained with other settings: {pairs}; {advice}")
     missing = [k for k in keys if k not in old]
@@ -145,14 +145,14 @@ def take_settings(ckpt, C, given, keys, path, check):
         raise UserError(f"{path} was written by another version of nanoToST (its settings lack "
                         f"{', '.join(missing)}): start a new run with --out_dir=<new folder>")
     for key in keys:
-        mine = type(getattr(C, key))
+        mine = type(getattr(cfg, key))
         if not (type(old[key]) is mine or (mine is float and type(old[key]) is int)):
             raise UserError(f"{path} holds config['{key}'] = {old[key]!r} ({type(old[key]).__name__}), where the "
                             f"setting {key} takes {mine.__name__} values: the file was damaged or written by another "
                             "program; start a new run with --out_dir=<new folder>")
-        setattr(C, key, mine(old[key]))
+        setattr(cfg, key, mine(old[key]))
     try:
-        check(C)
+        check(cfg)
     except UserError as e:
         raise UserError(f"{path} holds settings this version refuses ({e}): use the version of nanoToST that "
                         "wrote it") from None
@@ -172,31 +172,31 @@ def configure_adamw(module, weight_decay, learning_rate, betas, device_type="cpu
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
 
-def get_lr(it, C):
+def get_lr(it, cfg):
     """Linear warmup over warmup_iters, then decay to min_lr at lr_decay_iters (0: max_iters)
     by a cosine, a straight line, or not at all ("constant"). "invsqrt" (lra/configs/listops_*)
     decays as 1 / sqrt(it) from the end of the warmup, never below min_lr, and ignores
     lr_decay_iters. The three trainers use it."""
-    if it < C.warmup_iters:
-        return C.learning_rate * (it + 1) / (C.warmup_iters + 1)
-    decay_iters = C.lr_decay_iters or C.max_iters
-    if C.lr_schedule == "constant":
-        return C.learning_rate
-    if C.lr_schedule == "invsqrt":
-        return max(C.min_lr, C.learning_rate * math.sqrt(max(C.warmup_iters, 1) / max(it, 1)))
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if cfg.lr_schedule == "constant":
+        return cfg.learning_rate
+    if cfg.lr_schedule == "invsqrt":
+        return max(cfg.min_lr, cfg.learning_rate * math.sqrt(max(cfg.warmup_iters, 1) / max(it, 1)))
     if it >= decay_iters:
-        return C.min_lr
-    ratio = (it - C.warmup_iters) / max(decay_iters - C.warmup_iters, 1)  # 0 -> 1
-    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio)) if C.lr_schedule == "cosine" else 1.0 - ratio  # 1 -> 0
-    return C.min_lr + coeff * (C.learning_rate - C.min_lr)
+        return cfg.min_lr
+    ratio = (it - cfg.warmup_iters) / max(decay_iters - cfg.warmup_iters, 1)  # 0 -> 1
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio)) if cfg.lr_schedule == "cosine" else 1.0 - ratio  # 1 -> 0
+    return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
 
 
-def non_finite(what, ckpt_path, C, dtype):
+def non_finite(what, ckpt_path, cfg, dtype):
     """The error of a non-finite loss (`what`: which loss, where, what was not done): what is
     left, and only advice that would change something."""
     where = f"{ckpt_path} is the last good checkpoint" if os.path.isfile(ckpt_path) else "nothing was saved"
     return UserError(f"non-finite {what}; {where}. Try a lower --learning_rate"
-                     + (", --grad_clip=1.0" if C.grad_clip == 0 else "")
+                     + (", --grad_clip=1.0" if cfg.grad_clip == 0 else "")
                      + (", --dtype=bfloat16 or float32" if dtype == "float16" else ""))
 
 

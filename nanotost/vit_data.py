@@ -220,16 +220,16 @@ def folder_sources(data_dir, val_fraction):
                  for split in (files, val_files))
 
 
-def build_sources(C):
-    """(train source, val source) for C.dataset."""
-    if C.dataset == "shapes":
-        n, s = C.shapes_num_classes, 2 * C.shapes_seed
-        return tuple(Source(*make_shapes(size, C.shapes_source_size, n, seed=s + i), SHAPES[:n])
-                     for i, size in enumerate((C.shapes_train_size, C.shapes_val_size)))
-    if C.dataset == "folder":
-        return folder_sources(C.data_dir, C.val_fraction)
+def build_sources(cfg):
+    """(train source, val source) for cfg.dataset."""
+    if cfg.dataset == "shapes":
+        n, s = cfg.shapes_num_classes, 2 * cfg.shapes_seed
+        return tuple(Source(*make_shapes(size, cfg.shapes_source_size, n, seed=s + i), SHAPES[:n])
+                     for i, size in enumerate((cfg.shapes_train_size, cfg.shapes_val_size)))
+    if cfg.dataset == "folder":
+        return folder_sources(cfg.data_dir, cfg.val_fraction)
     import datasets  # CIFAR-10/100 (decoded into memory once) or ImageNet-1k (decoded on demand)
-    hub_id, image_key, label_key, train_split, val_split = HF_DATASETS[C.dataset]
+    hub_id, image_key, label_key, train_split, val_split = HF_DATASETS[cfg.dataset]
     online = devices.hub_reachable()  # offline: the cache or nothing, at once (no ~25 s of retries)
     try:
         splits = [datasets.load_dataset(hub_id, split=s) for s in (train_split, val_split)]
@@ -243,7 +243,7 @@ def build_sources(C):
             "terms, `huggingface-cli login`). Without it: --dataset=folder --data_dir=<image tree>, or "
             "--dataset=shapes") from None
     classes = splits[0].features[label_key].names
-    if C.dataset == "imagenet-1k":
+    if cfg.dataset == "imagenet-1k":
         return tuple(Source(ds, ds[label_key], classes, lambda row: rgb_tensor(row[image_key])) for ds in splits)
     return tuple(Source(torch.stack([rgb_tensor(im) for im in ds[image_key]]), ds[label_key], classes)
                  for ds in splits)
@@ -287,8 +287,8 @@ class View(torch.utils.data.Dataset):
     crop depends only on (seed, epoch, slot), never on worker count or order. Built in: uint8
     crops (normalised on the device); "paper": timm's transform under a per-key seed."""
 
-    def __init__(self, source, C, train, timm_transform=None):
-        self.source, self.C, self.train, self.transform = source, C, train, timm_transform
+    def __init__(self, source, cfg, train, timm_transform=None):
+        self.source, self.cfg, self.train, self.transform = source, cfg, train, timm_transform
 
     def __len__(self):
         return len(self.source)
@@ -296,16 +296,16 @@ class View(torch.utils.data.Dataset):
     def __getitem__(self, key):
         epoch, slot, index = key if self.train else (0, key, key)
         img, label = self.source.get(index)
-        seed = [self.C.seed, epoch, slot]
+        seed = [self.cfg.seed, epoch, slot]
         if self.transform is not None:
             return self._timm(img, seed), label
-        size = self.C.img_size
+        size = self.cfg.img_size
         if not self.train:
-            return center_crop(img, size, self.C.eval_crop_pct), label
+            return center_crop(img, size, self.cfg.eval_crop_pct), label
         rng = np.random.default_rng(seed)
-        top, left, h, w = random_resized_crop_box(img.shape[1], img.shape[2], self.C.crop_scale, rng)
+        top, left, h, w = random_resized_crop_box(img.shape[1], img.shape[2], self.cfg.crop_scale, rng)
         img = resize(img[:, top:top + h, left:left + w], (size, size))
-        return (img.flip(-1) if self.C.hflip and rng.random() < 0.5 else img), label
+        return (img.flip(-1) if self.cfg.hflip and rng.random() < 0.5 else img), label
 
     def _timm(self, img, seed):
         """timm draws from python's, numpy's and torch's global generators: seed them from the
@@ -323,7 +323,7 @@ class View(torch.utils.data.Dataset):
             torch.set_rng_state(state[2])
 
 
-def timm_transforms(C):
+def timm_transforms(cfg):
     """(train, eval) transforms of the paper's recipe, built by timm."""
     try:
         from timm.data import create_transform
@@ -336,12 +336,12 @@ def timm_transforms(C):
     except ValueError as e:
         raise cli.UserError(f"timm's RandAugment posterizes to 0 bits, which this Pillow refuses ({e}): "
                             "install Pillow<13 next to timm (README)") from None
-    mean, std = mean_std(C.dataset)
-    common = dict(input_size=C.img_size, interpolation="bicubic", mean=mean, std=std)
-    train = create_transform(**common, is_training=True, scale=tuple(C.crop_scale),
-                             hflip=0.5 if C.hflip else 0.0, auto_augment=C.randaugment or None,
-                             re_prob=C.random_erasing, re_mode="pixel", re_count=1)
-    return train, create_transform(**common, is_training=False, crop_pct=C.eval_crop_pct)
+    mean, std = mean_std(cfg.dataset)
+    common = dict(input_size=cfg.img_size, interpolation="bicubic", mean=mean, std=std)
+    train = create_transform(**common, is_training=True, scale=tuple(cfg.crop_scale),
+                             hflip=0.5 if cfg.hflip else 0.0, auto_augment=cfg.randaugment or None,
+                             re_prob=cfg.random_erasing, re_mode="pixel", re_count=1)
+    return train, create_transform(**common, is_training=False, crop_pct=cfg.eval_crop_pct)
 
 
 class TrainBatches:
@@ -421,40 +421,40 @@ def to_input(images, dataset_name, dev):
 # 3. One process's loaders, the recipe's mixing, a checkpoint's model
 
 
-def loaders(train_src, val_src, C, d, start):
-    """(train loader, val loader) of this process (d: trainkit.distributed's): its training
+def loaders(train_src, val_src, cfg, d, start):
+    """(train loader, val loader) of this process (d: ranks.distributed's): its training
     micro-batches from its local micro-step `start` on, and its share of the first
     eval_max_images validation images (all when 0). A training set smaller than one batch
     per process is refused here."""
-    transforms = timm_transforms(C) if C.recipe == "paper" else (None, None)
-    batches = TrainBatches(len(train_src), C.batch_size, d.rank, d.world_size, C.seed, start,
-                           C.repeated_aug if C.recipe == "paper" else 1)
-    n_val = len(val_src) if C.eval_max_images == 0 else min(len(val_src), C.eval_max_images)
+    transforms = timm_transforms(cfg) if cfg.recipe == "paper" else (None, None)
+    batches = TrainBatches(len(train_src), cfg.batch_size, d.rank, d.world_size, cfg.seed, start,
+                           cfg.repeated_aug if cfg.recipe == "paper" else 1)
+    n_val = len(val_src) if cfg.eval_max_images == 0 else min(len(val_src), cfg.eval_max_images)
     mine = list(range(d.rank, n_val, d.world_size))
-    val_batches = [mine[i:i + C.batch_size] for i in range(0, len(mine), C.batch_size)]
+    val_batches = [mine[i:i + cfg.batch_size] for i in range(0, len(mine), cfg.batch_size)]
 
     def loader(view, sampler, pin):  # its own generator, not the global one (checkpointed RNGs stay put)
-        return torch.utils.data.DataLoader(view, batch_sampler=sampler, num_workers=C.num_workers, pin_memory=pin,
+        return torch.utils.data.DataLoader(view, batch_sampler=sampler, num_workers=cfg.num_workers, pin_memory=pin,
                                            generator=torch.Generator().manual_seed(0))
 
-    return (loader(View(train_src, C, True, transforms[0]), batches, d.device.startswith("cuda")),
-            loader(View(val_src, C, False, transforms[1]), val_batches, False))
+    return (loader(View(train_src, cfg, True, transforms[0]), batches, d.device.startswith("cuda")),
+            loader(View(val_src, cfg, False, transforms[1]), val_batches, False))
 
 
-def mixer(C, num_classes):
+def mixer(cfg, num_classes):
     """The recipe's mixing: mix(x, labels, step) -> (inputs, soft targets (B, K)), step the
     global micro-batch number. Built in: label smoothing, then mix_batch drawn from (seed, step);
     "paper" with mixup or cutmix: timm's Mixup (its draws come from numpy's global generator,
     which the checkpoint holds)."""
-    if C.recipe == "paper" and (C.mixup > 0 or C.cutmix > 0):
+    if cfg.recipe == "paper" and (cfg.mixup > 0 or cfg.cutmix > 0):
         from timm.data import Mixup
-        timm_mixup = Mixup(mixup_alpha=C.mixup, cutmix_alpha=C.cutmix, prob=C.mix_prob,
-                           label_smoothing=C.label_smoothing, num_classes=num_classes)
+        timm_mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mix_prob,
+                           label_smoothing=cfg.label_smoothing, num_classes=num_classes)
         return lambda x, labels, step: timm_mixup(x, labels)
 
     def mix(x, labels, step):
-        target = smooth_targets(labels, num_classes, C.label_smoothing)
-        return mix_batch(x, target, np.random.default_rng([C.seed, step]), C.mixup, C.cutmix, C.mix_prob)[:2]
+        target = smooth_targets(labels, num_classes, cfg.label_smoothing)
+        return mix_batch(x, target, np.random.default_rng([cfg.seed, step]), cfg.mixup, cfg.cutmix, cfg.mix_prob)[:2]
 
     return mix
 

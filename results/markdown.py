@@ -38,3 +38,12 @@ def ratio_words(ours, theirs, name):
     if abs(r - 1) < 0.05:
         return f"as fast as {name}"
     return f"{r:.1f}x faster than {name}" if r > 1 else f"{1 / r:.1f}x slower than {name}"
+
+
+def num(x, unit=""):
+    """3 significant digits, thousands separated: 0.0123, 1.23, 12.3, 123, 1,234."""
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}{unit}"
+    return f"{x:.3g}{unit}" if abs(x) >= 0.01 else f"{x:.2g}{unit}"

@@ -37,7 +37,6 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
 from results.benchkit import reportfile  # noqa: E402
@@ -53,7 +52,7 @@ root = ""  # the repository whose documents and JSON are used ("": the one this 
 # -----------------------------------------------------------------------------
 SETTINGS = cli.config_defaults(globals())
 DOCS = ("README.md", "SPEED.md", "results/recall/README.md", "lra/README.md")
-MODULES = ("speed_tables", "lra_tables", "recall_tables", "pydocs_tables", "efficiency")
+MODULES = ("speed_tables", "cpu_tables", "lra_tables", "recall_tables", "pydocs_tables", "efficiency")
 BLOCK = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 MARKER = re.compile(r"<!--\s*(/?)\s*table\b.*?-->")  # any table marker, well formed or not
 FIELDS = {}  # json path -> (what it is, the top-level fields its tables read), from the modules
@@ -64,7 +63,7 @@ def registry():
     the figures: png path -> (json path, points(data), draw(points, path)). Fills FIELDS from the modules."""
     tables, awaited, figures = {}, {}, {}
     for name in MODULES:
-        module = importlib.import_module(name)
+        module = importlib.import_module(f"results.{name}")
         for table, (path, fn) in module.TABLES.items():
             if table in tables:
                 raise cli.UserError(f"table {table!r} is registered twice ({tables[table][0]} and {name})")
@@ -214,25 +213,25 @@ def names_in(text):
 
 def main(argv):
     argv = [a + "=1" if a == "--check" else a for a in argv]
-    C, _ = cli.configure(SETTINGS, argv)
-    cli.check(C)  # no numeric settings: the check asserts that none was added unchecked
-    where = os.path.abspath(C.root or REPO)
+    cfg, _ = cli.configure(SETTINGS, argv)
+    cli.check(cfg)  # no numeric settings: the check asserts that none was added unchecked
+    where = os.path.abspath(cfg.root or REPO)
     tables, awaited, figures = registry()
     cache = {}
-    if C.show:
-        patterns = cli.parse_list("show", C.show, what="table names or patterns")
+    if cfg.show:
+        patterns = cli.parse_list("show", cfg.show, what="table names or patterns")
         chosen = [n for n in tables if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
-        cli.require(chosen, f"show: no table matches {C.show!r}; the tables: {', '.join(sorted(tables))}")
+        cli.require(chosen, f"show: no table matches {cfg.show!r}; the tables: {', '.join(sorted(tables))}")
         data = None
-        if C.json_path:
-            cli.require(os.path.isfile(C.json_path), f"no JSON at {C.json_path}")
-            data = read_data(C.json_path, "give --json_path a JSON that bench.py, results/recall/suite.py, "
+        if cfg.json_path:
+            cli.require(os.path.isfile(cfg.json_path), f"no JSON at {cfg.json_path}")
+            data = read_data(cfg.json_path, "give --json_path a JSON that bench.py, results/recall/suite.py, "
                                               "lra/listops_runs.py or results/compare/pydocs.py wrote")
         for name in chosen:
-            body = render_table(name, tables, awaited, where, cache, data, C.json_path or None)
+            body = render_table(name, tables, awaited, where, cache, data, cfg.json_path or None)
             print(f"## {name}\n\n{body}\n")
         return
-    cli.require(not C.json_path, "json_path goes with show (a module's tables to stdout)")
+    cli.require(not cfg.json_path, "json_path goes with show (a module's tables to stdout)")
     differ, rendered = [], {}
     for doc in DOCS:  # every document rendered before any is written: an error writes nothing
         with open(os.path.join(where, doc), encoding="utf-8") as f:
@@ -241,17 +240,17 @@ def main(argv):
         differ += [f"{doc}: {name} ({tables[name][1]})" for name in changed]
         rendered[doc] = (new, changed, len(names_in(text)))
     for path in [os.path.join(where, d) for d in DOCS] + [os.path.join(where, png) for png in figures]:
-        if not C.check:
+        if not cfg.check:
             outputs.claim_output(path, "--root=<another checkout>")  # one writer at a time, every output first
     for doc, (new, changed, count) in rendered.items():
-        print(f"{doc}: {count} table(s)" + (f", {'differ' if C.check else 'rewritten'}: {', '.join(changed)}"
+        print(f"{doc}: {count} table(s)" + (f", {'differ' if cfg.check else 'rewritten'}: {', '.join(changed)}"
                                             if changed else ", as rendered"))
-    figures_differ, drawn = render_figures(figures, awaited, where, cache, C.check)
-    if not C.check:  # the documents and the figures as one unit: all replaced, or (an error, Ctrl-C) none
+    figures_differ, drawn = render_figures(figures, awaited, where, cache, cfg.check)
+    if not cfg.check:  # the documents and the figures as one unit: all replaced, or (an error, Ctrl-C) none
         atomic.write_together({**{os.path.join(where, doc): new for doc, (new, changed, _) in rendered.items() if changed},
                             **drawn})
     differ += figures_differ
-    if C.check and differ:
+    if cfg.check and differ:
         raise cli.UserError(f"{len(differ)} table(s) or figure(s) differ from their JSON or are damaged: "
                             f"{'; '.join(differ)}; rewrite and redraw them with python results/render.py")
 

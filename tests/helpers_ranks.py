@@ -8,7 +8,7 @@ once, as one background job (tests/background.py):
 
 Torch is imported once and every rank is forked from this process (an interpreter and torch
 per rank would cost seconds of CPU each); a rank then runs as a script does, its main under
-cli.run_cli and the trainers' trainkit.distributed, with its stderr in a file. The results:
+cli.run_cli and the trainers' ranks.distributed, with its stderr in a file. The results:
 {case: {"waiter": {"code", "stderr", "seconds"}, "stopper": {...}}}, seconds counted from the
 moment the waiter is about to enter the collective (or, for an interrupt, from the signal).
 A rank still alive at the end is killed (and every rank dies with this process).

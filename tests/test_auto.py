@@ -541,6 +541,6 @@ def test_two_torchrun_ranks_of_a_node_run_local_rank_0s_pick(tmp_path):
 def test_the_gpu_configs_use_auto_and_every_script_accepts_it():
     import train
     for name in ("tost_owt", "tost_owt_16k", "tost_owt_medium", "tost_owt_large"):
-        C, _ = cli.configure(train.DEFAULTS, [os.path.join(ROOT, "config", f"{name}.py")])
-        assert C.tssa_impl == "auto", name
+        cfg, _ = cli.configure(train.DEFAULTS, [os.path.join(ROOT, "config", f"{name}.py")])
+        assert cfg.tssa_impl == "auto", name
     assert "auto" in kernels.IMPLS and kernels.ops_for("auto") is auto.AUTO_OPS

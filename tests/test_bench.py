@@ -23,14 +23,13 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "results"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import background  # noqa: E402
 import bench  # noqa: E402
 from nanotost import atomic, cli  # noqa: E402
-import render  # noqa: E402
-import speed_tables  # noqa: E402
+from results import render  # noqa: E402
+from results import speed_tables  # noqa: E402
 from results.benchkit import headline, main_job, meta as bench_meta, part as bench_part, report, suites, timing  # noqa: E402
 from test_errors import refused  # noqa: E402
 

@@ -72,14 +72,14 @@ def test_only_a_main_job_left_nothing_after_its_warm_up_is_refused(iters, quick)
     """A quick run's main job leaves out iteration 0 (train.py logs 0..main_iters-1): 1 iteration
     is refused, 2 measure one (tests/test_bench.py's report runs 2); a full run leaves out a
     quarter, at most 20, and always keeps one. A report without the main job is not asked."""
-    C = SimpleNamespace(**{**bench.DEFAULTS, "report": True, "quick": quick, "main_iters": iters, "out": "r.json"})
+    cfg = SimpleNamespace(**{**bench.DEFAULTS, "report": True, "quick": quick, "main_iters": iters, "out": "r.json"})
     if quick and iters == 1:
         with pytest.raises(cli.UserError, match="leaves the main job no iteration to measure"):
-            settings.check_measurable(C, report.SECTIONS)
+            settings.check_measurable(cfg, report.SECTIONS)
     else:
-        settings.check_measurable(C, report.SECTIONS)
-    C.sections = "op,decode"
-    settings.check_measurable(C, report.SECTIONS)
+        settings.check_measurable(cfg, report.SECTIONS)
+    cfg.sections = "op,decode"
+    settings.check_measurable(cfg, report.SECTIONS)
 
 
 # -----------------------------------------------------------------------------

@@ -37,23 +37,23 @@ SETTINGS = dict(warmup=1, repeats=5, decode_steps=50, main_iters=60)
 
 def test_a_row_starts_when_its_own_estimate_fits_and_records_what_it_cost(tmp_path):
     big, small, unknown = dict(impl="cpu", B=1, T=8), dict(impl="sdpa", B=1, T=8), dict(impl="cpu", B=4, T=8)
-    C = SimpleNamespace(device="cpu", quick=False, headline=True, estimates={row_key(big): 100.0,
+    cfg = SimpleNamespace(device="cpu", quick=False, headline=True, estimates={row_key(big): 100.0,
                                                                              row_key(small): 0.5})
-    S = Part("op", str(tmp_path / "part.json"), C, 10)
+    S = Part("op", str(tmp_path / "part.json"), cfg, 10)
     passed = S.attempt(big, lambda: pytest.fail("started a row that cannot fit"))
     assert passed["status"] == "not_run" and "its estimated 100 s did not fit" in passed["reason"]
     ran = S.attempt(small, lambda: dict(ms=1.0))  # after a row passed over, a cheaper one still runs
     assert ran["status"] == "ok" and ran["row_s"] >= 0
     assert S.attempt(unknown, lambda: dict(ms=2.0))["status"] == "ok"  # nothing known of it: it starts
     assert S.spare_s() == pytest.approx(S.time_left() - S.reserve_s, abs=0.5)  # (every row recorded: all spare)
-    fresh = Part("op", str(tmp_path / "fresh.json"), C, 10)  # what an optional measurement may take: the rest
+    fresh = Part("op", str(tmp_path / "fresh.json"), cfg, 10)  # what an optional measurement may take: the rest
     assert fresh.spare_s() == pytest.approx(fresh.time_left() - fresh.reserve_s - 100.5, abs=0.5)
 
 
 @pytest.mark.parametrize("stage", [order.TARGET, order.EXTRA, None])
 def test_a_row_of_another_stage_is_left_for_it(stage, tmp_path):
-    C = SimpleNamespace(device="cpu", quick=True, headline=True, stage=stage)
-    S = Part("op", str(tmp_path / "part.json"), C, 60)
+    cfg = SimpleNamespace(device="cpu", quick=True, headline=True, stage=stage)
+    S = Part("op", str(tmp_path / "part.json"), cfg, 60)
     for impl in ("triton", "sdpa_cudnn", "compiled", "torch"):
         row = S.attempt(dict(impl=impl, B=1, T=8), lambda: dict(ms=1.0))
         mine = stage is None or order.tier("op", row) == stage
@@ -122,12 +122,12 @@ def test_a_rows_cost_comes_from_its_own_row_or_the_nearest_one_said_how(member):
 
 
 def test_a_scaled_row_costs_its_first_call_and_its_longer_calls():
-    C = SimpleNamespace(**SETTINGS)
-    est = costs.Costs(C, [("x", SOURCE)])
+    cfg = SimpleNamespace(**SETTINGS)
+    est = costs.Costs(cfg, [("x", SOURCE)])
     one, _ = est.estimate("op", dict(impl="sdpa_cudnn", B=1, T=16384))
     four, _ = est.estimate("op", dict(impl="sdpa_cudnn", B=1, T=65536))  # calls 16x as long: fewer per repeat
-    calls = C.warmup + 1 + C.repeats * costs.calls_per_repeat(64.0) + 3 + 1
-    assert four - one == pytest.approx(64e-3 * calls - 4e-3 * (C.warmup + 1 + C.repeats * 5 + 3 + 1))
+    calls = cfg.warmup + 1 + cfg.repeats * costs.calls_per_repeat(64.0) + 3 + 1
+    assert four - one == pytest.approx(64e-3 * calls - 4e-3 * (cfg.warmup + 1 + cfg.repeats * 5 + 3 + 1))
 
 
 # -----------------------------------------------------------------------------
@@ -137,17 +137,17 @@ def test_a_scaled_row_costs_its_first_call_and_its_longer_calls():
 def test_the_compile_cache_is_found_beside_the_report_then_in_results(tmp_path, monkeypatch):
     out = tmp_path / "out" / "nvidia-h100.json"
     out.parent.mkdir()
-    C = SimpleNamespace(compile_cache="auto")
+    cfg = SimpleNamespace(compile_cache="auto")
     monkeypatch.setattr(compile_cache, "REPO", str(tmp_path))
     (tmp_path / "results").mkdir()
     beside = str(out.parent / "nvidia-h100.compile-cache.zip")
-    assert compile_cache.files(C, str(out), "nvidia-h100", cuda=True) == (None, beside)  # none yet: written beside
+    assert compile_cache.files(cfg, str(out), "nvidia-h100", cuda=True) == (None, beside)  # none yet: written beside
     (tmp_path / "results" / "nvidia-h100.compile-cache.zip").write_bytes(b"z")
-    assert compile_cache.files(C, str(out), "nvidia-h100", True)[0] == str(tmp_path / "results" /
+    assert compile_cache.files(cfg, str(out), "nvidia-h100", True)[0] == str(tmp_path / "results" /
                                                                           "nvidia-h100.compile-cache.zip")
     (out.parent / "nvidia-h100.compile-cache.zip").write_bytes(b"z")
-    assert compile_cache.files(C, str(out), "nvidia-h100", True)[0] == beside  # this window's own first
-    assert compile_cache.files(C, str(out), "nvidia-h100", cuda=False) == (None, None)  # the CPU compiles nothing
+    assert compile_cache.files(cfg, str(out), "nvidia-h100", True)[0] == beside  # this window's own first
+    assert compile_cache.files(cfg, str(out), "nvidia-h100", cuda=False) == (None, None)  # the CPU compiles nothing
     assert compile_cache.files(SimpleNamespace(compile_cache="off"), str(out), "nvidia-h100", True) == (None, None)
     named = str(tmp_path / "mine.zip")
     assert compile_cache.files(SimpleNamespace(compile_cache=named), str(out), "x", True) == (None, named)

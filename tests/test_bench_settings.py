@@ -56,11 +56,11 @@ def test_every_setting_example_is_a_setting():
 
 
 def settings_read(path):
-    """The settings a module reads as C.<name> (C: the settings object every mode passes on)."""
+    """The settings a module reads as cfg.<name> (cfg: the settings object every mode passes on)."""
     with open(os.path.join(REPO, path), encoding="utf-8") as f:
         tree = ast.parse(f.read())
     return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-            and n.value.id == "C"}
+            and n.value.id == "cfg"}
 
 
 def planned():

@@ -7,7 +7,7 @@ Decoding that a CUDA graph can replay, and the loss that lets a long context fit
     serves every token. Checked on the CPU with a TorchDispatchMode that sees every aten call.
   - prefill + steps give the logits of the full parallel forward (every attention kind);
     a new prompt reuses the same buffers; so does the step compiled (kernels.CompiledStep).
-    The scripts' start check (textdata.decoding_differs) agrees for every kind and names the
+    The scripts' start check (forks.decoding_differs) agrees for every kind and names the
     form that differs (the step, the prefill, the state) and the functions to edit.
     The kinds are read from the registries: every attention of model.ATTENTIONS and every Pi of
     model.PI_MODES, with the variants (MATH.md §9: a fork registered in model.py is tested here).
@@ -56,7 +56,7 @@ def fused_refuses(m):
 
 @pytest.mark.parametrize("impl", ["torch", "cpu"])
 def test_the_start_check_finds_every_kind_decoding_as_it_trains_and_leaves_the_model_as_it_was(impl):
-    """textdata.decoding_differs, which train.py, sample.py and lm-eval's generation run first: None
+    """forks.decoding_differs, which train.py, sample.py and lm-eval's generation run first: None
     for every attention the code ships (and the C kernels' forms where they take it: they refuse a
     kind whose maths they do not compute, in one line), the model left in the mode it was in, and
     the global RNG not drawn from (a run's batches and dropout stay what they were)."""

@@ -1,5 +1,5 @@
 """
-Which device and dtype a script runs on (trainkit.choose_device_dtype), CUDA and Apple's MPS
+Which device and dtype a script runs on (devices.choose_device_dtype), CUDA and Apple's MPS
 included. This machine has neither: what they would choose is checked with torch's answers
 replaced (monkeypatch); the project has not run on Apple hardware.
 

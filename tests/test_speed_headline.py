@@ -29,13 +29,12 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "results"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import background  # noqa: E402
 import bench  # noqa: E402
 from nanotost import cli  # noqa: E402
-import speed_tables  # noqa: E402
+from results import speed_tables  # noqa: E402
 from results.benchkit import headline, kernel_times, order, plan  # noqa: E402
 from results.benchkit.part import row_key  # noqa: E402
 from results.benchkit.meta import source_digest  # noqa: E402
@@ -320,7 +319,7 @@ def test_the_tables_render_from_a_headline(job, tmp_path):
     assert "Section `gpu_check_determinism`" not in text  # (a section of --report only: not named)
     # committed as results/nvidia-h200.json: every table of that file renders from it
     data = dict(job["b.json"], meta=dict(job["b.json"]["meta"], gpu="NVIDIA H200", name="NVIDIA H200", quick=False))
-    import efficiency
+    from results import efficiency
     tables = dict(speed_tables.TABLES, **efficiency.TABLES)
     for name, (json_path, fn) in tables.items():
         if json_path == speed_tables.REPORT:

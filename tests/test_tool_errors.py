@@ -219,20 +219,20 @@ def calibration(models, machine, iters=60):
 
 
 def test_calibrate_writes_the_committed_file_only_when_named_and_keeps_other_models(tmp_path, monkeypatch):
-    C = SimpleNamespace(**{**pydocs.SETTINGS, "calibrate": True, "out_root": str(tmp_path / "root")})
-    pydocs.check_settings(C)
-    pydocs.claim_outputs(C, given={"calibrate"})
-    assert C.calibration == os.path.join(str(tmp_path / "root"), "calibration.json")  # not the committed one
-    C.calibration, C.names = str(tmp_path / "cal.json"), ["tost"]
-    atomic.write_json(C.calibration, calibration(["tost", "softmax", "linear"], pydocs.machine()))
+    cfg = SimpleNamespace(**{**pydocs.SETTINGS, "calibrate": True, "out_root": str(tmp_path / "root")})
+    pydocs.check_settings(cfg)
+    pydocs.claim_outputs(cfg, given={"calibrate"})
+    assert cfg.calibration == os.path.join(str(tmp_path / "root"), "calibration.json")  # not the committed one
+    cfg.calibration, cfg.names = str(tmp_path / "cal.json"), ["tost"]
+    atomic.write_json(cfg.calibration, calibration(["tost", "softmax", "linear"], pydocs.machine()))
     measured = dict(tost=dict(s_per_iter=0.2, rounds=[0.2], recipe_id="r", recipe=[]))
-    monkeypatch.setattr(pydocs, "calibrate_models", lambda names, C: (measured, []))
-    pydocs.take_calibration(C)
+    monkeypatch.setattr(pydocs, "calibrate_models", lambda names, cfg: (measured, []))
+    pydocs.take_calibration(cfg)
     models = json.loads((tmp_path / "cal.json").read_text())["models"]
     assert models["tost"]["s_per_iter"] == 0.2 and set(models) == {"tost", "softmax", "linear"}
-    atomic.write_json(C.calibration, calibration(["tost", "softmax"], dict(pydocs.machine(), cpu="another")))
+    atomic.write_json(cfg.calibration, calibration(["tost", "softmax"], dict(pydocs.machine(), cpu="another")))
     with pytest.raises(cli.UserError, match="softmax taken on another machine .* --calibration=<new file>"):
-        pydocs.take_calibration(C)
+        pydocs.take_calibration(cfg)
 
 
 # -----------------------------------------------------------------------------
@@ -345,14 +345,14 @@ def test_a_second_report_into_the_same_file_is_refused(interrupted_report):
 
 
 def fake_listops(monkeypatch, outcomes):
-    monkeypatch.setattr(listops_runs, "prepare_data", lambda grid, C: dict(dir="d"))
+    monkeypatch.setattr(listops_runs, "prepare_data", lambda grid, cfg: dict(dir="d"))
     monkeypatch.setattr(listops_runs, "capability", lambda path: "AVX2")
     record = dict(test_acc_at_best_val=50.0, best_val_acc=50.0, wall_s=1.0, load_average_before=[0.0])
     monkeypatch.setattr(listops_runs, "one_run", lambda *a: next(outcomes)(record))
 
 
 def fake_recall(monkeypatch, outcomes):
-    def run_job(job, C):
+    def run_job(job, cfg):
         return next(outcomes)((job, dict(job._asdict(), acc={"16": 0.5}, steps=1, train_s=0.0, val_acc=0.5)))
     monkeypatch.setattr(suite, "run_job", run_job)
 
@@ -465,7 +465,7 @@ def test_a_budget_spent_before_any_section_is_an_error_not_advice_to_run_again(t
     meta = bench_meta.collect_meta(SimpleNamespace(device="cpu", dtype="float32", quick=True, headline=False))
     clock = iter(range(0, 10 ** 6, 50))  # each reading of the clock 50 s later: meta "takes" the budget
     monkeypatch.setattr(bench_report, "time", SimpleNamespace(time=lambda: next(clock)))
-    monkeypatch.setattr(bench_report, "run_child", lambda ctx, name, fn, C, tmp, limit, previous=None, on_rows=None:
+    monkeypatch.setattr(bench_report, "run_child", lambda ctx, name, fn, cfg, tmp, limit, previous=None, on_rows=None:
                         dict(section=name, status="ok", rows=[], meta=meta, wall_s=100.0))
     monkeypatch.chdir(tmp_path)
     code, message = call("bench.py", "--report=1", "--device=cpu", "--quick=1", "--budget_s=90", "--out=r.json")

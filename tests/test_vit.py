@@ -214,16 +214,16 @@ def test_finetune_replaces_the_head_and_keeps_the_body(trained, tmp_path):
 
 def test_config_files_match_the_release():
     for name, preset in [("t", "tost-t"), ("s", "tost-s"), ("m", "tost-m")]:
-        C, _ = cli.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", f"vit_tost_{name}.py")])
-        vit_train.check_settings(C)
+        cfg, _ = cli.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", f"vit_tost_{name}.py")])
+        vit_train.check_settings(cfg)
         for key, value in VIT_PRESETS[preset].items():
-            assert getattr(C, key) == value, (name, key)
-        assert C.patch_size == 16 and C.img_size == 224 and C.dataset == "imagenet-1k"
-        assert C.batch_size * C.gradient_accumulation_steps == 2048  # MATH.md §6.3
-        assert C.recipe == "paper" and C.randaugment == "rand-m9-mstd0.5-inc1"
-        assert (C.random_erasing, C.repeated_aug, C.eval_crop_pct) == (0.25, 3, 0.875)
-        assert (C.mixup, C.cutmix, C.label_smoothing, C.weight_decay) == (0.8, 1.0, 0.1, 0.05)
-        assert C.max_iters == 400 * 625 and C.warmup_iters == 5 * 625  # 400 and 5 epochs
+            assert getattr(cfg, key) == value, (name, key)
+        assert cfg.patch_size == 16 and cfg.img_size == 224 and cfg.dataset == "imagenet-1k"
+        assert cfg.batch_size * cfg.gradient_accumulation_steps == 2048  # MATH.md §6.3
+        assert cfg.recipe == "paper" and cfg.randaugment == "rand-m9-mstd0.5-inc1"
+        assert (cfg.random_erasing, cfg.repeated_aug, cfg.eval_crop_pct) == (0.25, 3, 0.875)
+        assert (cfg.mixup, cfg.cutmix, cfg.label_smoothing, cfg.weight_decay) == (0.8, 1.0, 0.1, 0.05)
+        assert cfg.max_iters == 400 * 625 and cfg.warmup_iters == 5 * 625  # 400 and 5 epochs
     ft, _ = cli.configure(vit_train.DEFAULTS, [os.path.join(ROOT, "config", "vit_finetune.py"),
                                                "--finetune_from=out-vit-tost-s/ckpt.pt"])
     vit_train.check_settings(ft)

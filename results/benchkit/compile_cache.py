@@ -34,13 +34,13 @@ SUFFIX = ".compile-cache.zip"
 PART = ".cache"  # a process's artifacts in the command's temp folder: <section part>.<stage or job>.cache
 
 
-def files(C, out, slug, cuda):
+def files(cfg, out, slug, cuda):
     """(the zip to load or None, the zip to write or None) for a report at `out` on device `slug`
     (none on the CPU, where the report compiles nothing)."""
-    if C.compile_cache == "off" or not cuda:
+    if cfg.compile_cache == "off" or not cuda:
         return None, None
-    if C.compile_cache != "auto":
-        return (C.compile_cache if os.path.isfile(C.compile_cache) else None), C.compile_cache
+    if cfg.compile_cache != "auto":
+        return (cfg.compile_cache if os.path.isfile(cfg.compile_cache) else None), cfg.compile_cache
     beside = os.path.join(os.path.dirname(out), slug + SUFFIX)
     found = [p for p in (beside, os.path.join(REPO, "results", slug + SUFFIX)) if os.path.isfile(p)]
     return (found[0] if found else None), beside
@@ -77,10 +77,10 @@ def save_here(path):
             f.write(got[0])
 
 
-def keeping(C, base):
+def keeping(cfg, base):
     """The interpreter's arguments that run a script keeping its compiles into `base`.cache
     (results/benchkit/run_cached.py), or none where the command keeps none."""
-    return ["-m", "results.benchkit.run_cached", base + PART] if getattr(C, "keep_compiles", False) else []
+    return ["-m", "results.benchkit.run_cached", base + PART] if getattr(cfg, "keep_compiles", False) else []
 
 
 def gather(tmp, loaded, path):

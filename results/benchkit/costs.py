@@ -44,20 +44,20 @@ def number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def measuring(kind_, row, C):
+def measuring(kind_, row, cfg):
     """(first_s, s per call, calls) of a measured row of an op, decode or train section at the
     settings C, or None where it lacks its figures."""
     ms, first = row.get("ms"), row.get("first_call_s")
     if not (number(ms) and number(first)):
         return None
-    per = ms / 1e3 * (C.decode_steps if kind_ == "decode" else 1)  # (a decode row's ms is per token)
+    per = ms / 1e3 * (cfg.decode_steps if kind_ == "decode" else 1)  # (a decode row's ms is per token)
     if kind_ == "train" and number(row.get("compile_s")):
         first += row["compile_s"]
     profiled = 3 if kind_ == "op" else 1
-    return first, per, C.warmup + 1 + C.repeats * calls_per_repeat(per * 1e3) + profiled + 1
+    return first, per, cfg.warmup + 1 + cfg.repeats * calls_per_repeat(per * 1e3) + profiled + 1
 
 
-def job_s(row, C):
+def job_s(row, cfg):
     """A main job's train.py seconds at C.main_iters iterations (its wall_s less or plus the
     steady iterations it ran more or fewer), or None."""
     wall = row.get("wall_s")
@@ -65,7 +65,7 @@ def job_s(row, C):
         return None
     iters, tps, per_iter = row.get("iters"), row.get("tokens_per_s"), row.get("tokens_per_iter")
     if number(iters) and number(tps) and number(per_iter) and tps > 0:
-        wall += (C.main_iters - iters) * per_iter / tps
+        wall += (cfg.main_iters - iters) * per_iter / tps
     return max(wall, 1.0)
 
 
@@ -77,7 +77,7 @@ class Found:
         self.row, self.kind, self.section, self.label, self.setup = row, kind_, section, label, setup
 
 
-def part_setup(kind_, part, C):
+def part_setup(kind_, part, cfg):
     """Seconds per row a part spent beyond what its rows' figures account for (building models,
     its process's start): its wall_s less their measuring, over the rows it measured."""
     mine = [r for r in part.get("rows", []) if not r.get("kept_from") and r.get("status") not in ("not_run",
@@ -89,7 +89,7 @@ def part_setup(kind_, part, C):
         return wall / len(mine)
     spent = 0.0
     for r in mine:
-        got = measuring(kind_, r, C) if kind_ in ("op", "decode", "train") else None
+        got = measuring(kind_, r, cfg) if kind_ in ("op", "decode", "train") else None
         if number(r.get("row_s")):
             spent += r["row_s"]
         elif got:
@@ -97,12 +97,12 @@ def part_setup(kind_, part, C):
     return max(0.0, (wall - spent) / len(mine))
 
 
-def row_setup(kind_, row, C, part_s):
+def row_setup(kind_, row, cfg, part_s):
     """A row's setup seconds: what its recorded cost (row_s) holds beyond its first call and its
     measuring calls; part_s (its part's, part_setup) for a row that records no cost."""
     if not number(row.get("row_s")):
         return part_s
-    got = measuring(kind_, row, C) if kind_ in ("op", "decode", "train") else None
+    got = measuring(kind_, row, cfg) if kind_ in ("op", "decode", "train") else None
     return max(0.0, row["row_s"] - (got[0] + got[1] * got[2] + PROFILE_S)) if got else row["row_s"]
 
 
@@ -110,8 +110,8 @@ class Costs:
     """The rows of some reports, most trusted first (sources: [(label, report)]), and estimate(),
     the cost of a row planned at the settings C."""
 
-    def __init__(self, C, sources):
-        self.C, self.found, self.parts = C, {}, {}
+    def __init__(self, cfg, sources):
+        self.cfg, self.found, self.parts = cfg, {}, {}
         for label, data in sources:
             parts = list((data.get("sections") or {}).items())
             parts += [(h.get("section"), h) for h in reversed(data.get("history") or [])]
@@ -119,10 +119,10 @@ class Costs:
                 k = kind(name)
                 if k == "gpu_check_accuracy" and part.get("status") == "ok" and number(part.get("wall_s")):
                     self.parts.setdefault(k, (part["wall_s"], label))
-                setup = part_setup(k, part, C)
+                setup = part_setup(k, part, cfg)
                 for r in part.get("rows", []):
                     if r.get("status") not in ("not_run", "skipped", "running"):
-                        self.found.setdefault(k, []).append(Found(r, k, name, label, row_setup(k, r, C, setup)))
+                        self.found.setdefault(k, []).append(Found(r, k, name, label, row_setup(k, r, cfg, setup)))
 
     def estimate(self, section, key):
         """(seconds, how) of the row `key` of `section`; (None, why) where nothing measured
@@ -146,12 +146,12 @@ class Costs:
         """The cost of a row like f's measured one, its calls `factor` times as long."""
         if f.kind == "kernel_times":
             return f.setup, f"{how}: its section's time per row"
-        got = measuring(f.kind, f.row, self.C)
+        got = measuring(f.kind, f.row, self.cfg)
         if got is None:
             return None, "its figures are missing"
         first, per, _ = got
         per *= factor
-        calls = self.C.warmup + 1 + self.C.repeats * calls_per_repeat(per * 1e3) + (3 if f.kind == "op" else 1) + 1
+        calls = self.cfg.warmup + 1 + self.cfg.repeats * calls_per_repeat(per * 1e3) + (3 if f.kind == "op" else 1) + 1
         seconds = f.setup + first + per * calls + PROFILE_S
         return seconds, f"{how}: first call {first:.1f} s, {calls} calls x {per * 1e3:.3g} ms, setup {f.setup:.1f} s"
 
@@ -204,7 +204,7 @@ class Costs:
         order = lambda f: (f.row.get("arch", "tost") != arch, f.row.get("impl") != impl,  # noqa: E731
                            IMPL_ORDER.index(f.row.get("impl")) if f.row.get("impl") in IMPL_ORDER else 0)
         for f in sorted(rows, key=order):
-            s = job_s(f.row, self.C)
+            s = job_s(f.row, self.cfg)
             if s is None:
                 continue
             if (f.row.get("arch", "tost"), f.row.get("impl")) == (arch, impl):

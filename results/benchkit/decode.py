@@ -31,11 +31,11 @@ def decode_cases(contexts, modes=tuple(DECODE_MODES)):
                 yield arch, impl, mode, T_
 
 
-def decode_rows(C, cuda, modes=tuple(DECODE_MODES)):
+def decode_rows(cfg, cuda, modes=tuple(DECODE_MODES)):
     """The identifying fields of every row (decode_cases at decode_T; a CPU adds the eager step)."""
     modes = tuple(modes) + (("eager",) if not cuda and "eager" not in modes else ())
     return [{k: v for k, v in dict(arch=arch, impl=impl, mode=mode, T=T_, B=1).items() if v is not None}
-            for arch, impl, mode, T_ in decode_cases(plan_lengths(C.decode_T, DECODE_CONTEXTS), modes)]
+            for arch, impl, mode, T_ in decode_cases(plan_lengths(cfg.decode_T, DECODE_CONTEXTS), modes)]
 
 
 def section_decode(S, modes=tuple(DECODE_MODES)):
@@ -46,37 +46,37 @@ def section_decode(S, modes=tuple(DECODE_MODES)):
     their values. Every ToST model is built for the longest context, so its compiled step is
     compiled once and serves every context (its cost does not depend on block_size). modes: a
     subset of DECODE_MODES; a CPU runs the eager step too (the code path of the rows it cannot run)."""
-    C = S.C
-    dtype = devices.DTYPES[C.dtype]
-    contexts = plan_lengths(C.decode_T, DECODE_CONTEXTS)
+    cfg = S.cfg
+    dtype = devices.DTYPES[cfg.dtype]
+    contexts = plan_lengths(cfg.decode_T, DECODE_CONTEXTS)
     modes = tuple(modes) + (("eager",) if not S.cuda and "eager" not in modes else ())
-    S.data.update(modes={m: DECODE_MODES[m] for m in modes}, dtype=C.dtype)
+    S.data.update(modes={m: DECODE_MODES[m] for m in modes}, dtype=cfg.dtype)
     # GPT.step's compiled graphs: ToST's two (torch, triton) and GPT-2's, one per KV length; past
     # the limit Dynamo would run the step uncompiled, under a "compiled" label
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 + len(contexts) + 2)
-    for key in decode_rows(C, S.cuda, modes):
+    for key in decode_rows(cfg, S.cuda, modes):
         arch, impl, mode, T_ = key["arch"], key.get("impl"), key["mode"], key["T"]
         why = why_not(S, mode) or (why_not(S, "triton") if impl == "triton" else None)
         if why:
             S.row(**key, status="skipped", reason=why)
             continue
-        S.attempt(key, partial(decode_row, C, arch, impl, mode, T_, max(contexts), dtype))
+        S.attempt(key, partial(decode_row, cfg, arch, impl, mode, T_, max(contexts), dtype))
 
 
-def decode_row(C, arch, impl, mode, T_, longest, dtype):
-    steps = C.decode_steps
-    m = build_gpt(C, arch, (longest if arch == "tost" else T_) + steps + 8, impl or "torch").to(C.device, dtype).eval()
-    state = m.init_state(1)
-    cfg = m.config
+def decode_row(cfg, arch, impl, mode, T_, longest, dtype):
+    steps = cfg.decode_steps
+    length = (longest if arch == "tost" else T_) + steps + 8
+    m = build_gpt(cfg, arch, length, impl or "torch").to(cfg.device, dtype).eval()
+    state, c = m.init_state(1), m.config
     for s in state.layers:  # as if T_ tokens had been prefilled
         if arch == "gpt2":
-            shape = (1, cfg.n_head, s.max_len, cfg.n_embd // cfg.n_head)
-            s.k, s.v = (torch.randn(shape, device=C.device, dtype=dtype) for _ in range(2))
+            shape = (1, c.n_head, s.max_len, c.n_embd // c.n_head)
+            s.k, s.v = (torch.randn(shape, device=cfg.device, dtype=dtype) for _ in range(2))
         else:
             s.sum_sq.uniform_(1, 2).mul_(T_)
-            s.sum_pi_sq.uniform_(1, 2).mul_(T_ / cfg.n_head)
-            s.sum_pi.fill_(T_ / cfg.n_head)
-    tok = torch.randint(0, 50257, (1, 1), device=C.device)
+            s.sum_pi_sq.uniform_(1, 2).mul_(T_ / c.n_head)
+            s.sum_pi.fill_(T_ / c.n_head)
+    tok = torch.randint(0, 50257, (1, 1), device=cfg.device)
     stepper = dict(compiled=kernels.CompiledStep, captured=kernels.CapturedStep).get(mode)
     step = stepper(m.step) if stepper else m.step  # (tok, state) -> logits
 
@@ -85,13 +85,13 @@ def decode_row(C, arch, impl, mode, T_, longest, dtype):
         for _ in range(steps):
             step(tok, state)
     with torch.no_grad():
-        row = measure_row(tokens, C, profile_calls=1)
+        row = measure_row(tokens, cfg, profile_calls=1)
     for k in ("ms", "gpu_ms", "kernels", "memops"):
         if isinstance(row.get(k), float):
             row[k] /= steps  # per token
     row["ms_all"] = [t / steps for t in row["ms_all"]]
     row["top_kernels"] = [[n, c / steps, t / steps] for n, c, t in row.get("top_kernels", [])]
-    row.update(state_mb=sum(s.nbytes() for s in state.layers) / 2**20, tokens_per_timing=steps, dtype=C.dtype)
+    row.update(state_mb=sum(s.nbytes() for s in state.layers) / 2**20, tokens_per_timing=steps, dtype=cfg.dtype)
     note = fallback_note(impl)
     if note:
         row.update(status="fell_back", reason=note)

@@ -75,40 +75,41 @@ def undone(merged, chosen):
             not in ("ok", "skipped")]
 
 
-def next_command(C, meta, missing):
+def next_command(cfg, meta, missing):
     """The command that measures what is missing, `missing` sections (it keeps the rows of the
     JSON at --out that this code measured on this device): this command's settings, less those
     that would measure everything again, with the commit where it is the code measured."""
     commit = f"NANOTOST_COMMIT={meta['commit']} " if meta.get("commit_from") == "NANOTOST_COMMIT" else ""
-    kept = [a for a in C.argv if not a.startswith(("--sections=", "--headline", "--remeasure"))]
+    kept = [a for a in cfg.argv if not a.startswith(("--sections=", "--headline", "--remeasure"))]
     return commit + "python bench.py --headline " + f"--sections={','.join(missing)} " + " ".join(kept)
 
 
-def run(C, given):
+def run(cfg, given):
     """--headline: every setting checked, then the rows in order of value (this module's docstring)."""
     for key, value in dict(SETTINGS, budget_s=BUDGET_S).items():
         if key not in given:
-            setattr(C, key, value)
-    quick_defaults(C, given)
-    check_settings(C, HEADLINE, given)
-    if C.plan_from:
-        return plan.show(C, HEADLINE)
+            setattr(cfg, key, value)
+    quick_defaults(cfg, given)
+    check_settings(cfg, HEADLINE, given)
+    if cfg.plan_from:
+        return plan.show(cfg, HEADLINE)
     given_commit()  # NANOTOST_COMMIT's form, before any work (meta records it)
-    report.check_out(C)
-    limits = section_limits(C, HEADLINE)
-    chosen = list(HEADLINE) if C.sections == "all" else ["meta"] + chosen_sections(C, HEADLINE)
-    C.triton_interpret = C.quick and C.device == "cpu"  # the rehearsal: each section runs the Triton rows interpreted
-    reserve = row_reserve_s(C)
+    report.check_out(cfg)
+    limits = section_limits(cfg, HEADLINE)
+    chosen = list(HEADLINE) if cfg.sections == "all" else ["meta"] + chosen_sections(cfg, HEADLINE)
+    # the rehearsal: each section runs the Triton rows interpreted
+    cfg.triton_interpret = cfg.quick and cfg.device == "cpu"
+    reserve = row_reserve_s(cfg)
 
     def schedule(name, stage, t_start, estimates, spent):  # meta: its own limit; then what is left, if a row fits
         if name == "meta":
             return limits["meta"], False
-        left, own = t_start + C.budget_s - MARGIN_S - time.time(), limits[name] - spent.get(name, 0.0)
+        left, own = t_start + cfg.budget_s - MARGIN_S - time.time(), limits[name] - spent.get(name, 0.0)
         limit = min(left, own)
         rows = [s or 0.0 for k, s in estimates.items() if dict(k).get("mode") != "profile"]
         cheapest = min(rows, default=0.0)
         if not plan.fits(SECTION_START_S + reserve + cheapest, limit):
-            spent_what = f"its --section_s limit was spent" if own < left else f"budget_s={C.budget_s:g} was spent"
+            spent_what = f"its --section_s limit was spent" if own < left else f"budget_s={cfg.budget_s:g} was spent"
             return (f"{spent_what} before it could start: {max(limit, 0):.0f} s left, its cheapest row needs about "
                     f"{cheapest:.0f} s")
         return limit, own > left
@@ -116,8 +117,8 @@ def run(C, given):
     def saved(merged, out):
         missing = undone(merged, chosen)
         return (f"{out} holds every row measured so far; this command measures what is missing: "
-                f"{next_command(C, merged['meta'], missing)}") if missing else f"{out} holds every row"
-    merged, out, run_, _ = report.execute(C, HEADLINE, stages_of(chosen), schedule, fresh=C.sections == "all",
+                f"{next_command(cfg, merged['meta'], missing)}") if missing else f"{out} holds every row"
+    merged, out, run_, _ = report.execute(cfg, HEADLINE, stages_of(chosen), schedule, fresh=cfg.sections == "all",
                                           keep_done=False, saved=saved)
     print(f"\nwrote {out}", flush=True)
     report.show_tables(out)
@@ -133,7 +134,7 @@ def run(C, given):
     if missing:
         print(f"\nnot done: {', '.join(missing)}. The next command measures what is missing into the same JSON (keep "
               f"{out} where --out points; it keeps the rows this code measured on this device):\n"
-              f"{next_command(C, merged['meta'], missing)}")
+              f"{next_command(cfg, merged['meta'], missing)}")
     else:
         print("\nevery section is done.")
     return merged

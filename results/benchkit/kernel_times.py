@@ -31,18 +31,18 @@ from results.benchkit.timing import sync
 CALLS = 5  # forward+backward calls timed per shape, after one that compiles (CUDA; one interpreted)
 
 
-def kernel_times_rows(C, cuda):
+def kernel_times_rows(cfg, cuda):
     """The identifying fields of every row: the Triton operator at each of op's shapes."""
-    return [dict(impl="triton", B=B, T=T_) for B, T_ in op_shapes(C)]
+    return [dict(impl="triton", B=B, T=T_) for B, T_ in op_shapes(cfg)]
 
 
 def section_kernel_times(S):
-    C = S.C
+    cfg = S.cfg
     why = why_not(S, "triton")
-    S.data.update(H=C.H, p=C.p, dtype=C.dtype, causal=True, mode="fwdbwd",
+    S.data.update(H=cfg.H, p=cfg.p, dtype=cfg.dtype, causal=True, mode="fwdbwd",
                   timer="torch.profiler, CUDA kernels" if S.cuda else "wall time of each interpreted launch (CPU: "
                                                                         "the code path, not a speed)")
-    for key in kernel_times_rows(C, S.cuda):
+    for key in kernel_times_rows(cfg, S.cuda):
         if why:
             S.row(**key, status="skipped", reason=why)
             continue
@@ -52,17 +52,17 @@ def section_kernel_times(S):
 def kernel_row(S, B, T_):
     """The launches of one fwd+bwd at (B, T_), each timed and set beside the plan."""
     from kernels import triton_tssa as tt  # only now: under TRITON_INTERPRET=1 it is imported interpreted
-    C = S.C
-    plan = tt.launch_plan(B, C.H, T_, C.p, devices.DTYPES[C.dtype], causal=True)
-    run = op_closure(C, "triton", B, T_)
+    cfg = S.cfg
+    plan = tt.launch_plan(B, cfg.H, T_, cfg.p, devices.DTYPES[cfg.dtype], causal=True)
+    run = op_closure(cfg, "triton", B, T_)
     run()  # the compile (or the interpreter's first pass)
-    sync(C)
+    sync(cfg)
     note = fallback_note("triton")
     if note:
         return dict(status="fell_back", reason=note)
     calls = CALLS if S.cuda else 1
     events = profiled(run, calls) if S.cuda else wrapped(run, calls, tt, plan)
-    gpu = model_gpu(tt, torch.cuda.get_device_name(C.device) if S.cuda else "")
+    gpu = model_gpu(tt, torch.cuda.get_device_name(cfg.device) if S.cuda else "")
     modelled = partial(tt.modelled_time_s, gpu=gpu) if gpu else tt.modelled_time_s
     launches, others = per_launch(plan, events, calls, modelled)
     for launch in launches:

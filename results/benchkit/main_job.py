@@ -42,11 +42,11 @@ def section_main_job(S):
     does not depend on the token values. tokens/s and MFU are the medians of train.py's
     log.jsonl after the first iterations. On CUDA each row also holds a profile of the same
     model's compiled micro-step (main_job_profile: top kernels, shares by kind)."""
-    C = S.C
+    cfg = S.cfg
     work = S.path + ".main_job"
     data = os.path.join(work, "data", "synthetic_gpt2")
     os.makedirs(data, exist_ok=True)
-    counts = dict(train=1 << 12 if C.quick else 1 << 23, val=1 << 12 if C.quick else 1 << 20)
+    counts = dict(train=1 << 12 if cfg.quick else 1 << 23, val=1 << 12 if cfg.quick else 1 << 20)
     rng = np.random.default_rng(0)
     for split, n in counts.items():
         rng.integers(0, 50257, n, dtype=np.uint16).tofile(os.path.join(data, f"{split}.bin"))
@@ -55,17 +55,17 @@ def section_main_job(S):
                        source="bench.py main_job: uniform random token ids (synthetic)", splits=counts,
                        command="python bench.py --report --sections=main_job"), f, indent=1)
     S.data.update(data="synthetic: uniform random GPT-2 token ids (throughput does not depend on their values)",
-                  tssa_impl=C.main_tssa_impl, iters=C.main_iters)
-    for key in main_job_rows(C, S.cuda):
+                  tssa_impl=cfg.main_tssa_impl, iters=cfg.main_iters)
+    for key in main_job_rows(cfg, S.cuda):
         S.attempt(key, partial(main_job_row, S, work, key["arch"], key.get("impl")))
     shutil.rmtree(work, ignore_errors=True)  # the checkpoint of a real model is ~1.3 GB
 
 
-def main_job_rows(C, cuda):
+def main_job_rows(cfg, cuda):
     """The identifying fields of every row: ToST's job with main_tssa_impl, then GPT-2's; the
     headline's: ToST's with `triton` named, GPT-2's, then ToST's with main_tssa_impl (auto)."""
-    tost = ["triton"] + ([C.main_tssa_impl] if C.main_tssa_impl != "triton" else []) if C.headline \
-        else [C.main_tssa_impl]
+    tost = ["triton"] + ([cfg.main_tssa_impl] if cfg.main_tssa_impl != "triton" else []) if cfg.headline \
+        else [cfg.main_tssa_impl]
     rows = [dict(arch="tost", impl=impl) for impl in tost]
     return rows[:1] + [dict(arch="gpt2")] + rows[1:]
 
@@ -74,16 +74,16 @@ def job_name(arch, impl):
     return f"{arch}-{impl}" if impl else arch
 
 
-def main_job_args(C, work, arch, config, impl):
+def main_job_args(cfg, work, arch, config, impl):
     """train.py's command line for one main job (the quick report's: a tiny model, 3 iterations)."""
-    iters = C.main_iters
+    iters = cfg.main_iters
     args = [config, f"--data_dir={os.path.join(work, 'data')}", "--dataset=synthetic_gpt2",
             f"--out_dir={os.path.join(work, 'out-' + job_name(arch, impl))}", f"--max_iters={iters}",
-            f"--eval_interval={iters}", "--eval_iters=1", "--log_interval=1", f"--device={C.device}",
-            f"--dtype={C.dtype}",
-            f"--compile={C.device.startswith('cuda')}", "--wandb_log=False"]
+            f"--eval_interval={iters}", "--eval_iters=1", "--log_interval=1", f"--device={cfg.device}",
+            f"--dtype={cfg.dtype}",
+            f"--compile={cfg.device.startswith('cuda')}", "--wandb_log=False"]
     args += [f"--tssa_impl={impl}"] if arch == "tost" else []
-    args += ["--gradient_accumulation_steps=5"] if not C.quick else \
+    args += ["--gradient_accumulation_steps=5"] if not cfg.quick else \
         ["--gradient_accumulation_steps=1", "--batch_size=2", "--block_size=32"] + \
         [f"--{k}={v}" for k, v in TINY.items()]
     return args
@@ -92,16 +92,16 @@ def main_job_args(C, work, arch, config, impl):
 def main_job_row(S, work, arch, impl):
     """One train.py run: its median tokens/s and MFU after the warm-up iterations, the first
     iteration's seconds (its compile), and (CUDA, where the time spares it) the profile."""
-    C = S.C
+    cfg = S.cfg
     config = dict(MAIN_JOBS)[arch]
-    iters, args = C.main_iters, main_job_args(C, work, arch, config, impl)
+    iters, args = cfg.main_iters, main_job_args(cfg, work, arch, config, impl)
     shown = [a for a in args if not a.startswith(("--data_dir", "--out_dir"))]  # (temporary folders)
     if arch == "tost" and "command" not in S.data:
         S.data["command"] = "python train.py " + " ".join(shown)
     t0 = time.time()
     name = job_name(arch, impl)
     log_path = os.path.join(work, f"train-{name}.log")
-    keep = compile_cache.keeping(C, f"{S.path}.{name}")  # (train.py's compiles, kept for the next window)
+    keep = compile_cache.keeping(cfg, f"{S.path}.{name}")  # (train.py's compiles, kept for the next window)
     with open(log_path, "w") as log:
         try:
             done = subprocess.run([sys.executable] + keep + ["train.py"] + args, cwd=REPO, stdout=log,
@@ -118,7 +118,7 @@ def main_job_row(S, work, arch, impl):
             records = [json.loads(line) for line in f if line.strip()]
     shutil.rmtree(os.path.join(work, "out-" + name), ignore_errors=True)  # (its checkpoint: ~1.3 GB on a GPU)
     steps = [r for r in records if r.get("tokens_per_s") is not None]
-    skip = main_warmup(C)  # compile and warm-up (check_settings refused a job with nothing after them)
+    skip = main_warmup(cfg)  # compile and warm-up (check_settings refused a job with nothing after them)
     steady = [r for r in steps if r["iter"] >= skip]
     med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
@@ -144,12 +144,12 @@ def main_job_row(S, work, arch, impl):
     profile_s = S.estimates.get(row_key(dict(arch=arch, impl=impl, mode="profile"))) or MAIN_PROFILE_S
     if S.cuda and S.spare_s() > profile_s:  # (a measurement of less value than the rows still to come)
         t0 = time.time()
-        row["profile"] = main_job_profile(C, arch, impl)
+        row["profile"] = main_job_profile(cfg, arch, impl)
         row["profile_s"] = round(time.time() - t0, 1)
     return row
 
 
-def main_job_profile(C, arch, impl):
+def main_job_profile(cfg, arch, impl):
     """Where a micro-step of the main job spends the GPU: the same model and batch (12 x 1K, bf16
     autocast, compiled, the loss as train.py computes it by default), forward and backward under
     torch.profiler. Returns GPU ms per micro-step, the top kernels and each KERNEL_KINDS share."""
@@ -157,12 +157,12 @@ def main_job_profile(C, arch, impl):
     from torch.profiler import ProfilerActivity, profile
     torch._dynamo.reset()
     m = model.GPT.from_preset(PRESETS[arch], block_size=1024, vocab_size=50304)
-    m = kernels.use(m, impl if arch == "tost" else "torch").to(C.device)
+    m = kernels.use(m, impl if arch == "tost" else "torch").to(cfg.device)
     fwd = torch.compile(m)
-    idx = torch.randint(0, 50257, (12, 1024), device=C.device)
+    idx = torch.randint(0, 50257, (12, 1024), device=cfg.device)
 
     def micro_step():
-        with torch.autocast("cuda", dtype=devices.DTYPES[C.dtype]):
+        with torch.autocast("cuda", dtype=devices.DTYPES[cfg.dtype]):
             _, loss = fwd(idx, idx)
         loss.backward()
     for _ in range(2):  # compile, then warm

@@ -138,9 +138,9 @@ def name_commit(root, digest):
                 commit_check="no git here: source_sha256 names the code (source_digest(commit) finds it)")
 
 
-def collect_meta(C):
+def collect_meta(cfg):
     """What a figure depends on besides the code: device, driver, versions, commit, date, load."""
-    cuda = C.device.startswith("cuda")
+    cuda = cfg.device.startswith("cuda")
     digest = source_digest()
     try:
         import triton
@@ -152,14 +152,15 @@ def collect_meta(C):
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     meta = dict(
-        date=now_iso(), device=C.device, dtype=C.dtype, quick=C.quick, plan="headline" if C.headline else "report",
+        date=now_iso(), device=cfg.device, dtype=cfg.dtype, quick=cfg.quick,
+        plan="headline" if cfg.headline else "report",
         python=sys.version.split()[0], torch=torch.__version__, cuda=torch.version.cuda, triton=triton_version,
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         **name_commit(REPO, digest), source_sha256=digest, cpu=cpu, cpu_threads=torch.get_num_threads(),
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
         load_average=list(portable.load_average()))
     if cuda:
-        props = torch.cuda.get_device_properties(C.device)
+        props = torch.cuda.get_device_properties(cfg.device)
         driver = _run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
         meta.update(name=props.name, gpu=props.name, capability=f"{props.major}.{props.minor}",
                     gpu_memory_gib=round(props.total_memory / 2**30, 1), sm_count=props.multi_processor_count,
@@ -171,4 +172,4 @@ def collect_meta(C):
 
 
 def section_meta(S):
-    S.data["meta"] = collect_meta(S.C)
+    S.data["meta"] = collect_meta(S.cfg)

@@ -20,20 +20,20 @@ from results.benchkit.timing import attention_ran, forced, measure_row
 TARGET_SHAPES = [(1, 16384), TRAINING_SHAPE]  # (B, T) with targets: measured first, so a cut section keeps them
 
 
-def op_shapes(C):
+def op_shapes(cfg):
     """(B, T) of every operator row: B at each T of the settings and the training shape (a quick
     run: B=4 at its first T), the targets' shapes first."""
-    lengths = plan_lengths(C.T, [])
-    shapes = [(C.B, t) for t in lengths] + ([TRAINING_SHAPE] if not C.quick else [(4, lengths[0])])
-    if not C.quick:
+    lengths = plan_lengths(cfg.T, [])
+    shapes = [(cfg.B, t) for t in lengths] + ([TRAINING_SHAPE] if not cfg.quick else [(4, lengths[0])])
+    if not cfg.quick:
         shapes = [s for s in TARGET_SHAPES if s in shapes] + [s for s in shapes if s not in TARGET_SHAPES]
     return shapes
 
 
-def op_closure(C, impl, B, T_):
+def op_closure(cfg, impl, B, T_):
     """fwd+bwd of one operator call at (B, H, T_, p): TSSA by impl, or SDPA with a forced backend."""
-    H, width = C.H, C.H * C.p
-    kw = dict(device=C.device, dtype=devices.DTYPES[C.dtype])
+    H, width = cfg.H, cfg.H * cfg.p
+    kw = dict(device=cfg.device, dtype=devices.DTYPES[cfg.dtype])
     heads = lambda x: model.split_heads(x, H)  # noqa: E731 (the (B, H, T, p) views model.py hands over)
     g = heads(torch.randn(B, T_, width, **kw))  # dL/dout, as it comes back through the output projection
     if impl.startswith("sdpa"):
@@ -48,8 +48,8 @@ def op_closure(C, impl, B, T_):
         return run
     x = torch.randn(B, T_, width, **kw, requires_grad=True)  # c_in's output
     w = heads(x)
-    temp = torch.ones(H, device=C.device, requires_grad=True)
-    bias = (0.01 * torch.randn(H, T_, device=C.device)).requires_grad_()
+    temp = torch.ones(H, device=cfg.device, requires_grad=True)
+    bias = (0.01 * torch.randn(H, T_, device=cfg.device)).requires_grad_()
     ops = kernels.ops_for("torch" if impl == "compiled" else impl)
     fn = ops.causal_tssa
     if impl == "compiled":
@@ -62,28 +62,28 @@ def op_closure(C, impl, B, T_):
     return run
 
 
-def op_rows(C, cuda):
+def op_rows(cfg, cuda):
     """The identifying fields of every row, shape by shape (op_shapes), each implementation."""
     impls = ["triton", "compiled", "torch", "sdpa_flash", "sdpa_cudnn"] if cuda else \
         ["cpu", "torch", "sdpa", "triton", "compiled", "sdpa_flash", "sdpa_cudnn"]
-    return [dict(impl=impl, B=B, T=T_) for B, T_ in op_shapes(C) for impl in impls]
+    return [dict(impl=impl, B=B, T=T_) for B, T_ in op_shapes(cfg) for impl in impls]
 
 
 def section_op(S):
-    C = S.C
-    S.data.update(H=C.H, p=C.p, dtype=C.dtype, mode="fwdbwd", causal=True)
-    for key in op_rows(C, S.cuda):
+    cfg = S.cfg
+    S.data.update(H=cfg.H, p=cfg.p, dtype=cfg.dtype, mode="fwdbwd", causal=True)
+    for key in op_rows(cfg, S.cuda):
         why = why_not(S, key["impl"].replace("sdpa_", ""))
         if why:
             S.row(**key, status="skipped", reason=why)
             continue
-        S.attempt(key, partial(op_row, C, key["impl"], key["B"], key["T"]))
+        S.attempt(key, partial(op_row, cfg, key["impl"], key["B"], key["T"]))
 
 
-def op_row(C, impl, B, T_):
+def op_row(cfg, impl, B, T_):
     """One row's measurements: fwd+bwd of the operator (measure_row), the SDPA kernel that ran, a
     fused implementation's fallback."""
-    row = measure_row(op_closure(C, impl, B, T_), C)
+    row = measure_row(op_closure(cfg, impl, B, T_), cfg)
     if impl.startswith("sdpa"):
         row["backend_ran"] = attention_ran(row.get("top_kernels"))
     if impl in ("cpu", "triton"):

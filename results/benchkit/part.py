@@ -99,15 +99,15 @@ class Part:
     rows an earlier run of the section measured with the same code on the same device, kept
     (marked kept_from the part's start, unless an earlier stage of this command measured them)."""
 
-    def __init__(self, name, path, C, limit_s, previous=(), hang_after=None):
-        self.name, self.path, self.C, self.hang_after = name, path, C, hang_after
+    def __init__(self, name, path, cfg, limit_s, previous=(), hang_after=None):
+        self.name, self.path, self.cfg, self.hang_after = name, path, cfg, hang_after
         self.previous = {row_key(r): r for r in previous if r.get("status") not in ("not_run", "running")}
         self.previous_started = None
-        self.cuda = C.device.startswith("cuda")
+        self.cuda = cfg.device.startswith("cuda")
         self.deadline = time.time() + limit_s
-        self.reserve_s = row_reserve_s(C)  # time kept when a row would start: the last write
-        self.stage = getattr(C, "stage", None)  # (the headline's: target or extra rows; None: every row)
-        self.estimates = dict(getattr(C, "estimates", None) or {})  # row_key -> estimated seconds (or None)
+        self.reserve_s = row_reserve_s(cfg)  # time kept when a row would start: the last write
+        self.stage = getattr(cfg, "stage", None)  # (the headline's: target or extra rows; None: every row)
+        self.estimates = dict(getattr(cfg, "estimates", None) or {})  # row_key -> estimated seconds (or None)
         self.data = dict(section=name, status="running", started=now_iso(), pid=os.getpid(), rows=[])
         self.write()
 
@@ -168,7 +168,7 @@ class Part:
             got = dict(status="failed", reason=f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:300]}")
         finally:
             spent = time.time() - t0
-            free_memory(self.C)
+            free_memory(self.cfg)
         return self.row(**key, **got, row_s=round(spent, 2))  # (what it cost: the next plan's estimate)
 
     def finish(self, status, **info):

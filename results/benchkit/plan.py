@@ -60,7 +60,7 @@ def cost_sources(meta, out):
     return [(f"{os.path.relpath(path, REPO)} (another GPU: {data['meta'].get('name')})", data)]
 
 
-def estimates_for(C, costs, name, keys):
+def estimates_for(cfg, costs, name, keys):
     """{row_key: estimated seconds or None} of the rows `keys` of section `name`; a main job's
     profile, where it has one, under the key of its row with mode=profile."""
     out = {row_key(k): costs.estimate(name, k)[0] for k in keys}
@@ -69,20 +69,20 @@ def estimates_for(C, costs, name, keys):
     return out
 
 
-def planned(C, sections, cuda):
+def planned(cfg, sections, cuda):
     """[(section, stage, key)] of every row of the chosen sections, in the order the headline
     runs them."""
-    chosen = chosen_sections(C, sections)
-    return [(name, stage, key) for name, stage in stages_of(chosen) for key in sections[name].rows(C, cuda)
+    chosen = chosen_sections(cfg, sections)
+    return [(name, stage, key) for name, stage in stages_of(chosen) for key in sections[name].rows(cfg, cuda)
             if in_stage(name, key, stage)]
 
 
-def simulate(C, sections, entries, meta_s):
+def simulate(cfg, sections, entries, meta_s):
     """Each planned row with whether it fits: [(section, stage, key, seconds, how, fits, left)],
     spending the budget as a run would (a stage's process start where one of its rows runs; each
     section's own limit, --section_s)."""
-    left, reserve = C.budget_s - MARGIN_S - meta_s, row_reserve_s(C)
-    cap = dict(section_limits(C, sections))
+    left, reserve = cfg.budget_s - MARGIN_S - meta_s, row_reserve_s(cfg)
+    cap = dict(section_limits(cfg, sections))
     started, out = set(), []
     for name, stage, key, seconds, how in entries:
         need = (seconds or 0.0) + (0.0 if (name, stage) in started else SECTION_START_S)
@@ -98,20 +98,20 @@ def describe(key):
     return " ".join(f"{k}={key[k]}" for k in ROW_KEYS if k in key) or "-"
 
 
-def show(C, sections):
+def show(cfg, sections):
     """--plan_from: the plan the recorded costs of that report give, printed; nothing measured."""
-    data = readable_report(C.plan_from)
-    cli.require(data is not None, f"plan_from={C.plan_from!r} is not a report bench.py can read: {FIX}")
+    data = readable_report(cfg.plan_from)
+    cli.require(data is not None, f"plan_from={cfg.plan_from!r} is not a report bench.py can read: {FIX}")
     meta = data["meta"]
-    costs = Costs(C, [(C.plan_from, data)])
+    costs = Costs(cfg, [(cfg.plan_from, data)])
     entries = [(name, stage, key, *costs.estimate(name, key)) for name, stage, key in
-               planned(C, sections, bool(meta.get("gpu")))]
+               planned(cfg, sections, bool(meta.get("gpu")))]
     meta_s = float((data["sections"].get("meta") or {}).get("wall_s") or 0.0) + SECTION_START_S
-    rows = simulate(C, sections, entries, meta_s)
-    print(f"the headline's plan from the costs {C.plan_from} records ({meta.get('name')}, torch {meta.get('torch')}, "
-          f"commit {str(meta.get('commit'))[:10]}): budget_s={C.budget_s:g}, less {MARGIN_S} s kept for the end "
+    rows = simulate(cfg, sections, entries, meta_s)
+    print(f"the headline's plan from the costs {cfg.plan_from} records ({meta.get('name')}, torch {meta.get('torch')}, "
+          f"commit {str(meta.get('commit'))[:10]}): budget_s={cfg.budget_s:g}, less {MARGIN_S} s kept for the end "
           f"and {meta_s:.0f} s of meta; a stage's process start {SECTION_START_S:g} s; a row starts when its "
-          f"estimate and {row_reserve_s(C):g} s fit in what is left")
+          f"estimate and {row_reserve_s(cfg):g} s fit in what is left")
     print(f"  #  {'tier':<6} {'section':<18} {'row':<48} {'est s':>7}  {'fits':<4} {'left s':>6}  how")
     for i, (name, stage, key, seconds, how, ok, left) in enumerate(rows, 1):
         est = f"{seconds:7.1f}" if seconds is not None else "      ?"

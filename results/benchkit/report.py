@@ -45,11 +45,11 @@ from results.benchkit.settings import check_settings, chosen_sections, quick_def
 from results.benchkit.train_step import section_train, train_rows
 
 REPORT_SCHEMA = reportfile.SCHEMA
-def no_rows(C, cuda):
+def no_rows(cfg, cuda):
     return []
 
 
-def gpu_check_rows(C, cuda, mode):
+def gpu_check_rows(cfg, cuda, mode):
     return [dict(mode=mode)]  # (the plan's one unit: kernels/gpu_check.py, whose rows come as it writes them)
 
 
@@ -98,17 +98,17 @@ def hang_after(name):
     return (int(rows) if rows else 0) if section == name else None
 
 
-def run_section(name, fn, C, path, limit_s, hang=None, previous=None, command_pid=None):
+def run_section(name, fn, cfg, path, limit_s, hang=None, previous=None, command_pid=None):
     """The body of one section's process: its own process group (the parent ends the whole group
     at the limit, children such as train.py included, and the group's keeper ends it when the
     command or the section is gone: results/benchkit/keeper.py), then the section, then the part's status."""
     portable.lead_group()
     keeper.start(command_pid or os.getppid())
-    C.device, C.dtype = devices.choose_device_dtype(C.device, C.dtype)
-    if C.threads:
-        torch.set_num_threads(C.threads)
+    cfg.device, cfg.dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as train.py
-    S = Part(name, path, C, limit_s, (previous or {}).get("rows", ()), hang)
+    S = Part(name, path, cfg, limit_s, (previous or {}).get("rows", ()), hang)
     S.previous_started = (previous or {}).get("started")
     try:
         S.hang_here()
@@ -129,13 +129,13 @@ def run_section(name, fn, C, path, limit_s, hang=None, previous=None, command_pi
                  traceback=traceback.format_exc()[-3000:])
         raise SystemExit(1) from None
     finally:
-        keep_compiles(C, f"{path}.{getattr(C, 'stage', None) or 'all'}")
+        keep_compiles(cfg, f"{path}.{getattr(cfg, 'stage', None) or 'all'}")
 
 
-def keep_compiles(C, base):
+def keep_compiles(cfg, base):
     """This process's compiles, kept for the next window (results/benchkit/compile_cache.py): never the
     section's failure."""
-    if getattr(C, "keep_compiles", False):
+    if getattr(cfg, "keep_compiles", False):
         try:
             compile_cache.save_here(base + compile_cache.PART)
         except Exception as e:  # noqa: BLE001 (a cache is a saving of time, nothing more)
@@ -155,7 +155,7 @@ def _read_new(path, seen):
 
 
 @contextlib.contextmanager
-def section_env(C):
+def section_env(cfg):
     """The environment a section's process starts with (that of the server the sections are
     forked from, which the first section starts): the repository importable from any folder
     (the server preloads benchkit), and with C.triton_interpret (the headline's rehearsal)
@@ -163,7 +163,7 @@ def section_env(C):
     environment is as it was after."""
     before = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET")}
     os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + ([before["PYTHONPATH"]] if before["PYTHONPATH"] else []))
-    if getattr(C, "triton_interpret", False):
+    if getattr(cfg, "triton_interpret", False):
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         yield
@@ -175,16 +175,16 @@ def section_env(C):
                 os.environ[k] = v
 
 
-def run_child(ctx, name, fn, C, tmp, limit_s, previous=None, on_rows=None):
+def run_child(ctx, name, fn, cfg, tmp, limit_s, previous=None, on_rows=None):
     """Run one section in its own process with a time limit (previous: a part whose measured rows
     it keeps); on_rows(part) gets its part each time a row was written. Returns its part: its
     rows, and its status (ok, skipped, failed, timed_out, interrupted), wall time and limit."""
     path = os.path.join(tmp, f"{name}.json")
-    p = ctx.Process(target=run_section, args=(name, fn, C, path, limit_s, hang_after(name), previous, os.getpid()),
+    p = ctx.Process(target=run_section, args=(name, fn, cfg, path, limit_s, hang_after(name), previous, os.getpid()),
                     daemon=False)
     t0, interrupted, seen = time.time(), False, None
     try:
-        with section_env(C):
+        with section_env(cfg):
             p.start()  # (the first also starts the server the sections are forked from: not the section's time)
         t0 = time.time()
         while p.is_alive() and time.time() - t0 < limit_s:
@@ -222,7 +222,7 @@ def run_child(ctx, name, fn, C, tmp, limit_s, previous=None, on_rows=None):
 # the report's JSON
 
 
-def report_out(C, meta):
+def report_out(cfg, meta):
     """The merged JSON's path: --out, else under the ignored out-bench/: <gpu>.json for a full
     CUDA report or headline, <gpu>-quick.json / <gpu>-headline-quick.json, cpu-report.json /
     cpu-headline.json otherwise; an --out ending in / is the folder for that name. The committed
@@ -231,10 +231,10 @@ def report_out(C, meta):
     if not meta["gpu"]:
         name = "cpu-headline" if headline else "cpu-report"
     else:
-        name = meta["slug"] + ("-headline-quick" if headline and C.quick else "-quick" if C.quick else "")
-    if C.out == "auto" or C.out.endswith(("/", os.sep)):
-        return os.path.join("out-bench" if C.out == "auto" else C.out, f"{name}.json")
-    return C.out
+        name = meta["slug"] + ("-headline-quick" if headline and cfg.quick else "-quick" if cfg.quick else "")
+    if cfg.out == "auto" or cfg.out.endswith(("/", os.sep)):
+        return os.path.join("out-bench" if cfg.out == "auto" else cfg.out, f"{name}.json")
+    return cfg.out
 
 
 def load_report(path, meta):
@@ -281,11 +281,11 @@ def is_done(part, meta):
     return part.get("status") in DONE or (part.get("status") == "timed_out" and not part.get("cut_by_budget"))
 
 
-def rows_to_keep(C, old, meta):
+def rows_to_keep(cfg, old, meta):
     """The earlier part of a section about to run again whose measured rows it keeps: those
     measured by the same code on the same device, unless --remeasure. Only the missing rows (not
     run before a limit, or never tried) are measured; a cut section thus continues where it stopped."""
-    if C.remeasure or not is_current(old, meta):
+    if cfg.remeasure or not is_current(old, meta):
         return None
     return old
 
@@ -322,7 +322,7 @@ def stamped(part, meta, **info):
     return dict(part, **info, commit=meta["commit"], source_sha256=meta["source_sha256"], device=meta["slug"])
 
 
-def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
+def execute(cfg, sections, stages, schedule, fresh, keep_done, saved=None):
     """Run `stages` ([(name, stage)]: a section of `sections`, {name: Section}, whole (stage None)
     or the rows of one stage of the headline's order, results/benchkit/order.py) into one JSON, meta
     always, first; each row into the JSON as it is measured, each starting only when its
@@ -334,8 +334,9 @@ def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
     keep_done: a section already done (is_done) is not run again (--report with sections=all).
     saved(merged, out): what an interrupt leaves behind, said (default: the same command goes
     on). Returns the report, its path, this call's record in its runs, and the meta part."""
-    C.device, _ = devices.choose_device_dtype(C.device, "float32")  # checks the device; no CUDA here (the sections')
-    cuda = C.device.startswith("cuda")
+    # checks the device; no CUDA here (the sections')
+    cfg.device, _ = devices.choose_device_dtype(cfg.device, "float32")
+    cuda = cfg.device.startswith("cuda")
     if "forkserver" in multiprocessing.get_all_start_methods():  # (Linux, macOS; Windows spawns each section)
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["results.benchkit.report", "results.benchkit.headline"])
@@ -344,17 +345,17 @@ def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
     t_start = time.time()
     tmp = tempfile.mkdtemp(prefix="nanotost-report-")
     try:
-        meta_part = run_child(ctx, "meta", sections["meta"].fn, C, tmp, schedule("meta", None, t_start, {}, {})[0])
+        meta_part = run_child(ctx, "meta", sections["meta"].fn, cfg, tmp, schedule("meta", None, t_start, {}, {})[0])
         if meta_part["status"] == "interrupted":
             raise KeyboardInterrupt
         meta = meta_part.get("meta")
         if meta_part["status"] != "ok" or not meta:
             raise cli.UserError(f"the meta section {meta_part['status']}: {meta_part.get('reason', '')}")
-        if getattr(C, "triton_interpret", False) and not meta["triton_interpret"]:
+        if getattr(cfg, "triton_interpret", False) and not meta["triton_interpret"]:
             # this process's server of sections started earlier without the interpreter: a fresh
             # interpreter for each section instead (spawned, TRITON_INTERPRET=1 from the start)
             ctx = multiprocessing.get_context("spawn")
-        out = report_out(C, meta)
+        out = report_out(cfg, meta)
         outputs.claim_output(out, "--out=<another file>")  # one report at a time into one file
         merged = load_report(out, meta)
         for name in [n for n in merged["sections"] if n != "meta"]:
@@ -372,15 +373,15 @@ def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
         merged["meta"] = meta
         merged["sections"]["meta"] = stamped(meta_part, meta)
         run = dict(started=meta["date"], commit=meta["commit"], source_sha256=meta["source_sha256"],
-                   argv=C.argv, sections=[])
+                   argv=cfg.argv, sections=[])
         merged["runs"].append(run)
         sources = plan.cost_sources(meta, out)
-        load_from, save_to = compile_cache.files(C, out, meta["slug"], cuda)
-        C.keep_compiles = save_to is not None
+        load_from, save_to = compile_cache.files(cfg, out, meta["slug"], cuda)
+        cfg.keep_compiles = save_to is not None
         run["compile_cache"] = compile_cache.load(load_from) if save_to else dict(
             loaded=False, why="compile_cache=off" if cuda else "none on the CPU (the rows that compile run on CUDA)")
         write_results(out, merged)  # a valid report from the start
-        print(f"{meta['plan']} on {meta['name']} ({C.device}, {meta['dtype']}), torch {meta['torch']}, code "
+        print(f"{meta['plan']} on {meta['name']} ({cfg.device}, {meta['dtype']}), torch {meta['torch']}, code "
               f"{meta['source_sha256']}, commit {(meta['commit'] or 'none')[:10]} ({meta['commit_check']}): {out}",
               flush=True)
         print(f"estimates: this run's rows, then {out}'s" + "".join(f", then {label}" for label, _ in sources)
@@ -397,14 +398,14 @@ def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
                       f"--sections to run it again", flush=True)
                 continue
             again = name in ran  # a later stage of a section this command has run: its rows kept as they are
-            previous = dict(old, started=None) if again else None if fresh else rows_to_keep(C, old, meta)
+            previous = dict(old, started=None) if again else None if fresh else rows_to_keep(cfg, old, meta)
             measured = {row_key(r) for r in (previous or {}).get("rows", []) if r.get("status") not in
                         ("not_run", "running")}
-            keys = [k for k in sections[name].rows(C, cuda) if in_stage(name, k, stage)]
+            keys = [k for k in sections[name].rows(cfg, cuda) if in_stage(name, k, stage)]
             todo = [k for k in keys if row_key(k) not in measured]
             if stage is not None and keys and not todo:
                 continue  # (every row of this stage is kept from an earlier command)
-            estimates = plan.estimates_for(C, Costs(C, [("this run", merged)] + sources), name, todo)
+            estimates = plan.estimates_for(cfg, Costs(cfg, [("this run", merged)] + sources), name, todo)
             slot = schedule(name, stage, t_start, estimates, spent)
             if isinstance(slot, str):
                 if again:
@@ -414,7 +415,7 @@ def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
                 print(f"[{name}{': ' + stage + ' rows' if stage else ''}] not run: {slot}", flush=True)
                 continue
             limit, cut = slot
-            C.stage, C.estimates = stage, estimates
+            cfg.stage, cfg.estimates = stage, estimates
             ran += [] if again else [name]
             run["sections"] = ran
             print(f"[{name}{': ' + stage + ' rows' if stage else ''}] {sections[name].what} (limit {limit:.0f} s)",
@@ -423,7 +424,7 @@ def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
             def publish(part, name=name, previous=previous):  # each row into the report as it is measured
                 merged["sections"][name] = stamped(with_kept(part, previous), meta)
                 write_results(out, merged, saved=say())
-            part = with_kept(run_child(ctx, name, sections[name].fn, C, tmp, limit, previous, publish), previous)
+            part = with_kept(run_child(ctx, name, sections[name].fn, cfg, tmp, limit, previous, publish), previous)
             merged["sections"][name] = stamped(part, meta, cut_by_budget=cut)
             spent[name] = spent.get(name, 0.0) + part["wall_s"]
             counts = {}
@@ -442,7 +443,7 @@ def execute(C, sections, stages, schedule, fresh, keep_done, saved=None):
             merged["sections"].setdefault(name, dict(section=name, status="not_run", rows=[],
                                                      reason="not in this run's --sections"))
             if name in ran:  # (a section this command ran whose later stage did not come)
-                finish_waiting(merged["sections"][name], C)
+                finish_waiting(merged["sections"][name], cfg)
         merged["sections"] = {n: merged["sections"][n] for n in sections}  # (in the plan's order)
         run["compiles"] = plan.compile_record(merged, ran, sources)
         run["finished"] = now_iso()
@@ -460,16 +461,17 @@ def describe_cache(info):
     return f"{info['members']} parts of {info['file']} loaded in {info['load_s']:.1f} s ({kinds})"
 
 
-def finish_waiting(part, C):
+def finish_waiting(part, cfg):
     """A section whose rows wait for a later stage that never came (budget_s spent first): those
     rows say so, and the section timed out, cut by the budget (the next command measures them)."""
     waiting = [r for r in part.get("rows", []) if r.get("status") == "not_run" and r.get("reason") == LATER]
     if not waiting:
         return
     for r in waiting:
-        r["reason"] = f"budget_s={C.budget_s:g} was spent before its stage (rows of less value come after the targets)"
+        r["reason"] = (f"budget_s={cfg.budget_s:g} was spent before its stage (rows of less value come after the "
+                       "targets)")
     part.update(status="timed_out", cut_by_budget=True,
-                reason=f"budget_s={C.budget_s:g} was spent before {len(waiting)} of {len(part['rows'])} rows")
+                reason=f"budget_s={cfg.budget_s:g} was spent before {len(waiting)} of {len(part['rows'])} rows")
 
 
 def show_tables(out):
@@ -479,33 +481,34 @@ def show_tables(out):
     print(shown.stdout + (f"(results/render.py failed: {shown.stderr.strip()[-500:]})" if shown.returncode else ""))
 
 
-def check_out(C):
+def check_out(cfg):
     """An --out that names a file: claimed, and a damaged report there said, before the sections run."""
-    if C.out != "auto" and not C.out.endswith(("/", os.sep)):
-        outputs.claim_output(C.out, "--out=<another file>")
-        if os.path.isfile(C.out):
-            read_report(C.out)
+    if cfg.out != "auto" and not cfg.out.endswith(("/", os.sep)):
+        outputs.claim_output(cfg.out, "--out=<another file>")
+        if os.path.isfile(cfg.out):
+            read_report(cfg.out)
 
 
-def run(C, given):
+def run(cfg, given):
     """--report: every setting checked, then the sections (this module's docstring)."""
-    quick_defaults(C, given)
-    check_settings(C, SECTIONS, given)
+    quick_defaults(cfg, given)
+    check_settings(cfg, SECTIONS, given)
     given_commit()  # NANOTOST_COMMIT's form, before any work (meta records it)
-    check_out(C)
-    chosen = chosen_sections(C, SECTIONS)
-    limits = section_limits(C, SECTIONS)
+    check_out(cfg)
+    chosen = chosen_sections(cfg, SECTIONS)
+    limits = section_limits(cfg, SECTIONS)
 
     def schedule(name, stage, t_start, estimates, spent):  # its own limit, cut to what budget_s leaves (10 s
-        left = C.budget_s - (time.time() - t_start) - 10 if C.budget_s else float("inf")  # kept for the writes)
+        left = cfg.budget_s - (time.time() - t_start) - 10 if cfg.budget_s else float("inf")  # kept for the writes)
         if name != "meta" and left < min(limits[name], 60.0):
-            return f"budget_s={C.budget_s:g} was spent before it could start; run the command again"
+            return f"budget_s={cfg.budget_s:g} was spent before it could start; run the command again"
         return min(limits[name], max(left, 1.0)), left < limits[name]
     stages = [(name, None) for name in SECTIONS if name in chosen and name != "meta"]
-    merged, out, run_, meta_part = execute(C, SECTIONS, stages, schedule, fresh=False, keep_done=C.sections == "all")
-    if C.budget_s and not run_["sections"] and any(n in chosen and merged["sections"][n]["status"] == "not_run"
+    merged, out, run_, meta_part = execute(cfg, SECTIONS, stages, schedule, fresh=False,
+                                           keep_done=cfg.sections == "all")
+    if cfg.budget_s and not run_["sections"] and any(n in chosen and merged["sections"][n]["status"] == "not_run"
                                                    for n in SECTIONS):
-        raise cli.UserError(f"budget_s={C.budget_s:g} was spent before any section could start (meta took "
+        raise cli.UserError(f"budget_s={cfg.budget_s:g} was spent before any section could start (meta took "
                             f"{meta_part['wall_s']:.0f} s): give a larger --budget_s, or 0 for no limit")
     meta = merged["meta"]
     missing = [n for n in SECTIONS if not is_done(merged["sections"][n], meta)]

@@ -36,9 +36,9 @@ def names(key, text, allowed):
     return cli.parse_list(key, text, allowed=allowed)
 
 
-def chosen_sections(C, sections):
+def chosen_sections(cfg, sections):
     """The sections --sections names (each once: check_settings), or all of `sections`."""
-    return list(sections) if C.sections == "all" else cli.parse_list("sections", C.sections)
+    return list(sections) if cfg.sections == "all" else cli.parse_list("sections", cfg.sections)
 
 
 def plan_lengths(text, fallback):
@@ -46,49 +46,49 @@ def plan_lengths(text, fallback):
     return fallback if text == "auto" else cli.parse_list("lengths", text, int)
 
 
-def quick_defaults(C, given):
+def quick_defaults(cfg, given):
     """A quick report: the tiniest shapes and models (TINY), every code path in seconds."""
-    if C.quick:
+    if cfg.quick:
         for key, value in QUICK.items():
             if key not in given:
-                setattr(C, key, value)
+                setattr(cfg, key, value)
 
 
-def main_warmup(C):
+def main_warmup(cfg):
     """The main job's first iterations, which its tokens/s leaves out (compile, warm-up): the
     first of a quick run's (its iteration 0), else a quarter of them, at most 20."""
-    return 1 if C.quick else min(20, C.main_iters // 4)
+    return 1 if cfg.quick else min(20, cfg.main_iters // 4)
 
 
-def row_reserve_s(C):
+def row_reserve_s(cfg):
     """Seconds of a section's limit kept for its last write, beyond a row's estimated cost: a row
     starts only with its estimate and this left (a quick run's rows take milliseconds)."""
-    return 0.0 if C.quick else 3.0 if C.headline else 15.0
+    return 0.0 if cfg.quick else 3.0 if cfg.headline else 15.0
 
 
-def check_measurable(C, sections):
+def check_measurable(cfg, sections):
     """Refuse settings under which a section would run and record nothing (sections: the
     report's or the headline's): a main job all warm-up, a section's limit all reserve."""
-    chosen = chosen_sections(C, sections)
+    chosen = chosen_sections(cfg, sections)
     if "main_job" in chosen:
-        skip = main_warmup(C)
-        cli.require(C.main_iters > skip, f"main_iters={C.main_iters} leaves the main job no iteration to measure: "
+        skip = main_warmup(cfg)
+        cli.require(cfg.main_iters > skip, f"main_iters={cfg.main_iters} leaves the main job no iteration to measure: "
                                          f"its tokens/s leaves out the first {skip} (compile and warm-up"
-                                         f"{', in a quick run' if C.quick else ''}): give --main_iters={skip + 1} "
+                                         f"{', in a quick run' if cfg.quick else ''}): give --main_iters={skip + 1} "
                                          "or more")
-    cli.require([n for n in chosen if n != "meta"], f"sections={C.sections!r} measures nothing (meta runs first in "
+    cli.require([n for n in chosen if n != "meta"], f"sections={cfg.sections!r} measures nothing (meta runs first in "
                                                     "every command): name a section to measure, e.g. --sections=op")
-    if C.headline:  # the headline measures under a deadline: one that leaves nothing to measure is refused
-        cli.require(C.budget_s >= MIN_BUDGET_S, f"budget_s={C.budget_s:g} leaves the headline no time to measure a "
+    if cfg.headline:  # the headline measures under a deadline: one that leaves nothing to measure is refused
+        cli.require(cfg.budget_s >= MIN_BUDGET_S, f"budget_s={cfg.budget_s:g} leaves the headline no time to measure a "
                                                 f"row (it runs under a deadline, and keeps ~20 s for meta and 25 s "
                                                 f"for the writes): give --budget_s={MIN_BUDGET_S} or more (540 is "
                                                 "its default)")
-    if not C.section_s.strip():
+    if not cfg.section_s.strip():
         return
-    reserve = row_reserve_s(C)
+    reserve = row_reserve_s(cfg)
     least = SECTION_START_S + reserve
     kept = f" and keeps {reserve:g} s of its limit for its last write" if reserve else ""
-    limits = section_limits(C, sections)
+    limits = section_limits(cfg, sections)
     for name in [n for n in chosen if n != "meta"]:  # (meta measures no rows)
         cli.require(limits[name] > least, f"section_s gives {name} {limits[name]:g} s, too short to measure a row: a "
                                           f"section takes about {SECTION_START_S:g} s to start{kept}; give it more "
@@ -102,9 +102,9 @@ REPORTS_ONLY = ("sections", "section_s", "budget_s", "remeasure", "train_tokens"
                 "plan_from", "compile_cache")
 
 
-def check_mode_settings(C, given):
+def check_mode_settings(cfg, given):
     """Refuse, in one line, the settings given that the chosen mode never reads."""
-    if C.report or C.headline:
+    if cfg.report or cfg.headline:
         cli.unread(given, SUITES_ONLY, "a setting of the suites (bench.py without --report or --headline), which "
                                        "this command does not run: drop it")
     else:
@@ -112,63 +112,65 @@ def check_mode_settings(C, given):
                                         "drop it, or add --report or --headline")
 
 
-def check_settings(C, sections=None, given=()):
+def check_settings(cfg, sections=None, given=()):
     """Every setting, checked before any work (a refusal measures and writes nothing); sections:
     the report's or the headline's ({name: Section}), which --sections and --section_s name;
     given: the settings the command line or a config file set (check_mode_settings).
     Returns the lists the comma-separated settings hold (None where "auto")."""
-    check_mode_settings(C, given)
-    cli.check(C, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
+    check_mode_settings(cfg, given)
+    cli.check(cfg, at_least_1=("B", "H", "p", "repeats", "decode_steps", "train_tokens", "main_iters"),
               non_negative=("warmup", "budget_s"), workers=("threads",), positive=("max_case_s",),
               choices={"main_tssa_impl": kernels.IMPLS})
-    cli.require(not (C.report and C.headline), "report and headline are two modes: give --report or --headline")
-    cli.require(C.budget_s == 0 or C.budget_s >= MIN_BUDGET_S,
-                f"budget_s={C.budget_s:g} is too short to start any section (each needs 60 s of it, and 10 s are kept "
-                f"for writing): give at least {MIN_BUDGET_S}" + ("" if C.headline else ", or 0 for no limit"))
-    plan = dict(T=lengths("T", C.T), suites=names("suites", C.suites, SUITES), modes=names("modes", C.modes, MODES),
-                impls=None if C.impls == "auto" else names("impls", C.impls, IMPLS),
-                model_T=None if C.model_T == "auto" else lengths("model_T", C.model_T),
-                decode_T=None if C.decode_T == "auto" else lengths("decode_T", C.decode_T))
-    cli.require(C.out, "out must name the results file, e.g. --out=bench_results.json")
-    if C.sections != "all":  # (the lists' rule in every mode, the names where the mode has sections)
-        names("sections", C.sections, None if sections is None else tuple(sections))
-    section_seconds(C, sections)
-    cli.require(not C.plan_from or C.headline, "plan_from prints the headline's plan: give it with --headline")
-    cli.require(not C.plan_from or os.path.isfile(C.plan_from), f"plan_from={C.plan_from!r}: no such file; give "
+    cli.require(not (cfg.report and cfg.headline), "report and headline are two modes: give --report or --headline")
+    cli.require(cfg.budget_s == 0 or cfg.budget_s >= MIN_BUDGET_S,
+                f"budget_s={cfg.budget_s:g} is too short to start any section (each needs 60 s of it, and 10 s are "
+                f"kept for writing): give at least {MIN_BUDGET_S}" + ("" if cfg.headline else ", or 0 for no limit"))
+    plan = dict(T=lengths("T", cfg.T), suites=names("suites", cfg.suites, SUITES),
+                modes=names("modes", cfg.modes, MODES),
+                impls=None if cfg.impls == "auto" else names("impls", cfg.impls, IMPLS),
+                model_T=None if cfg.model_T == "auto" else lengths("model_T", cfg.model_T),
+                decode_T=None if cfg.decode_T == "auto" else lengths("decode_T", cfg.decode_T))
+    cli.require(cfg.out, "out must name the results file, e.g. --out=bench_results.json")
+    if cfg.sections != "all":  # (the lists' rule in every mode, the names where the mode has sections)
+        names("sections", cfg.sections, None if sections is None else tuple(sections))
+    section_seconds(cfg, sections)
+    cli.require(not cfg.plan_from or cfg.headline, "plan_from prints the headline's plan: give it with --headline")
+    cli.require(not cfg.plan_from or os.path.isfile(cfg.plan_from), f"plan_from={cfg.plan_from!r}: no such file; give "
                                                                 "a report's JSON, e.g. results/nvidia-h200.json")
-    cli.require(C.compile_cache in ("auto", "off") or not os.path.isdir(C.compile_cache),
-                f"compile_cache={C.compile_cache!r} is a folder: give 'auto', 'off' or a file, e.g. "
-                f"{os.path.join(C.compile_cache, 'gpu.compile-cache.zip')}")
+    cli.require(cfg.compile_cache in ("auto", "off") or not os.path.isdir(cfg.compile_cache),
+                f"compile_cache={cfg.compile_cache!r} is a folder: give 'auto', 'off' or a file, e.g. "
+                f"{os.path.join(cfg.compile_cache, 'gpu.compile-cache.zip')}")
     if sections is not None:
-        check_measurable(C, sections)
-    report = C.report or C.headline
-    into_folder = C.out == "auto" or (report and C.out.endswith(("/", os.sep)))  # a report: <gpu>.json in it
-    if os.path.isdir(C.out) and not into_folder:
-        raise cli.UserError(f"out={C.out!r} is a folder: name a file, e.g. --out={os.path.join(C.out, 'bench.json')}")
-    if C.out == "auto":  # where the default goes, checked before anything is measured
+        check_measurable(cfg, sections)
+    report = cfg.report or cfg.headline
+    into_folder = cfg.out == "auto" or (report and cfg.out.endswith(("/", os.sep)))  # a report: <gpu>.json in it
+    if os.path.isdir(cfg.out) and not into_folder:
+        raise cli.UserError(f"out={cfg.out!r} is a folder: name a file, e.g. "
+                            f"--out={os.path.join(cfg.out, 'bench.json')}")
+    if cfg.out == "auto":  # where the default goes, checked before anything is measured
         cli.writable_place("out-bench/" if report else "bench_results.json", "--out")
     else:
-        cli.writable_place(C.out, "--out")
+        cli.writable_place(cfg.out, "--out")
     return plan
 
 
-def section_limits(C, sections):
+def section_limits(cfg, sections):
     """Each section's time limit in seconds: its own (sections: {name: Section}), or section_s
     ("300" for all, "op:200,decode:100" for some)."""
     limits = {n: float(s.limit_s) for n, s in sections.items()}
-    for key, seconds in sorted(section_seconds(C, sections), key=lambda pair: pair[0] is not None):
+    for key, seconds in sorted(section_seconds(cfg, sections), key=lambda pair: pair[0] is not None):
         for n in ([key] if key else limits):  # (a section's own over the one for all)
             limits[n] = seconds
     return limits
 
 
-def section_seconds(C, sections=None):
+def section_seconds(cfg, sections=None):
     """section_s as [(section or None for all, seconds)], each section once (cli.parse_list) and
     one of `sections` where given."""
-    if not C.section_s.strip():
+    if not cfg.section_s.strip():
         return []
-    pairs = cli.parse_list("section_s", C.section_s, float, allowed=None if sections is None else tuple(sections),
+    pairs = cli.parse_list("section_s", cfg.section_s, float, allowed=None if sections is None else tuple(sections),
                            pairs=True, what="seconds ('300') or section:seconds pairs ('op:200,decode:100')")
     cli.require(all(0 < seconds < 10 ** 7 for _, seconds in pairs), f"section_s must be seconds ('300') or "
-                f"section:seconds pairs ('op:200,decode:100'), each in (0, 10**7), got {C.section_s!r}")
+                f"section:seconds pairs ('op:200,decode:100'), each in (0, 10**7), got {cfg.section_s!r}")
     return pairs

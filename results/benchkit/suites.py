@@ -19,32 +19,32 @@ from results.markdown import ratio_words
 from nanotost import cli, devices, outputs, portable
 from nanotost import trainkit as tk
 
-def split_heads(x, C):  # (B, T, H p) -> (B, H, T, p), the layout model.py hands to the operator
-    return x.view(x.shape[0], x.shape[1], C.H, C.p).transpose(1, 2)
+def split_heads(x, cfg):  # (B, T, H p) -> (B, H, T, p), the layout model.py hands to the operator
+    return x.view(x.shape[0], x.shape[1], cfg.H, cfg.p).transpose(1, 2)
 
 
-def op_case(C, impl, mode, T_):
+def op_case(cfg, impl, mode, T_):
     """A closure running one operator call (and backward) at length T_, plus a note."""
-    B, H, width = C.B, C.H, C.H * C.p
-    kw = dict(device=C.device, dtype=devices.DTYPES[C.dtype])
+    B, H, width = cfg.B, cfg.H, cfg.H * cfg.p
+    kw = dict(device=cfg.device, dtype=devices.DTYPES[cfg.dtype])
     note = ""
     if impl == "sdpa":
         qkv = torch.randn(B, T_, 3 * width, **kw, requires_grad=mode == "fwdbwd")
-        q, k, v = (split_heads(t, C) for t in qkv.chunk(3, dim=-1))
-        name, force = sdpa_backend(q, k, v, C.causal)
+        q, k, v = (split_heads(t, cfg) for t in qkv.chunk(3, dim=-1))
+        name, force = sdpa_backend(q, k, v, cfg.causal)
         note = f"backend={name}"
 
         def op():
             with force():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=C.causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal)
         leaf = qkv
     else:
         x = torch.randn(B, T_, width, **kw, requires_grad=mode == "fwdbwd")
-        w = split_heads(x, C)
-        temp = torch.ones(H, device=C.device, requires_grad=mode == "fwdbwd")
-        bias = torch.zeros(H, T_, device=C.device, requires_grad=mode == "fwdbwd")
+        w = split_heads(x, cfg)
+        temp = torch.ones(H, device=cfg.device, requires_grad=mode == "fwdbwd")
+        bias = torch.zeros(H, T_, device=cfg.device, requires_grad=mode == "fwdbwd")
         ops = kernels.ops_for("torch" if impl == "compiled" else impl)
-        if C.causal:
+        if cfg.causal:
             fn = lambda w_, t_, b_: ops.causal_tssa(w_, t_, b_)
         else:
             fn = lambda w_, t_, b_: ops.tssa(w_, t_)
@@ -52,7 +52,7 @@ def op_case(C, impl, mode, T_):
             fn = torch.compile(fn)
         op = lambda: fn(w, temp, bias)
         leaf = x
-    g = split_heads(torch.randn(B, T_, width, **kw), C)  # dL/dout as it comes back through the output projection
+    g = split_heads(torch.randn(B, T_, width, **kw), cfg)  # dL/dout as it comes back through the output projection
     if mode == "fwd":
         def run():
             with torch.no_grad():
@@ -64,16 +64,16 @@ def op_case(C, impl, mode, T_):
     return run, note
 
 
-def tssa_floor(C, mode, T_):
+def tssa_floor(cfg, mode, T_):
     """Bytes a perfect causal TSSA must move: 2 (forward) or 5 (forward+backward) tensors of C
     values per token, in the input dtype."""
-    return (2 if mode == "fwd" else 5) * C.B * T_ * C.H * C.p * torch.finfo(devices.DTYPES[C.dtype]).bits // 8
+    return (2 if mode == "fwd" else 5) * cfg.B * T_ * cfg.H * cfg.p * torch.finfo(devices.DTYPES[cfg.dtype]).bits // 8
 
 
-def decode_case(C, impl, T_):
+def decode_case(cfg, impl, T_):
     """One generated token at context T_: the TSSA recurrent step or SDPA over a KV cache."""
-    B, H, p, decode_steps = C.B, C.H, C.p, C.decode_steps
-    kw = dict(device=C.device, dtype=devices.DTYPES[C.dtype])
+    B, H, p, decode_steps = cfg.B, cfg.H, cfg.p, cfg.decode_steps
+    kw = dict(device=cfg.device, dtype=devices.DTYPES[cfg.dtype])
     if impl == "sdpa":
         k, v = torch.randn(B, H, T_, p, **kw), torch.randn(B, H, T_, p, **kw)
         q = torch.randn(B, H, 1, p, **kw)
@@ -84,12 +84,12 @@ def decode_case(C, impl, T_):
                 for _ in range(decode_steps):
                     F.scaled_dot_product_attention(q, k, v)
         return run, f"backend={name}; KV cache {2 * k.numel() * k.element_size() / 2**20:.1f} MB"
-    state = model.TSSAState.zeros(B, H, p, device=C.device)
+    state = model.TSSAState.zeros(B, H, p, device=cfg.device)
     state.sum_sq.uniform_(1, 2).mul_(T_)
     state.sum_pi_sq.uniform_(1, 2).mul_(T_ / H)
     state.sum_pi.fill_(T_ / H)
     state.pos.fill_(T_)
-    temp, bias = torch.ones(H, device=C.device), torch.zeros(H, device=C.device)
+    temp, bias = torch.ones(H, device=cfg.device), torch.zeros(H, device=cfg.device)
     w_t = torch.randn(B, H, p, **kw)
     step = kernels.ops_for(impl).causal_tssa_step
 
@@ -101,23 +101,23 @@ def decode_case(C, impl, T_):
     return run, f"state {size / 2**10:.1f} KB"
 
 
-def model_for(C, impl, block_size):
+def model_for(cfg, impl, block_size):
     if impl == "sdpa":
-        return model.GPT.from_preset("gpt2", block_size=block_size).to(C.device)
-    return kernels.use(model.GPT.from_preset("tost-base", block_size=block_size), impl).to(C.device)
+        return model.GPT.from_preset("gpt2", block_size=block_size).to(cfg.device)
+    return kernels.use(model.GPT.from_preset("tost-base", block_size=block_size), impl).to(cfg.device)
 
 
-def autocast(C):
-    device_type = "cuda" if C.device.startswith("cuda") else "cpu"
-    return device_type, torch.autocast(device_type, dtype=devices.DTYPES[C.dtype], enabled=C.dtype != "float32")
+def autocast(cfg):
+    device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
+    return device_type, torch.autocast(device_type, dtype=devices.DTYPES[cfg.dtype], enabled=cfg.dtype != "float32")
 
 
-def model_case(C, impl, T_):
+def model_case(cfg, impl, T_):
     """One training step of the whole model at context T_ (batch B)."""
-    m = model_for(C, impl, T_)
-    device_type, amp = autocast(C)
+    m = model_for(cfg, impl, T_)
+    device_type, amp = autocast(cfg)
     opt = tk.configure_adamw(m, 0.1, 6e-4, (0.9, 0.95), device_type)
-    idx = torch.randint(0, 50257, (C.B, T_), device=C.device)
+    idx = torch.randint(0, 50257, (cfg.B, T_), device=cfg.device)
     note = f"{sum(q.numel() for q in m.parameters()) / 1e6:.0f}M params"
 
     def run():
@@ -129,12 +129,12 @@ def model_case(C, impl, T_):
     return run, note
 
 
-def model_decode_case(C, impl, T_):
+def model_decode_case(cfg, impl, T_):
     """Per-token decoding of the whole model with a context of T_ tokens already in its state
     (synthetic state: the cost does not depend on its values)."""
-    m = model_for(C, impl, T_ + C.decode_steps).eval()
-    width, H, B = m.config.n_embd, m.config.n_head, C.B
-    kw = dict(device=C.device, dtype=devices.DTYPES[C.dtype])
+    m = model_for(cfg, impl, T_ + cfg.decode_steps).eval()
+    width, H, B = m.config.n_embd, m.config.n_head, cfg.B
+    kw = dict(device=cfg.device, dtype=devices.DTYPES[cfg.dtype])
     state = m.init_state(B)
     for s in state.layers:  # as if T_ tokens had been prefilled
         if impl == "sdpa":
@@ -143,18 +143,18 @@ def model_decode_case(C, impl, T_):
             s.sum_sq.fill_(T_), s.sum_pi_sq.fill_(T_ / H), s.sum_pi.fill_(T_ / H)
     state.pos.fill_(T_)
     size = sum(s.nbytes() for s in state.layers)
-    tok = torch.randint(0, 50257, (B, 1), device=C.device)
-    _, amp = autocast(C)
+    tok = torch.randint(0, 50257, (B, 1), device=cfg.device)
+    _, amp = autocast(cfg)
 
     def run():
         state.pos.fill_(T_)  # every call decodes the same positions (the KV cache holds T_ + decode_steps)
         with torch.no_grad(), amp:
-            for _ in range(C.decode_steps):
+            for _ in range(cfg.decode_steps):
                 m.step(tok, state)
     return run, f"state {size / 2**20:.3f} MB"
 
 
-def vit_case(C, impl, T_):
+def vit_case(cfg, impl, T_):
     """Vision at T_ tokens (a sqrt(T_) * 16 pixel square image, patch 16): the forward pass of
     12 attention layers of ToST-S width (384, 8 heads), batch B, no gradients (MATH.md §6.3: the
     paper's 10k-token comparison). sdpa: softmax attention; torch / cpu / triton / compiled: TSSA."""
@@ -162,11 +162,11 @@ def vit_case(C, impl, T_):
     kind = "softmax" if impl == "sdpa" else "tssa"
     tssa_impl = impl if impl in ("cpu", "triton") else "torch"
     config = model.ViTConfig(n_embd=384, n_head=8, attn=kind)  # ToST-S width, biases
-    dtype = devices.DTYPES[C.dtype]
+    dtype = devices.DTYPES[cfg.dtype]
     layers = torch.nn.Sequential(*[model.make_attention(config, causal=False) for _ in range(12)])
-    layers = kernels.use(layers, tssa_impl).to(C.device, dtype)
+    layers = kernels.use(layers, tssa_impl).to(cfg.device, dtype)
     fn = torch.compile(layers.eval()) if impl == "compiled" else layers.eval()
-    x = torch.randn(C.B, T_, 384, device=C.device, dtype=dtype)
+    x = torch.randn(cfg.B, T_, 384, device=cfg.device, dtype=dtype)
 
     def run():
         with torch.no_grad():
@@ -179,41 +179,41 @@ def vit_case(C, impl, T_):
 # driver
 
 
-def run_suite(C, suite, impl_list, mode_list, T_list, results, bw):
+def run_suite(cfg, suite, impl_list, mode_list, T_list, results, bw):
     """Measure one suite over implementations, modes and lengths, a row (printed and kept in
     `results`) per case. A case that raises is a row saying so (a measured failure, not a
     mistake in the settings); after one out of memory, longer lengths of that case are not tried."""
     per_call = suite in ("decode", "model_decode")
-    cuda = C.device.startswith("cuda")
+    cuda = cfg.device.startswith("cuda")
     last = {}  # (impl, mode) -> (T, ms): to skip cases that would run too long
     for impl in impl_list:
         if suite != "op" and impl == "compiled":  # torch.compile of the operator only
             continue
         for mode in (mode_list if suite == "op" else ["step"]):
             for T_ in T_list:
-                rec = dict(suite=suite, impl=impl, mode=mode, T=T_, B=C.B, H=C.H, p=C.p, device=C.device,
-                           dtype=C.dtype, causal=C.causal)
+                rec = dict(suite=suite, impl=impl, mode=mode, T=T_, B=cfg.B, H=cfg.H, p=cfg.p, device=cfg.device,
+                           dtype=cfg.dtype, causal=cfg.causal)
                 if (impl, mode) in last:
                     T0, ms0 = last[(impl, mode)]
                     # how the cost grows with T: attention T^2 per sequence / T per decoded token;
                     # TSSA T per sequence and constant per decoded token (its state does not grow)
                     power = (1 if per_call else 2) if impl == "sdpa" else (0 if per_call else 1)
-                    est_s = ms0 * (T_ / T0) ** power * (C.repeats + C.warmup) / 1e3
-                    if est_s > C.max_case_s:
-                        rec.update(note=f"skipped: estimated {est_s:.0f} s > max_case_s={C.max_case_s:g}",
-                                   max_case_s=C.max_case_s)
+                    est_s = ms0 * (T_ / T0) ** power * (cfg.repeats + cfg.warmup) / 1e3
+                    if est_s > cfg.max_case_s:
+                        rec.update(note=f"skipped: estimated {est_s:.0f} s > max_case_s={cfg.max_case_s:g}",
+                                   max_case_s=cfg.max_case_s)
                         results.append(rec)
                         print_row(rec)
                         continue
                 try:
-                    make = {"op": lambda: op_case(C, impl, mode, T_), "decode": lambda: decode_case(C, impl, T_),
-                            "model": lambda: model_case(C, impl, T_), "model_decode": lambda: model_decode_case(C, impl, T_),
-                            "vit": lambda: vit_case(C, impl, T_)}[suite]
+                    make = {"op": lambda: op_case(cfg, impl, mode, T_), "decode": lambda: decode_case(cfg, impl, T_),
+                            "model": lambda: model_case(cfg, impl, T_), "model_decode": lambda: model_decode_case(cfg, impl, T_),
+                            "vit": lambda: vit_case(cfg, impl, T_)}[suite]
                     fn, note = make()
                     fn()  # first call outside the timing (compilation, C build, allocator warm-up)
                     note = "; ".join(n for n in (note, fallback_note(impl)) if n)
-                    ms, all_ms, cpu_ms = timed(fn, C.repeats, C.warmup, C)
-                    with PeakMemory(C) as mem:  # a separate run: the sampling thread costs CPU time
+                    ms, all_ms, cpu_ms = timed(fn, cfg.repeats, cfg.warmup, cfg)
+                    with PeakMemory(cfg) as mem:  # a separate run: the sampling thread costs CPU time
                         fn()
                 except (torch.cuda.OutOfMemoryError, MemoryError) as e:
                     rec.update(note=f"out of memory ({type(e).__name__})")
@@ -226,12 +226,12 @@ def run_suite(C, suite, impl_list, mode_list, T_list, results, bw):
                     print_row(rec)
                     continue
                 if per_call:
-                    ms, all_ms, cpu_ms = ms / C.decode_steps, [t / C.decode_steps for t in all_ms], cpu_ms / C.decode_steps
+                    ms, all_ms, cpu_ms = ms / cfg.decode_steps, [t / cfg.decode_steps for t in all_ms], cpu_ms / cfg.decode_steps
                 rec.update(ms=ms, ms_all=all_ms, cpu_ms=None if cuda else cpu_ms, peak_mb=mem.mb, note=note)
                 if suite == "op" and impl != "sdpa":
-                    floor = tssa_floor(C, mode, T_)
+                    floor = tssa_floor(cfg, mode, T_)
                     rec.update(gbps=floor / (ms * 1e-3) / 1e9, x_floor=ms * 1e-3 / (floor / (bw * 1e9)))
-                last[(impl, mode)] = (T_, ms * (C.decode_steps if per_call else 1))
+                last[(impl, mode)] = (T_, ms * (cfg.decode_steps if per_call else 1))
                 results.append(rec)
                 print_row(rec)
                 del fn
@@ -294,41 +294,41 @@ def summary(results):
 
 
 
-def run(C, given):
+def run(cfg, given):
     """The suites: every setting checked, then each suite's rows, the summary, the JSON."""
-    if C.quick:  # a short run; settings given explicitly still win
+    if cfg.quick:  # a short run; settings given explicitly still win
         for key, value in dict(T="1024,4096,16384", suites="op,decode", repeats=3).items():
             if key not in given:
-                setattr(C, key, value)
-    plan = check_settings(C, given=given)
-    if C.out == "auto":
-        C.out = "bench_results.json"
-    outputs.claim_output(C.out, "--out=<another file>")  # one run at a time into one file
-    C.device, C.dtype = devices.choose_device_dtype(C.device, C.dtype)
-    if C.threads:
-        torch.set_num_threads(C.threads)
-    cuda = C.device.startswith("cuda")
+                setattr(cfg, key, value)
+    plan = check_settings(cfg, given=given)
+    if cfg.out == "auto":
+        cfg.out = "bench_results.json"
+    outputs.claim_output(cfg.out, "--out=<another file>")  # one run at a time into one file
+    cfg.device, cfg.dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    cuda = cfg.device.startswith("cuda")
     impl_list = plan["impls"] or ["torch", "triton" if cuda else "cpu", "sdpa"]
     model_T = plan["model_T"] or ([1024, 2048, 4096, 8192] if cuda else [1024])
     decode_T = plan["decode_T"] or [t for t in plan["T"] if cuda or t <= 16384]
-    name = torch.cuda.get_device_name(C.device) if cuda else f"CPU, {torch.get_num_threads()} threads"
-    bw = copy_bandwidth(C)
-    print(f"device: {name}; dtype {C.dtype}; B={C.B} H={C.H} p={C.p} causal={C.causal}; "
+    name = torch.cuda.get_device_name(cfg.device) if cuda else f"CPU, {torch.get_num_threads()} threads"
+    bw = copy_bandwidth(cfg)
+    print(f"device: {name}; dtype {cfg.dtype}; B={cfg.B} H={cfg.H} p={cfg.p} causal={cfg.causal}; "
           f"copy bandwidth {bw:.1f} GB/s; torch {torch.__version__}; impls {','.join(impl_list)}")
     results = []
     print(_HEADER)
     for suite in plan["suites"]:
         Ts = {"model": model_T, "model_decode": decode_T}.get(suite, plan["T"])
-        run_suite(C, suite, impl_list, plan["modes"], Ts, results, bw)
+        run_suite(cfg, suite, impl_list, plan["modes"], Ts, results, bw)
     lines = summary(results)
     if lines:
         print("\n" + "\n".join(lines))
-    meta = dict(device=name, dtype=C.dtype, copy_gbps=bw, torch=torch.__version__,
-                config={k: v for k, v in vars(C).items() if k != "argv"},
+    meta = dict(device=name, dtype=cfg.dtype, copy_gbps=bw, torch=torch.__version__,
+                config={k: v for k, v in vars(cfg).items() if k != "argv"},
                 load_average=list(portable.load_average()))
-    write_results(C.out, dict(meta=meta, results=results, summary=lines))
-    print(f"\nwrote {C.out}")
+    write_results(cfg.out, dict(meta=meta, results=results, summary=lines))
+    print(f"\nwrote {cfg.out}")
     if not any(r.get("ms") is not None for r in results):  # nothing was measured: not a success
         why = lines[0] if did_not_run(results) else \
             "the settings select none: on the CPU, decode_T=auto keeps the T up to 16384; give --decode_T"
-        raise cli.UserError(f"no case ran: {why}; the rows are in {C.out}")
+        raise cli.UserError(f"no case ran: {why}; the rows are in {cfg.out}")

@@ -19,23 +19,23 @@ import torch.nn.functional as F
 
 from results.benchkit.costs import calls_per_repeat
 
-def sync(C):
-    if C.device.startswith("cuda"):
+def sync(cfg):
+    if cfg.device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def timed(fn, n_repeats, n_warmup, C):
+def timed(fn, n_repeats, n_warmup, cfg):
     """Median wall time (ms) of fn() over n_repeats runs after n_warmup runs, all the wall
     times, and the median process CPU time (ms; on a shared CPU it shows the work done when
     the wall time is stretched by other processes)."""
     for _ in range(n_warmup):
         fn()
-    sync(C)
+    sync(cfg)
     times, cpu = [], []
     for _ in range(n_repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        sync(C)
+        sync(cfg)
         times.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
     return sorted(times)[len(times) // 2], times, sorted(cpu)[len(cpu) // 2]
@@ -68,13 +68,13 @@ class PeakMemory:
     """Peak memory growth (MB) inside the block: the CUDA allocator's peak, or on CPU the bytes
     malloc has handed out, sampled every ~0.2 ms by a thread (None without glibc)."""
 
-    def __init__(self, C):
-        self.C, self.cuda = C, C.device.startswith("cuda")
+    def __init__(self, cfg):
+        self.cfg, self.cuda = cfg, cfg.device.startswith("cuda")
 
     def __enter__(self):
         self.mb = None
         if self.cuda:
-            sync(self.C)
+            sync(self.cfg)
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
         elif _cpu_bytes is not None:
@@ -91,7 +91,7 @@ class PeakMemory:
 
     def __exit__(self, *exc):
         if self.cuda:
-            sync(self.C)
+            sync(self.cfg)
             self.mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
         elif hasattr(self, "thread"):
             self.stop.set()
@@ -99,13 +99,13 @@ class PeakMemory:
             self.mb = max(0, self.peak - self.base) / 2**20
 
 
-def copy_bandwidth(C):
+def copy_bandwidth(cfg):
     """Measured device copy bandwidth in GB/s (read + write) on 1 GiB (256 MiB on small CPUs)."""
-    big = C.device.startswith("cuda") or (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) > 16 * 2**30
+    big = cfg.device.startswith("cuda") or (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) > 16 * 2**30
     n = 2**28 if big else 2**26
-    src = torch.ones(n, device=C.device)
-    dst = torch.zeros(n, device=C.device)
-    ms, _, _ = timed(lambda: dst.copy_(src), 5, 2, C)
+    src = torch.ones(n, device=cfg.device)
+    dst = torch.zeros(n, device=cfg.device)
+    ms, _, _ = timed(lambda: dst.copy_(src), 5, 2, cfg)
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
 
@@ -128,22 +128,22 @@ def sdpa_backend(q, k, v, is_causal):
 
 
 
-def free_memory(C):
+def free_memory(cfg):
     import gc
     gc.collect()
-    if C.device.startswith("cuda"):
+    if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()
 
 
 
-def measure_ms(fn, C, n_calls=None):
+def measure_ms(fn, cfg, n_calls=None):
     """Median ms per call of fn and the per-repeat values. CUDA: CUDA events around n back-to-back
     calls (n chosen so a repeat lasts ~20 ms: launch gaps included, as a training loop sees them);
     CPU: wall time of single calls (timed)."""
-    if not C.device.startswith("cuda"):
-        ms, all_ms, _ = timed(fn, C.repeats, C.warmup, C)
+    if not cfg.device.startswith("cuda"):
+        ms, all_ms, _ = timed(fn, cfg.repeats, cfg.warmup, cfg)
         return ms, all_ms
-    for _ in range(C.warmup):
+    for _ in range(cfg.warmup):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -152,7 +152,7 @@ def measure_ms(fn, C, n_calls=None):
     one_ms = (time.perf_counter() - t0) * 1e3
     n = n_calls or calls_per_repeat(one_ms)
     times = []
-    for _ in range(C.repeats):
+    for _ in range(cfg.repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(n):
@@ -179,9 +179,9 @@ def device_activity(events, calls):
                 top_kernels=[[name[:120], n / calls, us / 1e3 / calls] for name, (n, us) in top])
 
 
-def profile_device(fn, C, calls=3):
+def profile_device(fn, cfg, calls=3):
     """device_activity of `calls` runs of fn under torch.profiler (CUDA only; {} elsewhere)."""
-    if not C.device.startswith("cuda"):
+    if not cfg.device.startswith("cuda"):
         return {}
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
@@ -210,7 +210,7 @@ def forced(backend):
     return nullcontext() if choice is None else sdpa_kernel([getattr(SDPBackend, choice)])
 
 
-def measure_row(fn, C, profile_calls=3):
+def measure_row(fn, cfg, profile_calls=3):
     """The measurements of one row: the first call (compile / warm-up) in s, median ms per call,
     GPU busy ms and kernels per call, peak memory (MB above what was allocated before)."""
     import warnings
@@ -224,12 +224,12 @@ def measure_row(fn, C, profile_calls=3):
         except RuntimeError as e:
             why = "; ".join(str(w.message).splitlines()[0] for w in caught[:2])
             raise RuntimeError(f"{str(e).strip().splitlines()[0]}" + (f" ({why})" if why else "")) from e
-    sync(C)
+    sync(cfg)
     first_s = time.perf_counter() - t0
-    ms, all_ms = measure_ms(fn, C)
+    ms, all_ms = measure_ms(fn, cfg)
     row = dict(ms=ms, ms_all=all_ms, first_call_s=round(first_s, 3))
-    row.update(profile_device(fn, C, profile_calls))
-    with PeakMemory(C) as mem:
+    row.update(profile_device(fn, cfg, profile_calls))
+    with PeakMemory(cfg) as mem:
         fn()
     row["peak_mb"] = mem.mb
     return row

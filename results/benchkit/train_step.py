@@ -25,23 +25,24 @@ from results.benchkit.timing import attention_ran, forced, measure_row
 TRAIN_LENGTHS = [4096, 16384, 65536, 8192, 32768]  # the targets' lengths first
 
 
-def build_gpt(C, arch, block_size, impl="torch"):
+def build_gpt(cfg, arch, block_size, impl="torch"):
     """ToST-Base (arch 'tost', TSSA by impl) or GPT-2 Base ('gpt2'); the TINY shape in a quick
     report. GPT-2's vocabulary padded to 50304 as train.py pads it. Both compute the loss in
     chunks (kernels/cross_entropy.py): neither holds the (B, T, V) logits at a long context."""
-    over = dict(block_size=block_size, vocab_size=50304, **(TINY if C.quick else {}))
+    over = dict(block_size=block_size, vocab_size=50304, **(TINY if cfg.quick else {}))
     m = model.GPT.from_preset(PRESETS[arch], **over)
     return kernels.use(m, impl if arch == "tost" else "torch", chunked_loss=True)
 
 
-def train_rows(C, cuda, variants, later=()):
+def train_rows(cfg, cuda, variants, later=()):
     """The identifying fields of every row: each of `variants` ((arch, impl, backend)) at each
     length of model_T, length by length (so a cut section keeps the comparisons at the first
     lengths), then each of `later` (the rows not needed for a target) at each length; the batch
     holds train_tokens tokens."""
-    order = plan_lengths(C.model_T, TRAIN_LENGTHS)
+    order = plan_lengths(cfg.model_T, TRAIN_LENGTHS)
     rows = [(*v, T_) for T_ in order for v in variants] + [(*v, T_) for v in later for T_ in order]
-    return [{k: v for k, v in dict(arch=arch, impl=impl, backend=backend, T=T_, B=max(1, C.train_tokens // T_)).items()
+    return [{k: v for k, v in dict(arch=arch, impl=impl, backend=backend, T=T_,
+                                   B=max(1, cfg.train_tokens // T_)).items()
              if v is not None} for arch, impl, backend, T_ in rows]
 
 
@@ -49,9 +50,9 @@ def section_train(S, variants, later=(), stand_in=False):
     """The training step of each row of train_rows, compiled on CUDA; on the CPU a row a CUDA
     backend needs is skipped, and with stand_in GPT-2 runs with SDPA's own choice instead (the
     step's code path), once a length."""
-    C = S.C
-    S.data.update(train_tokens=C.train_tokens, compiled=S.cuda, dtype=C.dtype)
-    for key in train_rows(C, S.cuda, variants, later):
+    cfg = S.cfg
+    S.data.update(train_tokens=cfg.train_tokens, compiled=S.cuda, dtype=cfg.dtype)
+    for key in train_rows(cfg, S.cuda, variants, later):
         arch, impl, backend, T_, B = key["arch"], key.get("impl"), key.get("backend"), key["T"], key["B"]
         why = why_not(S, "triton") if impl == "triton" else why_not(S, backend) if backend else None
         if why:
@@ -59,9 +60,9 @@ def section_train(S, variants, later=(), stand_in=False):
             default = dict(key, backend="default")
             if stand_in and arch == "gpt2" and not any(r.get("backend") == "default" and r["T"] == T_
                                                        for r in S.data["rows"]):
-                S.attempt(default, partial(train_row, C, arch, impl or "torch", "default", T_, B))
+                S.attempt(default, partial(train_row, cfg, arch, impl or "torch", "default", T_, B))
             continue
-        S.attempt(key, partial(train_row, C, arch, impl or "torch", backend, T_, B))
+        S.attempt(key, partial(train_row, cfg, arch, impl or "torch", backend, T_, B))
 
 
 @contextlib.contextmanager
@@ -79,24 +80,24 @@ def shown_and_kept(lines):
         print(line, flush=True)
 
 
-def train_row(C, arch, impl, backend, T_, B):
-    cuda = C.device.startswith("cuda")
+def train_row(cfg, arch, impl, backend, T_, B):
+    cuda = cfg.device.startswith("cuda")
     device_type = "cuda" if cuda else "cpu"
     if cuda:
         torch._dynamo.reset()
-    m = build_gpt(C, arch, T_, impl).to(C.device)
+    m = build_gpt(cfg, arch, T_, impl).to(cfg.device)
     opt = tk.configure_adamw(m, 0.1, 6e-4, (0.9, 0.95), device_type)
     fwd = torch.compile(m) if cuda else m
-    idx = torch.randint(0, 50257, (B, T_), device=C.device)
-    tgt = torch.randint(0, 50257, (B, T_), device=C.device)
-    amp = C.dtype != "float32"
+    idx = torch.randint(0, 50257, (B, T_), device=cfg.device)
+    tgt = torch.randint(0, 50257, (B, T_), device=cfg.device)
+    amp = cfg.dtype != "float32"
     with forced(backend):
         from torch.backends import cuda as sdp
         flags = dict(flash=sdp.flash_sdp_enabled(), cudnn=sdp.cudnn_sdp_enabled(),
                      efficient=sdp.mem_efficient_sdp_enabled(), math=sdp.math_sdp_enabled())
 
     def step():
-        with forced(backend), torch.autocast(device_type, dtype=devices.DTYPES[C.dtype], enabled=amp):
+        with forced(backend), torch.autocast(device_type, dtype=devices.DTYPES[cfg.dtype], enabled=amp):
             _, loss = fwd(idx, tgt)
         loss.backward()
         opt.step()
@@ -117,12 +118,12 @@ def train_row(C, arch, impl, backend, T_, B):
             opt.zero_grad(set_to_none=True)
             fwd = m
     compile_s = round(time.perf_counter() - t0, 1) if cuda else None
-    row = measure_row(step, C, profile_calls=1)
+    row = measure_row(step, cfg, profile_calls=1)
     row["compile_s"] = compile_s  # the first step, compile included (a failed compile: its time to fail)
     if compile_error:
         row.update(status="eager", reason=f"torch.compile failed ({compile_error}); measured eager")
     row.update(tokens=B * T_, tokens_per_s=B * T_ / (row["ms"] / 1e3), compiled=cuda and not compile_error,
-               tssa_impl=impl if arch == "tost" else None, preset="tiny" if C.quick else PRESETS[arch],
+               tssa_impl=impl if arch == "tost" else None, preset="tiny" if cfg.quick else PRESETS[arch],
                params_m=round(m.get_num_params() / 1e6, 2))
     if cuda:
         row["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20  # everything: weights, Adam, activations

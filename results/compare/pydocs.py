@@ -39,7 +39,8 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository's modules
+# the repository's modules
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from results import pydocs_tables  # noqa: E402
 from nanotost import REPO, atomic, checkpoints, cli, outputs, plots, portable  # noqa: E402
@@ -133,17 +134,17 @@ def counting_loss(train, val, order, V, alpha=COUNTING_ALPHA):
 # one run: train.py, then evaluate.py and sample.py on its out_dir
 
 
-def recipe(name, C):
+def recipe(name, cfg):
     """The train.py arguments that define model `name`'s run, but for seed, length and out_dir."""
     _, config, extra = MODELS[name]
-    data = [f"--{k}={getattr(C, k)}" for k, v in CONFIG_DATA.items() if getattr(C, k) != v]  # (none by default)
-    return [config, *extra, *(QUICK_MODEL if C.quick else []), "--eval_iters=1", "--num_threads=1", *data]
+    data = [f"--{k}={getattr(cfg, k)}" for k, v in CONFIG_DATA.items() if getattr(cfg, k) != v]  # (none by default)
+    return [config, *extra, *(QUICK_MODEL if cfg.quick else []), "--eval_iters=1", "--num_threads=1", *data]
 
 
-def recipe_id(name, C):
+def recipe_id(name, cfg):
     """A short hash of the settings a run of model `name` trains with (its config file's values,
     then the recipe's --key=value): results made with other settings are never reused."""
-    config, *args = recipe(name, C)
+    config, *args = recipe(name, cfg)
     scope = {}
     with open(os.path.join(REPO, config), encoding="utf-8") as f:
         exec(f.read(), scope)  # a config file: plain `key = value` lines
@@ -188,22 +189,22 @@ def parse_samples(stdout, n, length):
     return out
 
 
-def train_and_score(name, seed, n, C, words):
+def train_and_score(name, seed, n, cfg, words):
     """Train model `name` for n iterations with `seed` (continuing an interrupted run), score it:
     one row of results."""
-    run_dir = os.path.join(C.out_root, f"{name}_s{seed}_i{n}_{recipe_id(name, C)}")
+    run_dir = os.path.join(cfg.out_root, f"{name}_s{seed}_i{n}_{recipe_id(name, cfg)}")
     log_path = run_dir + ".out"
-    train = ["train.py", *recipe(name, C), f"--seed={seed}", *length_args(n), f"--out_dir={run_dir}"]
-    evaluate = ["evaluate.py", f"--out_dir={run_dir}", f"--data_dir={C.data_dir}", f"--dataset={C.dataset}",
-                "--num_threads=1", *(QUICK_EVAL if C.quick else [])]
-    sample = ["sample.py", f"--out_dir={run_dir}", *([f"--max_new_tokens={QUICK_SAMPLE_TOKENS}"] if C.quick else [])]
+    train = ["train.py", *recipe(name, cfg), f"--seed={seed}", *length_args(n), f"--out_dir={run_dir}"]
+    evaluate = ["evaluate.py", f"--out_dir={run_dir}", f"--data_dir={cfg.data_dir}", f"--dataset={cfg.dataset}",
+                "--num_threads=1", *(QUICK_EVAL if cfg.quick else [])]
+    sample = ["sample.py", f"--out_dir={run_dir}", *([f"--max_new_tokens={QUICK_SAMPLE_TOKENS}"] if cfg.quick else [])]
     load_before, t0 = portable.load_average(), time.time()
     run(train, log_path, f"training {name} (seed {seed}, {n} iterations)")
     wall_s, load_after = time.time() - t0, portable.load_average()
     run(evaluate, log_path, f"evaluating {name}")
     with open(os.path.join(run_dir, "eval.jsonl"), encoding="utf-8") as f:
         scored = json.loads(f.read().splitlines()[-1])
-    length = len(SAMPLE_DEFAULTS["start"]) + (QUICK_SAMPLE_TOKENS if C.quick else SAMPLE_DEFAULTS["max_new_tokens"])
+    length = len(SAMPLE_DEFAULTS["start"]) + (QUICK_SAMPLE_TOKENS if cfg.quick else SAMPLE_DEFAULTS["max_new_tokens"])
     samples = parse_samples(run(sample, log_path, f"sampling {name}"), SAMPLE_DEFAULTS["num_samples"], length)
     hits, total = word_share(samples, words)
     step_s, ckpt = step_seconds(run_dir)
@@ -230,28 +231,28 @@ def step_seconds(run_dir, skip=0):
 # the calibration: seconds per iteration of every model, in the same conditions
 
 
-def calibrate_models(names, C):
+def calibrate_models(names, cfg):
     """Short train.py runs of every model, round by round (the order reversed every other
     round), one thread each; s/iter: the median step time over every timed step of its runs."""
     times, per_round, loads = {m: [] for m in names}, {m: [] for m in names}, []
-    for r in range(C.calib_rounds):
+    for r in range(cfg.calib_rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            run_dir = os.path.join(C.out_root, "calibration", f"{name}_r{r}")
+            run_dir = os.path.join(cfg.out_root, "calibration", f"{name}_r{r}")
             if os.path.isdir(run_dir):  # our own scratch folder from an earlier calibration
                 for f in os.listdir(run_dir):
                     os.remove(os.path.join(run_dir, f))
-            args = ["train.py", *recipe(name, C), *length_args(C.calib_iters), "--log_interval=1",
+            args = ["train.py", *recipe(name, cfg), *length_args(cfg.calib_iters), "--log_interval=1",
                     f"--out_dir={run_dir}", "--init_from=scratch"]
             before = portable.load_average()
             run(args, run_dir + ".out", f"the calibration run of {name}")
             loads.append(dict(model=name, round=r, load=[round(x, 2) for x in before + portable.load_average()]))
-            step_s, _ = step_seconds(run_dir, C.calib_skip)
+            step_s, _ = step_seconds(run_dir, cfg.calib_skip)
             times[name] += step_s
             per_round[name].append(round(float(np.median(step_s)), 5))
             print(f"  {name} round {r}: {1000 * per_round[name][-1]:.1f} ms/iter (load {loads[-1]['load'][0]:.2f})",
                   flush=True)
-    return {m: dict(s_per_iter=round(float(np.median(times[m])), 5), rounds=per_round[m], recipe_id=recipe_id(m, C),
-                    recipe=recipe(m, C)) for m in names}, loads
+    return {m: dict(s_per_iter=round(float(np.median(times[m])), 5), rounds=per_round[m], recipe_id=recipe_id(m, cfg),
+                    recipe=recipe(m, cfg)) for m in names}, loads
 
 
 def machine():
@@ -263,20 +264,20 @@ def machine():
     return dict(cpu=cpu, cores=os.cpu_count(), torch=torch.__version__, python=sys.version.split()[0])
 
 
-def uncalibrated(cal, names, C):
+def uncalibrated(cal, names, cfg):
     """The models (of `names` and time_ref) that a calibration lacks, or measured with other settings."""
-    return [m for m in dict.fromkeys(names + [C.time_ref])
-            if cal is None or cal["models"].get(m, {}).get("recipe_id") != recipe_id(m, C)]
+    return [m for m in dict.fromkeys(names + [cfg.time_ref])
+            if cal is None or cal["models"].get(m, {}).get("recipe_id") != recipe_id(m, cfg)]
 
 
-def equal_time_iters(cal, names, C):
+def equal_time_iters(cal, names, cfg):
     """Iterations per model for the equal-time condition: budget / (its s/iter), the budget being
     `iters` iterations of time_ref. Refuses a calibration of other models or other settings."""
-    missing = uncalibrated(cal, names, C)
+    missing = uncalibrated(cal, names, cfg)
     if missing:
-        raise cli.UserError(f"{C.calibration} has no calibration of {', '.join(missing)} with these settings: "
+        raise cli.UserError(f"{cfg.calibration} has no calibration of {', '.join(missing)} with these settings: "
                             "measure one with python results/compare/pydocs.py --calibrate (and the same settings)")
-    budget = C.iters * cal["models"][C.time_ref]["s_per_iter"]
+    budget = cfg.iters * cal["models"][cfg.time_ref]["s_per_iter"]
     return budget, {m: max(1, round(budget / cal["models"][m]["s_per_iter"])) for m in names}
 
 
@@ -316,78 +317,78 @@ def figure_png(data):
 # -----------------------------------------------------------------------------
 
 
-def check_settings(C):
+def check_settings(cfg):
     """Every setting checked before any run; lists parsed."""
-    C.names = cli.name_list("models", C.models, tuple(MODELS))
-    cli.require(C.time_ref in MODELS, f"unknown model {C.time_ref!r}: choose from {', '.join(MODELS)}")
-    C.seed_list = cli.seed_list("seeds", C.seeds)
-    C.cond_list = cli.name_list("conditions", C.conditions, ("iters", "time"))
-    cli.check(C, at_least_1=("iters", "calib_iters", "calib_rounds"), non_negative=("calib_skip",))
-    cli.require(C.calib_skip < C.calib_iters, f"calib_skip ({C.calib_skip}) must be below calib_iters "
-                                              f"({C.calib_iters}): some steps must be timed")
-    cli.require(not C.out or C.out.endswith(".json"), f"out must be a .json file (the figure goes beside it), "
-                                                      f"got {C.out!r}")
+    cfg.names = cli.name_list("models", cfg.models, tuple(MODELS))
+    cli.require(cfg.time_ref in MODELS, f"unknown model {cfg.time_ref!r}: choose from {', '.join(MODELS)}")
+    cfg.seed_list = cli.seed_list("seeds", cfg.seeds)
+    cfg.cond_list = cli.name_list("conditions", cfg.conditions, ("iters", "time"))
+    cli.check(cfg, at_least_1=("iters", "calib_iters", "calib_rounds"), non_negative=("calib_skip",))
+    cli.require(cfg.calib_skip < cfg.calib_iters, f"calib_skip ({cfg.calib_skip}) must be below calib_iters "
+                                              f"({cfg.calib_iters}): some steps must be timed")
+    cli.require(not cfg.out or cfg.out.endswith(".json"), f"out must be a .json file (the figure goes beside it), "
+                                                      f"got {cfg.out!r}")
 
 
-def claim_outputs(C, given):
+def claim_outputs(cfg, given):
     """Before any run: where --calibrate writes (C.calibration only when named: the committed file
     is never a default output), and every output claimed (one writer each; writable)."""
-    if C.calibrate and "calibration" not in given and not C.quick:
-        C.calibration = os.path.join(C.out_root, "calibration.json")
-    if C.calibrate or C.quick:
-        outputs.claim_output(C.calibration, "--calibration=<another file>")
-    outputs.claim_output(os.path.join(C.out_root, "results.json"), "--out_root=<another folder>")
-    for path in ([C.out, C.out[:-len(".json")] + ".png"] if C.out else []):
+    if cfg.calibrate and "calibration" not in given and not cfg.quick:
+        cfg.calibration = os.path.join(cfg.out_root, "calibration.json")
+    if cfg.calibrate or cfg.quick:
+        outputs.claim_output(cfg.calibration, "--calibration=<another file>")
+    outputs.claim_output(os.path.join(cfg.out_root, "results.json"), "--out_root=<another folder>")
+    for path in ([cfg.out, cfg.out[:-len(".json")] + ".png"] if cfg.out else []):
         outputs.claim_output(path, "--out=<another file>")
 
 
-def take_calibration(C):
+def take_calibration(cfg):
     """--calibrate (and --quick, when its own calibration is missing or stale): measure every
     model's s/iter and write it to C.calibration."""
-    names = list(dict.fromkeys(C.names + [C.time_ref]))
-    kept = calibrations_kept(C, names)
-    print(f"calibrating {', '.join(names)}: {C.calib_rounds} round(s) of {C.calib_iters} iterations "
+    names = list(dict.fromkeys(cfg.names + [cfg.time_ref]))
+    kept = calibrations_kept(cfg, names)
+    print(f"calibrating {', '.join(names)}: {cfg.calib_rounds} round(s) of {cfg.calib_iters} iterations "
           f"(load {portable.load_average()[0]:.2f})", flush=True)
-    models_cal, loads = calibrate_models(names, C)
+    models_cal, loads = calibrate_models(names, cfg)
     date = time.strftime("%Y-%m-%d %H:%M")
     for entry in models_cal.values():
         entry["date"] = date
     cal = dict(what="seconds per training iteration of each model (median step time of train.py, one thread)",
-               command="python results/compare/pydocs.py --calibrate" + (" --quick" if C.quick else ""),
-               date=date, machine=machine(), calib_iters=C.calib_iters, calib_skip=C.calib_skip,
-               rounds=C.calib_rounds, models={**kept.get("models", {}), **models_cal},
+               command="python results/compare/pydocs.py --calibrate" + (" --quick" if cfg.quick else ""),
+               date=date, machine=machine(), calib_iters=cfg.calib_iters, calib_skip=cfg.calib_skip,
+               rounds=cfg.calib_rounds, models={**kept.get("models", {}), **models_cal},
                loads=kept.get("loads", []) + loads)
-    atomic.write_json(C.calibration, cal)
-    print(f"wrote {C.calibration}: " + ", ".join(f"{m} {1000 * v['s_per_iter']:.1f} ms" for m, v in models_cal.items())
+    atomic.write_json(cfg.calibration, cal)
+    print(f"wrote {cfg.calibration}: " + ", ".join(f"{m} {1000 * v['s_per_iter']:.1f} ms" for m, v in models_cal.items())
           + (f"; kept {', '.join(m for m in kept.get('models', {}) if m not in models_cal)} from before"
              if set(kept.get("models", {})) - set(models_cal) else ""))
-    if C.calibration != SETTINGS["calibration"]:
-        print(f"the equal-time condition uses it with --calibration={C.calibration}")
+    if cfg.calibration != SETTINGS["calibration"]:
+        print(f"the equal-time condition uses it with --calibration={cfg.calibration}")
     return cal
 
 
-def calibrations_kept(C, names):
+def calibrations_kept(cfg, names):
     """The calibration at C.calibration whose other models' entries --calibrate keeps ({} if none).
     Refused before any run when it was taken elsewhere or with other settings: one file, one machine."""
-    old = read_calibration(C)
+    old = read_calibration(cfg)
     others = sorted(set((old or {}).get("models", {})) - set(names))
     if not others:
         return old or {}
     same = old["machine"] == machine() and (old["calib_iters"], old["calib_skip"], old["rounds"]) == (
-        C.calib_iters, C.calib_skip, C.calib_rounds)
-    cli.require(same, f"{C.calibration} holds calibrations of {', '.join(others)} taken on another machine or with "
+        cfg.calib_iters, cfg.calib_skip, cfg.calib_rounds)
+    cli.require(same, f"{cfg.calibration} holds calibrations of {', '.join(others)} taken on another machine or with "
                       f"other settings, which a calibration of {', '.join(names)} here would sit beside: "
                       "calibrate them too (--models=...), or write this one elsewhere with --calibration=<new file>")
     return old
 
 
-def read_calibration(C):
+def read_calibration(cfg):
     """The calibration the equal-time condition uses (None if there is none), its fields checked."""
-    if not os.path.isfile(C.calibration):
+    if not os.path.isfile(cfg.calibration):
         return None
     fix = "restore it with git checkout, or measure one with python results/compare/pydocs.py --calibrate"
-    cal = atomic.read_json(C.calibration, fix)
-    with atomic.reading(C.calibration, fix):
+    cal = atomic.read_json(cfg.calibration, fix)
+    with atomic.reading(cfg.calibration, fix):
         for name, entry in dict(cal["models"]).items():
             atomic.json_number(entry["s_per_iter"], f"models.{name}.s_per_iter", positive=True)
             _ = entry["recipe_id"]  # (present)
@@ -397,26 +398,26 @@ def read_calibration(C):
     return cal
 
 
-def plan(C):
+def plan(cfg):
     """Each condition's iterations per model, and the runs they need: (model, seed, iterations),
     each once (time_ref's equal-time run is its equal-iteration run)."""
     conds = {}
-    if "iters" in C.cond_list:
-        conds["iters"] = dict(iters={m: C.iters for m in C.names})
-    if "time" in C.cond_list:
-        cal = read_calibration(C)
-        cli.require(cal is not None, f"no calibration at {C.calibration}: measure one first with "
+    if "iters" in cfg.cond_list:
+        conds["iters"] = dict(iters={m: cfg.iters for m in cfg.names})
+    if "time" in cfg.cond_list:
+        cal = read_calibration(cfg)
+        cli.require(cal is not None, f"no calibration at {cfg.calibration}: measure one first with "
                                      "python results/compare/pydocs.py --calibrate")
-        budget, counts = equal_time_iters(cal, C.names, C)
+        budget, counts = equal_time_iters(cal, cfg.names, cfg)
         conds["time"] = dict(iters=counts, budget_s=round(budget, 1), calibration=cal)
-    todo = list(dict.fromkeys((m, s, c["iters"][m]) for c in conds.values() for s in C.seed_list for m in C.names))
+    todo = list(dict.fromkeys((m, s, c["iters"][m]) for c in conds.values() for s in cfg.seed_list for m in cfg.names))
     return conds, todo
 
 
-def run_all(todo, C, words):
+def run_all(todo, cfg, words):
     """Every run of the plan, each recorded in out_root/results.json as soon as it is scored:
     the runs found there are not run again (the same command continues)."""
-    done_path = os.path.join(C.out_root, "results.json")
+    done_path = os.path.join(cfg.out_root, "results.json")
     done = {}
     if os.path.isfile(done_path):
         done = atomic.read_json(done_path, f"move it away (its runs are then trained again), or choose another "
@@ -427,11 +428,11 @@ def run_all(todo, C, words):
                     atomic.json_number(r[field], f"{key}.{field}")
     rows = []
     for i, (name, seed, n) in enumerate(todo):
-        key = f"{name}_s{seed}_i{n}_{recipe_id(name, C)}"
+        key = f"{name}_s{seed}_i{n}_{recipe_id(name, cfg)}"
         if key not in done:
             print(f"[{i + 1}/{len(todo)}] {name}, seed {seed}, {n} iterations (load {portable.load_average()[0]:.2f})",
                   flush=True)
-            done[key] = r = train_and_score(name, seed, n, C, words)
+            done[key] = r = train_and_score(name, seed, n, cfg, words)
             atomic.write_json(done_path, done, saved=f"the finished runs are in {done_path}; the same command continues")
             print(f"    val loss {r['val_loss']:.4f}, corpus words {r['corpus_words']}/{r['words']}, "
                   f"trained in {r['train_wall_s']:.0f} s", flush=True)
@@ -441,39 +442,40 @@ def run_all(todo, C, words):
 
 def main(argv):
     argv = [a + "=1" if a in ("--quick", "--calibrate") else a for a in argv]  # the two switches, bare
-    C, given = cli.configure(SETTINGS, argv)
-    if C.quick:  # tiny settings, and files of its own: never the committed calibration
-        root = C.out_root if "out_root" in given else QUICK["out_root"]
+    cfg, given = cli.configure(SETTINGS, argv)
+    if cfg.quick:  # tiny settings, and files of its own: never the committed calibration
+        root = cfg.out_root if "out_root" in given else QUICK["out_root"]
         for key, value in {**QUICK, "calibration": os.path.join(root, "calibration.json")}.items():
             if key not in given:
-                setattr(C, key, value)
-    check_settings(C)
+                setattr(cfg, key, value)
+    check_settings(cfg)
     os.chdir(REPO)  # the paths in the JSON are relative to the repository
-    train_ids, val_ids, meta = splits(C.data_dir, C.dataset)
+    train_ids, val_ids, meta = splits(cfg.data_dir, cfg.dataset)
     words = corpus_words("".join(np.array(list(meta["chars"]))[train_ids]))  # the whole words of train.bin
-    if C.calibrate or (C.quick and uncalibrated(read_calibration(C), C.names, C)):
-        claim_outputs(C, given)
-        cal = take_calibration(C)
-        if C.calibrate:
+    if cfg.calibrate or (cfg.quick and uncalibrated(read_calibration(cfg), cfg.names, cfg)):
+        claim_outputs(cfg, given)
+        cal = take_calibration(cfg)
+        if cfg.calibrate:
             return cal
-    conds, todo = plan(C)
-    claim_outputs(C, given)  # (before any run: the plan is read, nothing measured yet)
-    rows = run_all(todo, C, words)
+    conds, todo = plan(cfg)
+    claim_outputs(cfg, given)  # (before any run: the plan is read, nothing measured yet)
+    rows = run_all(todo, cfg, words)
     data = dict(what="character-level language models on the embedded corpus (docstrings of Python's standard "
                      "library) at the first screen's budget: val loss on every val token (evaluate.py) and the "
                      "share of corpus words (runs of 4+ ASCII letters that occur as whole words in train.bin) in "
                      "sample.py's three default samples (seed 1337, temperature 0.8, top_k 200, 500 characters)",
                 command="python results/compare/pydocs.py" + "".join(f" {a}" for a in argv),
-                settings=dict(models=C.names, seeds=C.seed_list, iters=C.iters, time_ref=C.time_ref, quick=C.quick),
-                corpus=dict(dataset=C.dataset, source=meta.get("source"), splits=meta["splits"]),
+                settings=dict(models=cfg.names, seeds=cfg.seed_list, iters=cfg.iters, time_ref=cfg.time_ref,
+                              quick=cfg.quick),
+                corpus=dict(dataset=cfg.dataset, source=meta.get("source"), splits=meta["splits"]),
                 counting=dict(alpha=COUNTING_ALPHA, val_loss={str(n): round(counting_loss(train_ids, val_ids, n, len(
                     meta["chars"])), 4) for n in (2, 3, 4)}),  # keys: the n of the n-gram
-                model_labels={m: MODELS[m][0] for m in C.names}, conditions=conds, rows=rows)
+                model_labels={m: MODELS[m][0] for m in cfg.names}, conditions=conds, rows=rows)
     print(pydocs_tables.compare_table(data))
-    if C.out:
-        figure = C.out[:-len(".json")] + ".png"  # the JSON and the figure drawn from it: both or neither
-        atomic.write_together({C.out: json.dumps(data, indent=1) + "\n", figure: figure_png(data)})
-        print(f"wrote {C.out} and {C.out[:-len('.json')]}.png")
+    if cfg.out:
+        figure = cfg.out[:-len(".json")] + ".png"  # the JSON and the figure drawn from it: both or neither
+        atomic.write_together({cfg.out: json.dumps(data, indent=1) + "\n", figure: figure_png(data)})
+        print(f"wrote {cfg.out} and {cfg.out[:-len('.json')]}.png")
     return data
 
 

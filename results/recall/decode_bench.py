@@ -70,46 +70,46 @@ def state_bytes(layers, T_):
 
 
 @torch.no_grad()
-def measure(name, T_, C):
+def measure(name, T_, cfg):
     torch.manual_seed(0)
-    m = GPT(GPTConfig(block_size=T_ + C.steps, **LAYOUT, **VARIANTS[name])).eval()
-    prompt = torch.randint(0, 107, (C.batch_size, T_))
+    m = GPT(GPTConfig(block_size=T_ + cfg.steps, **LAYOUT, **VARIANTS[name])).eval()
+    prompt = torch.randint(0, 107, (cfg.batch_size, T_))
     times = []
-    for _ in range(C.repeats):
-        state = m.init_state(C.batch_size)
+    for _ in range(cfg.repeats):
+        state = m.init_state(cfg.batch_size)
         logits = m.prefill(prompt, state)
         size = state_bytes(state.layers, T_)
         t0 = time.perf_counter()
-        for t in range(C.steps):
+        for t in range(cfg.steps):
             tok = logits.argmax(-1, keepdim=True)  # (B, 1) greedy
             logits = m.step(tok, state)
-        times.append((time.perf_counter() - t0) / C.steps)
+        times.append((time.perf_counter() - t0) / cfg.steps)
     return dict(variant=name, T=T_, ms_per_token=round(1000 * statistics.median(times), 3),
-                state_bytes_after_prompt=size, state_bytes_per_sequence=size // C.batch_size,
+                state_bytes_after_prompt=size, state_bytes_per_sequence=size // cfg.batch_size,
                 params=m.get_num_params(non_embedding=True), n_layer=m.config.n_layer)
 
 
 def main(argv):
-    C, _ = cli.configure(SETTINGS, argv)
-    cli.check(C, at_least_1=("steps", "repeats", "batch_size"), non_negative=("num_threads",))
-    lengths = cli.parse_list("T", C.T, int)
-    cli.require(min(lengths) >= 1, f"T must be positive lengths, got {C.T!r}")
-    cli.require(not os.path.isdir(C.out), f"out is a folder ({C.out}); give a file name (\"\" for none)")
-    if C.out:  # one writer at a time, and a place that can be written, before anything is measured
-        outputs.claim_output(C.out, "--out=<another file>")
-    if C.num_threads:
-        torch.set_num_threads(C.num_threads)
+    cfg, _ = cli.configure(SETTINGS, argv)
+    cli.check(cfg, at_least_1=("steps", "repeats", "batch_size"), non_negative=("num_threads",))
+    lengths = cli.parse_list("T", cfg.T, int)
+    cli.require(min(lengths) >= 1, f"T must be positive lengths, got {cfg.T!r}")
+    cli.require(not os.path.isdir(cfg.out), f"out is a folder ({cfg.out}); give a file name (\"\" for none)")
+    if cfg.out:  # one writer at a time, and a place that can be written, before anything is measured
+        outputs.claim_output(cfg.out, "--out=<another file>")
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
     rows = []
     print(f"{'variant':<14}{'T':>6}{'ms/token':>10}{'state bytes':>14}{'params*':>10}")
     for name in VARIANTS:
         for T_ in lengths:
-            r = measure(name, T_, C)
+            r = measure(name, T_, cfg)
             rows.append(r)
             print(f"{name:<14}{T_:>6}{r['ms_per_token']:>10.3f}{r['state_bytes_per_sequence']:>14,}{r['params']:>10,}",
                   flush=True)
     load = portable.load_average()
-    if C.out:
-        atomic.write_json(C.out, dict(settings=vars(C), rows=rows, loadavg=load, torch=torch.__version__, labels=LABELS))
+    if cfg.out:
+        atomic.write_json(cfg.out, dict(settings=vars(cfg), rows=rows, loadavg=load, torch=torch.__version__, labels=LABELS))
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return rows
 

@@ -131,39 +131,39 @@ VAL_SEED, TEST_SEED = 10 ** 9, 2 * 10 ** 9  # held-out batches are seeded from h
 Job = namedtuple("Job", "recipe model task lr seed")  # one training run
 
 
-def names(C, key, known):
+def names(cfg, key, known):
     """The names of setting `key`, each once and one of `known`, at least one (cli.parse_list)."""
-    return cli.parse_list(key, getattr(C, key), allowed=known)
+    return cli.parse_list(key, getattr(cfg, key), allowed=known)
 
 
-def rates(C):
-    lrs = cli.parse_list("learning_rates", C.learning_rates, float)
+def rates(cfg):
+    lrs = cli.parse_list("learning_rates", cfg.learning_rates, float)
     cli.require(all(0 < lr < 1 for lr in lrs),
-                f"learning_rates must be one or more rates in (0, 1), got {C.learning_rates!r}")
+                f"learning_rates must be one or more rates in (0, 1), got {cfg.learning_rates!r}")
     return sorted(lrs)
 
 
-def check_settings(C):
-    names(C, "models", MODELS)
-    names(C, "recipes", RECIPES)
-    names(C, "tasks", TASKS)
-    rates(C)
-    cli.check(C, at_least_1=("seeds", "workers", "n_layer", "n_head", "n_embd", "mqar_batch", "copy_batch",
+def check_settings(cfg):
+    names(cfg, "models", MODELS)
+    names(cfg, "recipes", RECIPES)
+    names(cfg, "tasks", TASKS)
+    rates(cfg)
+    cli.check(cfg, at_least_1=("seeds", "workers", "n_layer", "n_head", "n_embd", "mqar_batch", "copy_batch",
                              "niah_batch", "mqar_steps", "copy_steps", "niah_steps", "eval_interval",
                              "val_examples", "eval_examples", "mqar_pairs", "mqar_queries", "mqar_keys",
                              "mqar_values", "copy_length", "copy_tokens", "niah_tokens"),
               non_negative=("warmup_steps", "grad_clip", "num_threads"), fraction=("beta2",),
               between={"early_stop": (0.0, 1.01)}, choices={"lr_schedule": ("constant", "cosine")})
-    cli.require(C.seeds <= 100, f"seeds must be at most 100 (training batches are seeded per seed), got {C.seeds}")
-    cli.require(C.n_embd % C.n_head == 0, f"n_embd ({C.n_embd}) must be divisible by n_head ({C.n_head})")
-    cli.require(C.mqar_pairs <= min(C.mqar_keys, C.mqar_values),
-                f"mqar_pairs ({C.mqar_pairs}) must not exceed mqar_keys and mqar_values (distinct pairs)")
-    lengths = cli.parse_list("niah_lengths", C.niah_lengths, int)
-    cli.require(min(lengths) >= 4, f"niah_lengths must be at least 4 each, got {C.niah_lengths!r}")
+    cli.require(cfg.seeds <= 100, f"seeds must be at most 100 (training batches are seeded per seed), got {cfg.seeds}")
+    cli.require(cfg.n_embd % cfg.n_head == 0, f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
+    cli.require(cfg.mqar_pairs <= min(cfg.mqar_keys, cfg.mqar_values),
+                f"mqar_pairs ({cfg.mqar_pairs}) must not exceed mqar_keys and mqar_values (distinct pairs)")
+    lengths = cli.parse_list("niah_lengths", cfg.niah_lengths, int)
+    cli.require(min(lengths) >= 4, f"niah_lengths must be at least 4 each, got {cfg.niah_lengths!r}")
     for key in ("out_json", "figure"):
-        path = getattr(C, key)
+        path = getattr(cfg, key)
         cli.require(not path or not os.path.isdir(path), f"{key} is a folder ({path}); give a file name")
-    cli.require(C.out_json, "out_json must name a file: every run is written there as it ends")
+    cli.require(cfg.out_json, "out_json must name a file: every run is written there as it ends")
 
 
 # -----------------------------------------------------------------------------
@@ -174,32 +174,32 @@ class Task:
     """One task at the suite's setting: batches (x, y) by seed, and its vocabulary, block size
     and chance level. niah has several lengths: batch(seed, length)."""
 
-    def __init__(self, name, C):
+    def __init__(self, name, cfg):
         self.name = name
         if name == "mqar":
-            kw = dict(n_pairs=C.mqar_pairs, n_queries=C.mqar_queries, n_keys=C.mqar_keys,
-                      n_values=C.mqar_values)
+            kw = dict(n_pairs=cfg.mqar_pairs, n_queries=cfg.mqar_queries, n_keys=cfg.mqar_keys,
+                      n_values=cfg.mqar_values)
             self.vocab_size = gen.mqar_layout(kw["n_keys"], kw["n_values"]).vocab_size
             self.lengths = [2 * (kw["n_pairs"] + kw["n_queries"])]
             self.make = lambda B, seed, T: gen.mqar(B, seed=seed, **kw)
             self.chance = gen.chance("mqar", **kw)
             self.setting = kw
         elif name == "copy":
-            kw = dict(length=C.copy_length, n_tokens=C.copy_tokens)
+            kw = dict(length=cfg.copy_length, n_tokens=cfg.copy_tokens)
             self.vocab_size = gen.copy_layout(kw["n_tokens"]).vocab_size
             self.lengths = [2 * kw["length"] + 1]
             self.make = lambda B, seed, T: gen.copy(B, seed=seed, **kw)
             self.chance = gen.chance("copy", **kw)
             self.setting = kw
         else:
-            n_tokens = C.niah_tokens
+            n_tokens = cfg.niah_tokens
             self.vocab_size = gen.niah_layout(n_tokens).vocab_size
-            self.lengths = sorted(cli.parse_list("niah_lengths", C.niah_lengths, int))
+            self.lengths = sorted(cli.parse_list("niah_lengths", cfg.niah_lengths, int))
             self.make = lambda B, seed, T: gen.niah(B, T, n_tokens, seed=seed)
             self.chance = gen.chance("niah", n_tokens=n_tokens)
             self.setting = dict(lengths=self.lengths, n_tokens=n_tokens)
         self.block_size = max(self.lengths)
-        self.batch, self.steps = getattr(C, f"{name}_batch"), getattr(C, f"{name}_steps")
+        self.batch, self.steps = getattr(cfg, f"{name}_batch"), getattr(cfg, f"{name}_steps")
 
     def train_batch(self, B, step, seed):
         T = self.lengths[step % len(self.lengths)]  # niah: the lengths in turn
@@ -212,13 +212,13 @@ class Task:
             yield self.make(min(B, n - k * B), first_seed + k, T)
 
 
-def build_model(name, recipe, task, C):
+def build_model(name, recipe, task, cfg):
     """The repository's GPT with the model's settings, and the recipe's readout and embeddings:
     tied_head keeps GPT's head tied to the token embedding; otherwise the output layer is a
     separate matrix (init N(0, 0.02)). The token and position embeddings start at std
     embed_init (GPT's own: 0.02). No layer scale (layer_scale_init None), as GPT-2."""
-    c = GPTConfig(vocab_size=task.vocab_size, block_size=task.block_size, n_layer=C.n_layer, n_head=C.n_head,
-                  n_embd=C.n_embd, bias=False, dropout=0.0, layer_scale_init=None, **MODELS[name])
+    c = GPTConfig(vocab_size=task.vocab_size, block_size=task.block_size, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                  n_embd=cfg.n_embd, bias=False, dropout=0.0, layer_scale_init=None, **MODELS[name])
     model = GPT(c)
     r = RECIPES[recipe]
     if not r["tied_head"]:
@@ -256,13 +256,13 @@ def accuracy(model, task, n, T, first_seed, device):
     return right / total
 
 
-def lr_at(step, lr, C, max_steps):
+def lr_at(step, lr, cfg, max_steps):
     """Linear warmup over warmup_steps, then constant, or cosine decay to lr / 10 at the last step."""
-    if step < C.warmup_steps:
-        return lr * (step + 1) / (C.warmup_steps + 1)
-    if C.lr_schedule == "constant":
+    if step < cfg.warmup_steps:
+        return lr * (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.lr_schedule == "constant":
         return lr
-    ratio = (step - C.warmup_steps) / max(max_steps - C.warmup_steps, 1)
+    ratio = (step - cfg.warmup_steps) / max(max_steps - cfg.warmup_steps, 1)
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(ratio, 1.0))))
 
 
@@ -270,48 +270,48 @@ def lr_at(step, lr, C, max_steps):
 # one run
 
 
-def train_one(job, C, say=None):
+def train_one(job, cfg, say=None):
     """Train job.model under job.recipe on job.task at job.lr from seed job.seed; its record."""
     say = say or functools.partial(print, flush=True)
-    if C.num_threads > 0:
-        torch.set_num_threads(C.num_threads)
-    task = Task(job.task, C)
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    task = Task(job.task, cfg)
     torch.manual_seed(job.seed)
-    model = build_model(job.model, job.recipe, task, C).to(C.device)
-    opt = tk.configure_adamw(model, RECIPES[job.recipe]["weight_decay"], job.lr, (0.9, C.beta2))
+    model = build_model(job.model, job.recipe, task, cfg).to(cfg.device)
+    opt = tk.configure_adamw(model, RECIPES[job.recipe]["weight_decay"], job.lr, (0.9, cfg.beta2))
     # the hardest length decides the validation (niah: the longest)
-    validate = lambda: min(accuracy(model, task, C.val_examples, T, VAL_SEED, C.device) for T in task.lengths)
+    validate = lambda: min(accuracy(model, task, cfg.val_examples, T, VAL_SEED, cfg.device) for T in task.lengths)
     t0, step, curve, val = time.time(), 0, [], 0.0
     while step < task.steps:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, job.lr, C, task.steps)
+            group["lr"] = lr_at(step, job.lr, cfg, task.steps)
         x, y = task.train_batch(task.batch, step, job.seed)  # (B, T) each
-        _, loss = model(x.to(C.device), y.to(C.device))
+        _, loss = model(x.to(cfg.device), y.to(cfg.device))
         if not math.isfinite(loss.item()):
             say(f"    non-finite loss at step {step}: this run stops here")
             break
         loss.backward()
-        if C.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), C.grad_clip)
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        if step % C.eval_interval == 0 or step == task.steps:
+        if step % cfg.eval_interval == 0 or step == task.steps:
             val = validate()
             curve.append([step, round(time.time() - t0, 1), round(val, 4)])  # lists: as JSON reads back
             say(f"    step {step:>5}  loss {loss.item():.4f}  val acc {val:.3f}  {time.time() - t0:.0f}s")
-            if val >= C.early_stop:
+            if val >= cfg.early_stop:
                 break
     train_s = time.time() - t0
-    acc = {str(T): accuracy(model, task, C.eval_examples, T, TEST_SEED, C.device) for T in task.lengths}
+    acc = {str(T): accuracy(model, task, cfg.eval_examples, T, TEST_SEED, cfg.device) for T in task.lengths}
     return dict(job._asdict(), acc=acc, val_acc=round(val, 4), steps=step, train_s=round(train_s, 1),
                 load=round(portable.load_average()[0], 2), curve=curve, params=model.get_num_params(),
                 state_bytes_per_layer=state_bytes_per_layer(model, task))
 
 
-def run_job(job, C):
+def run_job(job, cfg):
     """One run in a worker process (or inline): its Job and its record."""
-    return job, train_one(job, C, say=lambda text: print(f"  [{job.recipe} {job.model} {job.task} lr {job.lr:g} "
+    return job, train_one(job, cfg, say=lambda text: print(f"  [{job.recipe} {job.model} {job.task} lr {job.lr:g} "
                                                          f"seed {job.seed}] {text.strip()}", flush=True))
 
 
@@ -319,27 +319,27 @@ def run_job(job, C):
 # the results file: read, continued, written after every run
 
 
-def identity(C):
+def identity(cfg):
     """The settings that decide the runs' results (RUN_ONLY aside)."""
-    return {k: v for k, v in vars(C).items() if k not in RUN_ONLY}
+    return {k: v for k, v in vars(cfg).items() if k not in RUN_ONLY}
 
 
-def load_results(C):
+def load_results(cfg):
     """The runs already in out_json (none if it does not exist); refused if it holds runs of
     other settings, so that a table never mixes two setups."""
-    if not os.path.exists(C.out_json):
+    if not os.path.exists(cfg.out_json):
         return dict(runs=[])
     fix = "restore it (git checkout, for a committed one), or name another --out_json, or move it away"
-    data = atomic.read_json(C.out_json, fix)
-    with atomic.reading(C.out_json, fix):  # what a continued suite reads of it, each of its type
+    data = atomic.read_json(cfg.out_json, fix)
+    with atomic.reading(cfg.out_json, fix):  # what a continued suite reads of it, each of its type
         old = dict(data["identity"])
         for r in list(data["runs"]):  # a run's key, and what the selection and the tables read
             for field in ("lr", "seed", "val_acc", "steps"):
                 atomic.json_number(r[field], field)
             _ = r["recipe"], r["model"], r["task"], dict(r["acc"])
-    new = identity(C)
+    new = identity(cfg)
     differ = [f"{k}: {old.get(k)!r} there, {new[k]!r} here" for k in new if old.get(k) != new[k]]
-    cli.require(not differ, f"{C.out_json} holds runs of other settings ({'; '.join(differ)}); name another "
+    cli.require(not differ, f"{cfg.out_json} holds runs of other settings ({'; '.join(differ)}); name another "
                             "--out_json, or move it away to start over")
     return data
 
@@ -360,41 +360,41 @@ def selected_rates(data, task):
     return out
 
 
-def save_results(C, data, swept, figure=""):
+def save_results(cfg, data, swept, figure=""):
     """Write out_json (atomically) with what the tables need beside the runs; with `figure` (a
     PNG path), the figure drawn from it too, the two as one unit (atomic.write_together)."""
-    data["identity"] = identity(C)
-    data["settings"] = vars(C)
+    data["identity"] = identity(cfg)
+    data["settings"] = vars(cfg)
     data["swept"] = swept
     data["selected"] = selected_rates(data, swept)
-    data["chance"] = {name: Task(name, C).chance for name in TASKS}
-    data["lengths"] = {name: Task(name, C).lengths for name in TASKS}
+    data["chance"] = {name: Task(name, cfg).chance for name in TASKS}
+    data["lengths"] = {name: Task(name, cfg).lengths for name in TASKS}
     data["labels"], data["recipes"] = LABELS, RECIPES
     data["torch"] = torch.__version__
-    files = {C.out_json: json.dumps(data, indent=1) + "\n"} | ({figure: figure_png(data)} if figure else {})
+    files = {cfg.out_json: json.dumps(data, indent=1) + "\n"} | ({figure: figure_png(data)} if figure else {})
     atomic.write_together(files)
-    cli.on_interrupt(f"the runs that ended are in {C.out_json}: the same command continues from them")
+    cli.on_interrupt(f"the runs that ended are in {cfg.out_json}: the same command continues from them")
 
 
-def run_all(jobs, C, data, swept, phase):
+def run_all(jobs, cfg, data, swept, phase):
     """Run the jobs not in data yet (`workers` at a time), adding each record as it ends."""
     done = {Job(*(r[k] for k in Job._fields)) for r in data["runs"]}
     todo = [j for j in jobs if j not in done]
-    print(f"{phase}: {len(jobs) - len(todo)} of {len(jobs)} runs already in {C.out_json}, {len(todo)} to run",
+    print(f"{phase}: {len(jobs) - len(todo)} of {len(jobs)} runs already in {cfg.out_json}, {len(todo)} to run",
           flush=True)
     if not todo:
         return
     t0 = time.time()
-    if C.workers > 1:  # one process per run (spawned: no forked thread pools)
-        pool = multiprocessing.get_context("spawn").Pool(C.workers)
-        results = pool.imap_unordered(functools.partial(run_job, C=C), todo)
+    if cfg.workers > 1:  # one process per run (spawned: no forked thread pools)
+        pool = multiprocessing.get_context("spawn").Pool(cfg.workers)
+        results = pool.imap_unordered(functools.partial(run_job, cfg=cfg), todo)
     else:
-        pool, results = None, (run_job(job, C) for job in todo)
+        pool, results = None, (run_job(job, cfg) for job in todo)
     try:
         for k, (job, record) in enumerate(results, 1):
             data["runs"].append(record)
-            save_results(C, data, swept)
-            chance = Task(job.task, C).chance
+            save_results(cfg, data, swept)
+            chance = Task(job.task, cfg).chance
             print(f"{phase} {k}/{len(todo)}: {job.recipe} {job.model} {job.task} lr {job.lr:g} seed {job.seed}: "
                   f"test acc {min(record['acc'].values()):.3f} (chance {chance:.3f}), {record['steps']} steps, "
                   f"{record['train_s']:.0f}s; {time.time() - t0:.0f}s in this phase", flush=True)
@@ -448,45 +448,45 @@ def figure_png(data):
 
 
 def main(argv):
-    C, given = cli.configure(SETTINGS, argv)
-    if C.quick:
+    cfg, given = cli.configure(SETTINGS, argv)
+    if cfg.quick:
         for key, value in QUICK.items():
             if key not in given:  # explicit settings win
-                setattr(C, key, value)
-    check_settings(C)
-    C.device, _ = devices.choose_device_dtype(C.device, "float32")
-    if C.num_threads > 0:
-        torch.set_num_threads(C.num_threads)
-    model_list, recipe_list = names(C, "models", MODELS), names(C, "recipes", RECIPES)
-    task_list = names(C, "tasks", TASKS)
-    swept, lrs = task_list[0], rates(C)
-    for path, key in ((C.out_json, "--out_json"), (C.figure, "--figure")):  # one writer each, before any run
+                setattr(cfg, key, value)
+    check_settings(cfg)
+    cfg.device, _ = devices.choose_device_dtype(cfg.device, "float32")
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    model_list, recipe_list = names(cfg, "models", MODELS), names(cfg, "recipes", RECIPES)
+    task_list = names(cfg, "tasks", TASKS)
+    swept, lrs = task_list[0], rates(cfg)
+    for path, key in ((cfg.out_json, "--out_json"), (cfg.figure, "--figure")):  # one writer each, before any run
         if path:
             outputs.claim_output(path, f"{key}=<another file>")
-    data = load_results(C)
+    data = load_results(cfg)
     if data["runs"]:  # (said once a run has ended: save_results says it then)
-        cli.on_interrupt(f"the runs that ended are in {C.out_json}: the same command continues from them")
+        cli.on_interrupt(f"the runs that ended are in {cfg.out_json}: the same command continues from them")
     cli.require(data.get("swept", swept) == swept,
-                f"{C.out_json} holds a sweep of {data.get('swept')}: --tasks must start with it")
+                f"{cfg.out_json} holds a sweep of {data.get('swept')}: --tasks must start with it")
     t0, load0 = time.time(), portable.load_average()
-    print(f"{C.device}, {C.workers} process(es) of {C.num_threads} thread(s); load average {load0[0]:.2f}",
+    print(f"{cfg.device}, {cfg.workers} process(es) of {cfg.num_threads} thread(s); load average {load0[0]:.2f}",
           flush=True)
     for recipe in recipe_list:  # one recipe after the other: an interrupted suite has whole recipes first
         # 1. the sweep: every rate on seed 0
-        run_all([Job(recipe, m, swept, lr, 0) for m in model_list for lr in lrs], C, data, swept, f"{recipe} sweep")
+        run_all([Job(recipe, m, swept, lr, 0) for m in model_list for lr in lrs], cfg, data, swept, f"{recipe} sweep")
         # 2. more seeds at each selected rate, and the other tasks at it
         chosen = selected_rates(data, swept)[recipe]
-        more = [Job(recipe, m, swept, chosen[m], s) for m in model_list for s in range(1, C.seeds)]
+        more = [Job(recipe, m, swept, chosen[m], s) for m in model_list for s in range(1, cfg.seeds)]
         more += [Job(recipe, m, t, chosen[m], 0) for t in task_list[1:] for m in model_list]
-        run_all(more, C, data, swept, f"{recipe} at the selected rates")
-    save_results(C, data, swept, C.figure)  # the figure drawn from the JSON beside it: both or neither
+        run_all(more, cfg, data, swept, f"{recipe} at the selected rates")
+    save_results(cfg, data, swept, cfg.figure)  # the figure drawn from the JSON beside it: both or neither
     for name in recall_tables.SUITE_TABLES:
         print(f"\n{name}:\n{recall_tables.TABLES[name][1](data)}")
     load1 = portable.load_average()
     print(f"\n{time.time() - t0:.0f}s; load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end; "
-          f"runs in {C.out_json}")
-    if C.figure:
-        print(f"figure: {C.figure}")
+          f"runs in {cfg.out_json}")
+    if cfg.figure:
+        print(f"figure: {cfg.figure}")
     return data
 
 
