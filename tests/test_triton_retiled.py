@@ -6,7 +6,8 @@ against model.py's causal_tssa in float32, at shapes that cross several chunks a
 several batch rows, 1, 3, 5, 12 and 17 heads, widths 16, 48 and 64, features of scale 1e-4,
 1 and 1e3, a first token 1e-3 (dL/dS 1e6 times the later terms: the exact suffix of B2 and B3),
 features under the floor and switched on mid-chunk, model.py's guards made large; the prefill
-(the sums a prompt leaves for decoding); the same bits with every launch's programs reversed;
+(the sums a prompt leaves for decoding) and decoding on from it; the same bits with every
+launch's programs reversed;
 one call is ten launches and no PyTorch op; the non-causal form runs today's kernels. The plan's
 launches and bytes, on paper. tests/test_triton_builds.py builds the kernels for sm_90 under both
 Tritons (registers, spills, no fp fusion in B2 and B3).
@@ -238,6 +239,21 @@ def count_launches(causal=True):
     return counts
 
 
+def run_steps():
+    """Three decoding steps through fused_ops("triton_retiled") (today's _k_step) after a prefill of
+    the causal form, and the same through model.py: (outputs, sums) of each."""
+    w, temp, bias, _ = make_case(B=2, H=3, T=12, p=16, seed=13)
+    results = []
+    for ops in (fused.fused_ops("triton_retiled"), model.REFERENCE_OPERATORS):
+        state = model.TSSAState.zeros(2, 3, 16)
+        with knobs(), warnings.catch_warnings():
+            warnings.filterwarnings("error", "tssa_impl")
+            ops.causal_tssa(w[:, :, :9], temp, bias, state=state)
+            outs = [ops.causal_tssa_step(w[:, :, t], temp, bias[:, t], state) for t in range(9, 12)]
+        results.append((outs, [getattr(state, k).clone() for k in STATE]))
+    return results
+
+
 SCRIPT = textwrap.dedent("""
     import sys, torch
     import test_triton_retiled as t
@@ -250,11 +266,13 @@ SCRIPT = textwrap.dedent("""
     assert programs, "the interpreter's program order was not patched"
     results["counts"] = t.count_launches(causal=True)
     results["noncausal counts"] = t.count_launches(causal=False)
+    results["steps"] = t.run_steps()
     torch.save(results, sys.argv[1])
 """)
 INTERPRETED = os.path.join(background.SCRATCH, "retiled.pt")
 USES_INTERPRETER = {"test_retiled_matches_reference", "test_retiled_same_bits_in_any_program_order",
-                    "test_retiled_call_is_ten_launches_and_nothing_else", "test_noncausal_runs_todays_kernels"}
+                    "test_retiled_call_is_ten_launches_and_nothing_else", "test_noncausal_runs_todays_kernels",
+                    "test_decoding_after_the_prefill"}
 
 
 def triton_missing():
@@ -318,6 +336,15 @@ def test_noncausal_runs_todays_kernels(results):
     kernels (today's run it: their own tests check them)."""
     (fwd, _), (bwd, _) = results["noncausal counts"]["forward"], results["noncausal counts"]["backward"]
     assert fwd == [] and bwd == []
+
+
+def test_decoding_after_the_prefill(results):
+    """A prompt through the re-tiled kernels leaves the sums decoding goes on from (fused.py's
+    keep_sums), and fused_ops("triton_retiled").causal_tssa_step (today's _k_step) decodes three
+    tokens from them as model.py does."""
+    (outs, sums), (ref_outs, ref_sums) = results["steps"]
+    for a, b in zip(outs + sums, ref_outs + ref_sums):
+        assert ((a - b).norm() / b.norm()).item() < FP32_TOL
 
 
 # -----------------------------------------------------------------------------
