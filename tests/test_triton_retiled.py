@@ -3,14 +3,14 @@ Tests of the re-tiled causal kernels (kernels/triton_retiled.py, fused_ops("trit
 under TRITON_INTERPRET=1 (in a subprocess, started in the background as tests/test_kernels.py's
 interpreter run is), every output, Pi and gradient (w, the temperature, the whole position bias)
 against model.py's causal_tssa in float32, at shapes that cross several chunks and end inside one,
-several batch rows, 1, 3, 5, 12 and 17 heads, widths 16, 48 and 64, features of scale 1e-4,
-1 and 1e3, a first token 1e-3 (dL/dS 1e6 times the later terms: the exact suffix of B2 and B3),
-features under the floor and switched on mid-chunk, model.py's guards made large; the prefill
-(the sums a prompt leaves for decoding) and decoding on from it; the same bits with every
-launch's programs reversed;
-one call is ten launches and no PyTorch op; the non-causal form runs today's kernels. The plan's
-launches and bytes, on paper. tests/test_triton_builds.py builds the kernels for sm_90 under both
-Tritons (registers, spills, no fp fusion in B2 and B3).
+several batch rows, 1, 3, 5, 12 and 17 heads, widths 16, 48 and 64, features of scale 1e-4, 1 and
+1e3 (dL/dM and dL/dN nearly cancelling in dL/dPi), a first token 1e-3 (dL/dS 1e6 times the later
+terms) and features switched on mid-chunk: the exact in-chunk suffixes of B1-B3; features under
+the floor, model.py's guards made large; the prefill (the sums a prompt leaves for decoding) and
+decoding on from it; the same bits with every launch's programs reversed; one call is ten
+launches and no PyTorch op; the non-causal form runs today's kernels. The plan's launches, bytes
+and modelled time, on paper. tests/test_triton_builds.py builds the kernels for sm_90 under both
+Tritons (registers, spills, no fp fusion in B1-B3).
 
     python -m pytest -q tests/test_triton_retiled.py
 """
