@@ -10,6 +10,9 @@ to it where the kernels do not apply or cannot run:
     launch raised (e.g. a Triton compile error; then the reference for the rest of the run).
     A failing backward recomputes the gradients through the reference instead.
 Every warning of the package is one line (warn), attributed to the line that ran the model.
+BACKENDS also holds "triton_retiled" (kernels/triton_retiled.py, the causal kernels re-tiled, on
+trial until a GPU measures them): fused_ops("triton_retiled") runs them, eagerly (under
+torch.compile behind a graph break); no script's tssa_impl selects them.
 """
 
 import importlib
@@ -21,7 +24,9 @@ import torch
 
 import model
 
-BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels")}
+BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels"),
+            # the causal kernels re-tiled (issue 52): by name only (fused_ops), not a tssa_impl of any script
+            "triton_retiled": ("kernels.triton_retiled", "RetiledKernels")}
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FUSED_PI_MODES = ("softmax",)  # the Pi modes (model.PI_MODES) the kernels compute
 PROBE_ON_CPU = False  # tests: also probe the custom operators under TRITON_INTERPRET=1
@@ -309,7 +314,8 @@ def built_impls():
 
 
 def fused_ops(impl):
-    """model.TSSAOperators of the fused kernels of impl ("cpu" or "triton")."""
+    """model.TSSAOperators of the fused kernels of impl ("cpu", "triton", or "triton_retiled": the
+    re-tiled causal kernels of kernels/triton_retiled.py, eager only, which no tssa_impl names)."""
     if impl not in BACKENDS:
         raise ValueError(f"fused kernels exist for {sorted(BACKENDS)}, not {impl!r}")
     if impl not in _OPS:

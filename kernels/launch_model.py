@@ -19,7 +19,8 @@ tests/test_triton_design.py holds the model to every launch time recorded there.
 The model of one launch (the constants below, fitted to those 36 launch times on the H200,
 Triton 3.6; the copy rates measured):
   LAUNCH_S
-  + the HBM bytes it reads and writes (each tensor once) / the device's copy rate
+  + the HBM bytes it reads and writes (each tensor once), and those it reads a second time in
+    a row where it says so ("reread": the re-tiled B1), / the device's copy rate
   + the bytes its programs read again from L2 (other heads' per-token scalars, other batch
     rows' R) / L2_RATE
   + per program, x warps / 4 (a reduction's shuffles and barriers grow with the warps that
@@ -35,6 +36,12 @@ Triton 3.6; the copy rates measured):
 What it does not see: occupancy and registers (tests/test_triton_builds.py bounds those),
 overlap of one program's arithmetic with another's loads beyond what the fit absorbed, L2
 hits on w re-read by the next launch. The fit leaves every recorded launch within 14%.
+
+The re-tiled causal kernels (kernels/triton_retiled.py: a program per batch row and chunk over
+every head, its rows walked in order) are priced by the same terms: retiled_plan() states their 10
+launches, RETILED_TRAFFIC and RETILED_WORK what each moves and does. MODELLED, NOT MEASURED: no
+GPU has run them, and the model's constants were fitted to the kernels above (see RETILED_WORK
+for how a row's reductions are counted against them).
 """
 
 import torch
@@ -208,8 +215,114 @@ def modelled_time_s(plan, gpu="h100", copy_rate=None):
     total = 0.0
     for launch in plan:
         programs, warps = launch["grid"], launch.get("warps", REFERENCE_WARPS)
-        total += (LAUNCH_S + (launch["read"] + launch["write"]) / rate + launch.get("l2_read", 0) / L2_RATE
+        total += (LAUNCH_S + (launch["read"] + launch["write"] + launch.get("reread", 0)) / rate
+                  + launch.get("l2_read", 0) / L2_RATE
                   + programs * warps / REFERENCE_WARPS * (launch["scans"] * SCAN_S + launch["sums"] * SUM_S)
                   + programs * launch.get("values", 0) * launch.get("divs", 0) * DIV_S
                   + launch["steps"] * (STEP_S + programs * warps * WARP_STEP_S))
     return total
+
+
+# -----------------------------------------------------------------------------
+# The re-tiled causal kernels (kernels/triton_retiled.py). MODELLED, NOT MEASURED.
+
+RETILED_FORWARD = ("_r_sq_totals", "_r_scan", "_r_pi", "_r_scan", "_r_out")
+RETILED_BACKWARD = ("_r_grad_totals", "_r_scan", "_r_logit_grad", "_r_scan", "_r_grad_w")
+# The scans of one call, in launch order: (the totals, the carries, mode)
+RETILED_SCANS = {"forward": (("tS", "cS", "prefix"), ("tMN", "cMN", "prefix")),
+                 "backward": (("tG", "cG", "suffix from"), ("tGS", "cGS", "suffix after"))}
+# What each chunk launch moves in HBM (each tensor once; sizes in _retiled_sizes), reads again
+# from L2 as today's kernels do (dL/dw's programs of batch row 0: every row's R), and "reread": the
+# chunk B1 walks a second time (w, g, Pi), rows read a moment before by the same program: priced
+# at the copy rate, as if none of it were still in L2 (its chunks in flight, ~50 MB at B1 T16K with
+# 4 programs an SM, are about the L2's size), where an L2 hit costs less. The per-token scalars (u,
+# Pi, y, R) a program reads row by row are 4 bytes a head a row, their 128-byte lines used over 32
+# rows: the model takes them as read once (L1 hits). Both are assumptions a GPU must check.
+RETILED_TRAFFIC = {
+    "_r_sq_totals": dict(read=("w",), write=("tS",), again=(), reread=()),
+    "_r_pi": dict(read=("w", "cS", "bias"), write=("u", "pi", "tMN"), again=(), reread=()),
+    "_r_out": dict(read=("w", "pi", "cMN"), write=("out",), again=(), reread=()),
+    "_r_grad_totals": dict(read=("w", "g", "pi", "cMN"), write=("y", "tG"), again=(), reread=("w", "g", "pi")),
+    "_r_logit_grad": dict(read=("w", "y", "pi", "u", "cS", "cG"), write=("R", "gtemp", "tGS"), again=(), reread=()),
+    "_r_grad_w": dict(read=("w", "g", "pi", "R", "cS", "cMN", "cG", "tG_m", "cGS", "tGS", "gtemp"),
+                      write=("dw", "dtemp", "dbias"), again=("R_batch",), reread=()),
+}
+# What one program does a row: its reductions across threads (a sum over a head's features, a
+# reduction over the heads), and its divisions a value. No token-axis scan: the running sums are
+# in-thread adds, which the model prices at nothing (nor the (hi, lo) sums of B2 and B3: ~20 more
+# fp32 operations a value, ALU the model has no term for). A row's reduction is counted as
+# (values a thread) / 16 of one the model was fitted to (a 4-warp program's (32, 64) bf16 tile: 16
+# values a thread, two rows a thread to shuffle where a bf16 row has one): an assumption, not a fit.
+RETILED_WORK = {
+    "_r_sq_totals": dict(row_sums=0, divs=0),
+    "_r_pi": dict(row_sums=3, divs=1),  # u's sum over features; the softmax's max and sum over heads
+    "_r_out": dict(row_sums=0, divs=1),  # n / (n + M)
+    "_r_grad_totals": dict(row_sums=2, divs=2),  # dL/dN (first walk), y (second) over features; D in each walk
+    "_r_logit_grad": dict(row_sums=2, divs=1),  # the carry part over features, the softmax backward over heads; A
+    "_r_grad_w": dict(row_sums=0, divs=2),  # A and D (dpos_bias's batch sums: one tile a batch row, row 0)
+}
+FITTED_VALUES_PER_THREAD = 16  # of the tiles SUM_S was fitted to
+
+
+def retiled_geometry(T, p, H, kernels, element_size=2):
+    """How the re-tiled kernels cut a row of T tokens and H heads of width p (w of element_size
+    bytes): nC chunks of BT tokens; each program's row tile (HP, P) (heads and width padded to
+    powers of two) over warps for one VECTOR_BYTES vector a thread ("values": 8 bf16, 4 fp32),
+    "fits" where MAX_WARPS warps hold the row; the scans' CB chunk totals a step (as many as the
+    row has, up to SCAN_CHUNKS), SB columns a program, their warps and steps."""
+    HP, P = next_power_of_2(H), next_power_of_2(p)
+    BT = kernels["BLOCK_T"]
+    nC = cdiv(max(T, 1), BT)
+    values = kernels["VECTOR_BYTES"] // element_size
+    warps = min(kernels["MAX_WARPS"], max(1, HP * P // (32 * values)))
+    CB = min(kernels["SCAN_CHUNKS"], next_power_of_2(nC))
+    SB = kernels["SCAN_COLUMNS"]
+    scan_warps = min(8, max(1, CB * SB // kernels["SCAN_VALUES_PER_WARP"]))
+    return dict(BT=BT, HP=HP, P=P, EVEN_P=P == p, nC=nC, values=values, warps=warps,
+                fits=HP * P <= kernels["MAX_WARPS"] * 32 * values, CB=CB, SB=SB, scan_warps=scan_warps,
+                scan_steps=cdiv(nC, CB))
+
+
+def _retiled_sizes(B, H, T, p, dtype, bias_width, nC):
+    """Bytes of every tensor a re-tiled launch moves (RETILED_TRAFFIC's names)."""
+    f32 = 4
+    scalar = B * H * T * f32  # u, Pi, y, R
+    per_value = B * nC * H * p * f32  # a chunk array of (B, nC, H p): tS, cS, cGS
+    with_heads = B * nC * (H * p + H) * f32  # (B, nC, H p + H): tMN, cMN, cG
+    w = B * H * T * p * torch.empty((), dtype=dtype).element_size()
+    return dict(w=w, g=w, out=w, dw=w, u=scalar, pi=scalar, y=scalar, R=scalar, bias=H * T * f32,
+                tS=per_value, cS=per_value, cGS=per_value, tGS=2 * per_value, tMN=with_heads, cMN=with_heads,
+                tG=2 * with_heads, tG_m=2 * per_value, cG=with_heads, gtemp=B * nC * H * f32, dtemp=H * f32,
+                dbias=H * (bias_width or T) * f32, R_batch=(B - 1) * H * T * f32)
+
+
+def retiled_plan(kernels, B, H, T, p, dtype=torch.bfloat16, bias_width=None):
+    """The launches of one causal forward and backward of the re-tiled kernels, in order, in
+    plan_for's terms (kernel, grid, warps, HBM and L2 bytes, what a program does), for
+    modelled_time_s. A chunk launch: B * nC programs of `warps`, each BT rows of an (HP, P) tile
+    ("values": BT * HP * P), "sums" its row reductions as RETILED_WORK counts them; a scan: a
+    program per batch row and SB columns of the totals, its dependent steps. "reread": the bytes a
+    launch reads a second time (B1's second walk), priced at the copy rate."""
+    geo = retiled_geometry(T, p, H, kernels, torch.empty((), dtype=dtype).element_size())
+    sizes = _retiled_sizes(B, H, T, p, dtype, bias_width, geo["nC"])
+    programs, share = B * geo["nC"], geo["values"] / FITTED_VALUES_PER_THREAD
+    plan = []
+    for direction, names in (("forward", RETILED_FORWARD), ("backward", RETILED_BACKWARD)):
+        scans = iter(RETILED_SCANS[direction])
+        for name in names:
+            if name == "_r_scan":
+                tot, carry, mode = next(scans)
+                columns = sizes[carry] // (B * geo["nC"] * 4)
+                plan.append(dict(kernel=name, direction=direction, mode=mode, carries=carry,
+                                 grid=B * cdiv(columns, geo["SB"]), warps=geo["scan_warps"], read=sizes[tot],
+                                 write=sizes[carry], l2_read=0, tiles=0, scans=0, sums=0, divs=0, values=0,
+                                 steps=geo["scan_steps"]))
+                continue
+            t, w = RETILED_TRAFFIC[name], RETILED_WORK[name]
+            plan.append(dict(kernel=name, direction=direction, grid=programs, warps=geo["warps"],
+                             read=sum(sizes[k] for k in t["read"]), write=sum(sizes[k] for k in t["write"]),
+                             l2_read=sum(sizes[k] for k in t["again"]), reread=sum(sizes[k] for k in t["reread"]),
+                             tiles=programs, scans=0,
+                             sums=geo["BT"] * w["row_sums"] * share, divs=w["divs"],
+                             values=geo["BT"] * geo["HP"] * geo["P"], steps=0))
+    return plan

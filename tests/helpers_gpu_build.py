@@ -20,6 +20,9 @@ shapes, the SASS) is read for atomics, fences and how each function's lines move
 
 PROFILED.py: a copy of kernels/triton_tssa.py as a GPU profile ran it (tests/test_kernels.py
 takes it from git), built also at the shapes of `python -m kernels.gpu_check profile`.
+The re-tiled causal kernels (kernels/triton_retiled.py, RetiledKernels) are built the same way at
+RETILED_CASES ("retiled_rows", "retiled_builds"), with the number of fused multiply-adds in each PTX
+and the sizes of its asynchronous copies (the software pipeline of a row loop).
 """
 import importlib.util
 import inspect
@@ -39,7 +42,7 @@ from triton.runtime.jit import JITFunction
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model  # noqa: E402
 from kernels import fused  # noqa: E402
-from kernels import triton_tssa  # noqa: E402
+from kernels import triton_retiled, triton_tssa  # noqa: E402
 
 K = 1024
 BF16 = torch.bfloat16
@@ -74,12 +77,25 @@ STEPS = [dict(name=f"step B1 p{p}", step=True, B=1, H=12, p=p, dtype=BF16, arch=
 PROFILE_CASES = [case(f"profile B{B} T{T // K}K", B, T, layout="contiguous") for B, T in [(1, 16 * K), (16, K),
                                                                                          (1, 64 * K)]]
 SASS_CASES = ("op B1 T16K", "noncausal masked B16 T1K", "step B1 p64")  # the SASS is read (0.3 s a build) here
+# The re-tiled causal kernels: the operator's three target shapes, the training step at 16K, the
+# main job, p = 128 (8 warps), fp32 (4-wide vectors: 8 warps), 17 heads of 48 (HP = 32, P = 64:
+# the column mask, 8 warps), w contiguous as (B, H, T, p), and an A100
+RETILED_CASES = [case(f"retiled {name}", B, T) for name, B, T in (
+    ("op B1 T16K", 1, 16 * K), ("op B16 T1K", 16, K), ("op B1 T64K", 1, 64 * K), ("train B4 T16K", 4, 16 * K),
+    ("main job B12 T1K", 12, K))]
+RETILED_CASES += [case("retiled p128 B1 T16K", 1, 16 * K, p=128),
+                  case("retiled fp32 B1 T16K", 1, 16 * K, dtype=torch.float32),
+                  case("retiled fp16 p48 H17 B4 T1K", 4, K, p=48, H=17, dtype=torch.float16),
+                  case("retiled contiguous B2 T4K", 2, 4 * K, layout="contiguous"),
+                  case("retiled sm_80 op B1 T16K", 1, 16 * K, arch=80)]
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 PTX_SYNC = re.compile(r"\b(atom|red|membar|fence)\.")  # atomics, reductions, fences
 PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)")  # the source file and line of what follows
 PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"')
 PTX_MOVE = re.compile(r"(?:ld|st)\.global[.\w]*")
+PTX_FMA = re.compile(r"\bfma\.rn\.f32\b")  # a multiply fused into an add (none where fp fusion is off)
+PTX_COPY = re.compile(r"cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-f]+|\d+)")  # its bytes
 SASS_SYNC = re.compile(r"\b(ATOM|ATOMS|ATOMG|RED|REDG|MEMBAR|ERRBAR)\b")
 
 
@@ -104,9 +120,11 @@ class StubDriver:
 
 
 def build_instead_of_launch(module, launches):
-    """Every launch of module's kernels only builds (the JIT's own run, with warmup=True);
-    each appends (kernel name, grid, the compiled kernel) to launches."""
-    for name in tuple(dict.fromkeys(module.FORWARD + module.BACKWARD)) + ("_k_step",):
+    """Every launch of module's kernels (its KERNELS; a profiled source's FORWARD, BACKWARD and
+    _k_step) only builds (the JIT's own run, with warmup=True); each appends (kernel name, grid,
+    the compiled kernel) to launches."""
+    names = getattr(module, "KERNELS", None) or tuple(dict.fromkeys(module.FORWARD + module.BACKWARD)) + ("_k_step",)
+    for name in names:
         kernel = getattr(module, name)
 
         def run(*args, grid, warmup, _kernel=kernel, _name=name, **kwargs):
@@ -120,8 +138,8 @@ def empty(*shape, dtype=torch.float32):
     return torch.empty(*shape, device="meta", dtype=dtype)
 
 
-def run_case(module, c):
-    """One forward and backward of module's TritonKernels, as kernels/fused.py calls them."""
+def run_case(kernels, c):
+    """One forward and backward of the kernel class (TritonKernels, RetiledKernels), as kernels/fused.py calls them."""
     B, H, T, p = c["B"], c["H"], c["T"], c["p"]
     if c["layout"] == "heads":  # model.split_heads of c_in's output / of dL/dout
         w, g = (model.split_heads(empty(B, T, H * p, dtype=c["dtype"]), H) for _ in range(2))
@@ -131,17 +149,17 @@ def run_case(module, c):
     bias = empty(H, c["bias_width"]) if c["causal"] else None
     mask = empty(B, T, dtype=torch.bool) if c["masked"] else None
     eps = fused.guards(c["causal"])
-    out, pi, u, saved = module.TritonKernels.forward(w, temp, bias, mask, c["causal"], eps)
-    module.TritonKernels.backward(w, g, temp, pi, u, mask, saved, c["causal"], eps, c["bias_width"])
+    out, pi, u, saved = kernels.forward(w, temp, bias, mask, c["causal"], eps)
+    kernels.backward(w, g, temp, pi, u, mask, saved, c["causal"], eps, c["bias_width"])
 
 
-def run_step(module, c):
+def run_step(kernels, c):
     """One decoding token, as kernels/fused.py's causal_tssa_step calls it (model.py's bias_t:
     pos_bias.index_select(1, at).squeeze(1))."""
     state = model.TSSAState.zeros(c["B"], c["H"], c["p"], device="meta")
     bias_t = empty(c["H"], 1).squeeze(1)
-    module.TritonKernels.step(empty(c["B"], c["H"], c["p"], dtype=c["dtype"]), empty(c["H"]),
-                              bias_t.reshape(c["H"]).float(), state, fused.guards(True))
+    kernels.step(empty(c["B"], c["H"], c["p"], dtype=c["dtype"]), empty(c["H"]), bias_t.reshape(c["H"]).float(), state,
+                 fused.guards(True))
 
 
 def cuobjdump(flag, cubin):
@@ -182,30 +200,34 @@ def describe(compiled, read_sass, module):
     names = [p.name for p in src.fn.params]
     divisible = sorted(names[k[0]] for k, v in src.attrs.items() if ["tt.divisibility", 16] in v)
     return dict(regs=regs, local_bytes=stack + local, num_warps=meta.num_warps, num_stages=meta.num_stages,
+                fma=len(PTX_FMA.findall(ptx)), copy_bytes=sorted({int(n, 0) for n in PTX_COPY.findall(ptx)}),
                 shared=meta.shared, signature={k: str(v) for k, v in src.signature.items()}, divisible_by_16=divisible,
                 moves=moves_by_function(ptx, module), ptx_sync=sorted(set(PTX_SYNC.findall(ptx))),
                 sass_lines=None if sass is None else sass.count("\n"),
                 sass_sync=None if sass is None else sorted(set(SASS_SYNC.findall(sass))))
 
 
-def plan_of(module, c):
-    """The module's TritonKernels.plan for case c: at the case's T where the plan takes one (the
-    scans' chunk totals a step and warps follow the row's chunks; the profiled source's plan does not)."""
+def plan_of(kernels, c):
+    """The kernel class's plan for case c: at the case's T (and w's dtype) where the plan takes one
+    (the scans' chunk totals a step and warps follow the row's chunks; the re-tiled kernels' warps
+    w's dtype; the profiled source's plan takes neither)."""
     args = (c["p"], c["H"], c.get("causal", True), c.get("masked", False))
-    takes_T = "T" in inspect.signature(module.TritonKernels.plan).parameters
-    return module.TritonKernels.plan(*args, **({"T": c["T"]} if takes_T and "T" in c else {}))
+    takes = inspect.signature(kernels.plan).parameters
+    return kernels.plan(*args, **{k: c[k] for k in ("T", "dtype") if k in takes and k in c})
 
 
-def build_all(module, cases, steps, stub):
-    """Every launch of the cases and decoding steps: rows (the case, the kernel, its grid, its
-    plan's warps, the build's index) and the builds."""
+def build_all(module, cases, steps, stub, kernels=None):
+    """Every launch of the cases and decoding steps through the module's kernel class (kernels;
+    TritonKernels by default): rows (the case, the kernel, its grid, its plan's warps, the build's
+    index) and the builds."""
+    kernels = kernels or module.TritonKernels
     launches, rows, index = [], [], {}
     build_instead_of_launch(module, launches)
     for c in cases + steps:
         stub.arch = c["arch"]
         start = len(launches)
-        (run_step if c.get("step") else run_case)(module, c)
-        plan = plan_of(module, c)
+        (run_step if c.get("step") else run_case)(kernels, c)
+        plan = plan_of(kernels, c)
         for name, grid, compiled in launches[start:]:
             index.setdefault(id(compiled), (len(index), compiled, set()))[2].add(c["name"])
             rows.append(dict(c, dtype=str(c["dtype"]).replace("torch.", ""), kernel=name, grid=grid,
@@ -218,7 +240,9 @@ def main(out_path, profiled_source=None):
     stub = StubDriver()
     driver.set_active(stub)
     rows, builds = build_all(triton_tssa, CASES, STEPS, stub)
-    result = dict(triton=triton.__version__, rows=rows, builds=builds,
+    retiled_rows, retiled_builds = build_all(triton_retiled, RETILED_CASES, [], stub, triton_retiled.RetiledKernels)
+    result = dict(triton=triton.__version__, rows=rows, builds=builds, retiled_rows=retiled_rows,
+                  retiled_builds=retiled_builds,
                   ptxas=subprocess.run([os.path.join(BIN, "ptxas"), "--version"], capture_output=True,
                                        text=True).stdout.strip().splitlines()[-1])
     if profiled_source:

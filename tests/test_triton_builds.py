@@ -14,7 +14,8 @@ cost the memory traffic the kernels exist to save; none may use an atomic, reduc
 instruction (the kernels' determinism rests on no program waiting on or adding into another's
 data); and bf16 tiles move as vectors at p = 64. The builds run in the background from the
 start of the session (tests/background.py), after the interpreter run in priority; this file
-sorts late, so that the suite's other tests run meanwhile.
+sorts late, so that the suite's other tests run meanwhile. The same job builds the re-tiled causal
+kernels (kernels/triton_retiled.py) at their own shapes, held to the same bounds.
 
     NANOTOST_GPU_TRITON_DIR=DIR python -m pytest -q tests/test_triton_builds.py
 """
@@ -159,6 +160,44 @@ def test_triton_kernels_built_as_the_gpu_builds_them(which):
         "move bf16 tiles one element at a time": offending(
             [r for r in rows if r["dtype"] == "bfloat16" and r["p"] % 16 == 0], builds,
             lambda b: any(m.endswith((".b16", ".u16")) for m in tile_moves(b)))}
+    problems = [f"kernels {what}: {where}" for what, where in problems.items() if where]
+    assert not problems, f"Triton {result['triton']} ({result['ptxas']}), sm_90 unless named: " + "\n".join(problems)
+
+
+@pytest.mark.parametrize("which", TRITONS)
+def test_retiled_kernels_built_as_the_gpu_builds_them(which):
+    """kernels/triton_retiled.py's ten launches at helpers_gpu_build.RETILED_CASES, as the JIT
+    builds them for sm_90 (sm_80 where named): at most 128 registers a thread, no spill, no atomic
+    or fence; B1, B2 and B3 (EXACT_TERMS) without a fused multiply-add, so that each computes the
+    dL/dM and dL/dS terms another takes out of its totals with the same roundings (and fp fusion
+    on elsewhere: the count reads the PTX); bf16 and fp16 rows (widths multiples of 16) move as
+    16-byte vectors (stores v4, the row loop's asynchronous copies 16 bytes, and never one element
+    at a time)."""
+    result = gpu_builds(which)
+    import helpers_gpu_build as gb
+    from kernels import triton_retiled
+    rows, builds = result["retiled_rows"], result["retiled_builds"]
+    build = lambda r: builds[r["build"]]  # noqa: E731
+    launched = {}
+    for r in rows:
+        launched.setdefault(r["name"], []).append(r["kernel"])
+    assert launched == {c["name"]: list(triton_retiled.FORWARD + triton_retiled.BACKWARD) for c in gb.RETILED_CASES}
+    assert all(build(r)["num_warps"] == r["plan_warps"] for r in rows)
+    exact = [build(r)["fma"] for r in rows if r["kernel"] in triton_retiled.EXACT_TERMS]
+    assert exact and not any(exact)
+    assert all(build(r)["fma"] > 0 for r in rows if r["kernel"] in ("_r_pi", "_r_out"))
+    half = [r for r in rows if r["dtype"] in ("bfloat16", "float16") and r["kernel"] != "_r_scan"]
+    moves = lambda b: [m for ms in b["moves"].values() for m in ms]  # noqa: E731
+    assert all(16 in build(r)["copy_bytes"] for r in half)  # w (and g) rows: 16-byte cp.async
+    assert all(any(m.startswith("st.global.v4") for m in moves(build(r))) for r in half
+               if r["kernel"] in ("_r_out", "_r_grad_w"))
+    problems = {
+        "spill registers to local memory": offending(rows, builds, lambda b: b["local_bytes"] > 0),
+        f"use more than {MAX_REGISTERS} registers a thread": offending(rows, builds,
+                                                                       lambda b: b["regs"] > MAX_REGISTERS),
+        "use atomics or fences": offending(rows, builds, lambda b: b["ptx_sync"]),
+        "move half-precision values one at a time": offending(half, builds, lambda b: any(
+            m.endswith((".b16", ".u16")) for m in moves(b)))}
     problems = [f"kernels {what}: {where}" for what, where in problems.items() if where]
     assert not problems, f"Triton {result['triton']} ({result['ptxas']}), sm_90 unless named: " + "\n".join(problems)
 
