@@ -145,7 +145,7 @@ def geometry(T, p, kernels):
     SB = kernels["SCAN_COLUMNS"]
     warps = kernels["scan_warps"] or min(8, max(1, CB * SB // SCAN_VALUES_PER_WARP))
     dw_warps = kernels["WORK"]["_k_grad_w"]["warps"] or min(8, max(1, BT * BK // (32 * kernels["DW_VALUES"])))
-    return dict(BT=BT, P=P, EVEN_P=P == p, nC=nC, BK=BK, nK=P // BK, EVEN_K=p % BK == 0, dw_warps=dw_warps, CB=CB,
+    return dict(BT=BT, P=P, EVEN_P=P == p, nC=nC, BK=BK, nK=cdiv(p, BK), EVEN_K=p % BK == 0, dw_warps=dw_warps, CB=CB,
                 SB=SB, scan_warps=warps, scan_steps=cdiv(nC, CB))
 
 

@@ -590,6 +590,9 @@ TRITON_CASES = dict(  # small enough for the interpreter
     # carries at B = 2 with a near-zero start; the whole head in one dL/dw program
     causal_scan_steps=dict(B=2, H=2, T=140, p=4, dtype=torch.float32, causal=True, seed=32, block_t=16,
                            scan_chunks=4, first_scale=0.01),
+    # p a multiple of dL/dw's 16 columns but not a power of two: three column blocks, none past p
+    # (a fourth, past the head, wrote into the next head's dw or out of the tensor)
+    causal_p48=dict(B=1, H=5, T=30, p=48, dtype=torch.float32, causal=True, seed=36),
 )
 # Run again, and again with the programs of every launch in reverse order (the interpreter
 # runs them first to last): the results must be the same bits. Both scan several steps a row.
