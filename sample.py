@@ -8,8 +8,9 @@ Sample text from a checkpoint written by train.py (ToST or the softmax baseline)
 ToST decodes from its recurrent state: three running sums per head, so every new token costs
 the same whatever the length so far (no growing KV cache); the softmax baseline uses a KV
 cache. --cuda_graph=auto (the default) records one decoding step as a CUDA graph on a GPU and
-replays it for every token (one launch instead of one per operation); on the CPU, and with
---cuda_graph=off, each step runs op by op. The tokenizer is the one the checkpoint names; the
+replays it for every token (one launch instead of one per operation); =compiled and =autotuned
+compile the step first (Inductor; autotuned times its kernel choices, fewer kernels a token, minutes
+to build); on the CPU, and with --cuda_graph=off, each step runs op by op. The tokenizer is the one the checkpoint names; the
 ids that only pad the vocabulary to a multiple of 64 are never sampled. --temperature=0 is
 greedy, and a tiny one (1e-9, 1e-40) tends to it, never to nan; --top_k=0 is no limit.
 Settings are globals overridden by --key=value (as in train.py).
@@ -36,7 +37,7 @@ top_k = 200  # sample among the top_k most likely tokens (0: all)
 seed = 1337
 device = "auto"  # "auto" (cuda if available, else mps on Apple silicon, else cpu), "cpu", "cuda", "mps"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, float32 on CPU), "float32", "bfloat16", "float16"
-cuda_graph = "auto"  # "auto": each step replayed as a CUDA graph on CUDA (op by op on the CPU); "off": never
+cuda_graph = "auto"  # "auto": each step a CUDA graph on CUDA; "compiled", "autotuned": compiled first; "off"
 compile = False
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
@@ -46,7 +47,7 @@ num_threads = 0  # torch CPU threads (0: the training run's setting, else torch'
 def main(argv):
     cfg, given = cli.configure(cli.config_defaults(globals()), argv)
     cli.check(cfg, at_least_1=("num_samples",), non_negative=loading.SAMPLING_SETTINGS, seed=("seed",),
-              workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS, "cuda_graph": ("auto", "off")})
+              workers=("num_threads",), choices={"tssa_impl": kernels.IMPLS, "cuda_graph": (*kernels.CAPTURES, "off")})
     device, dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
     torch.manual_seed(cfg.seed)
 
@@ -54,8 +55,8 @@ def main(argv):
     # decoding state; a fork whose decoding differs from its parallel form is said, and sampled by the latter
     model, ckpt, path = loading.load_reader_model(cfg, device, given)
     generate = forks.generator(model, "sampling by the parallel form instead (a full forward per token)")
-    if cfg.cuda_graph == "auto":
-        kernels.capture_steps(model)  # on CUDA, each step is one replay of a recorded graph
+    if cfg.cuda_graph != "off":  # on CUDA, each step is one replay of a recorded graph
+        kernels.capture_steps(model, **kernels.CAPTURES[cfg.cuda_graph])
     if cfg.compile:
         model = torch.compile(model)
     info = ckpt["tokenizer"]

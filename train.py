@@ -92,6 +92,7 @@ min_lr = 6e-5
 device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, else cpu), "cpu", "cuda:1", "mps"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False  # torch.compile the model
+compile_mode = "default"  # torch.compile's mode: "reduce-overhead" replays the compiled step as CUDA graphs
 seed = 1337
 num_threads = 0  # torch CPU threads (0: torch's default)
 ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
@@ -112,8 +113,6 @@ def check_settings(cfg):
         choices={"init_from": ("scratch", "resume", "auto", "finetune"), "tssa_impl": kernels.IMPLS,
                  "lr_schedule": ("cosine", "linear", "constant", "invsqrt")}))
     cli.build(GPTConfig, **{k: getattr(cfg, k) for k in MODEL_KEYS})  # the model's own rules between settings
-    cli.require(cfg.min_lr <= cfg.learning_rate,
-                f"min_lr ({cfg.min_lr}) must not exceed learning_rate ({cfg.learning_rate})")
     cli.require(cfg.out_dir and cfg.dataset, "out_dir and dataset must not be empty")
 
 
@@ -143,7 +142,7 @@ def main(argv):
     # before any work, so a mistake costs one line now rather than a crash an hour in
     cfg, given = cli.configure(DEFAULTS, argv)
     check_settings(cfg)
-    tk.check_init_from(cfg, given)  # (finetune_from: read by a finetune alone)
+    tk.check_shared_settings(cfg, given)  # (the trainers' rules between settings, e.g. finetune_from's)
     device, dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
@@ -231,7 +230,7 @@ def main(argv):
         # compile and DDP, last, around the loaded model; evaluation skips DDP (no gradients to average)
         if cfg.compile:
             say("compiling the model (takes a minute)...")
-            model = torch.compile(model)
+            model = torch.compile(model, mode=cfg.compile_mode)
         eval_model = model
         if d.ddp:
             model = DDP(model, device_ids=[d.local_rank] if device.startswith("cuda") else None,

@@ -105,6 +105,7 @@ max_time = 0.0  # seconds after which the run evaluates, saves and stops (0: no 
 device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, else cpu), "cpu", "cuda:1", "mps"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
+compile_mode = "default"  # torch.compile's mode (train.py's setting)
 num_threads = 0  # CPU threads for torch (0: torch's default)
 ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 sync_bn = True  # under DDP on GPUs: SyncBatchNorm in the patch embedding
@@ -141,8 +142,6 @@ def check_settings(cfg):
     cli.require(cfg.n_embd % cfg.n_head == 0, f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
     cli.require(cfg.n_embd >= cfg.patch_size // 2, f"n_embd ({cfg.n_embd}) must be at least patch_size / 2 "
                 f"({cfg.patch_size // 2}): the patch embedding halves it per convolution")
-    cli.require(cfg.min_lr <= cfg.learning_rate,
-                f"min_lr ({cfg.min_lr}) must not exceed learning_rate ({cfg.learning_rate})")
     cli.require(cfg.out_dir, "out_dir must not be empty")
     cli.require(cfg.dataset != "folder" or cfg.data_dir,
                 "dataset='folder' needs --data_dir=<a folder of class folders>")
@@ -176,7 +175,7 @@ def main(argv):
     # settings: the globals above, then config files and --key=value, then checks
     cfg, given = cli.configure(DEFAULTS, argv)
     check_settings(cfg)
-    tk.check_init_from(cfg, given, "a ckpt.pt written by vit_train.py")  # (finetune_from: a finetune's alone)
+    tk.check_shared_settings(cfg, given, "a ckpt.pt written by vit_train.py")  # (the trainers' rules, as train.py's)
     device, dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
@@ -266,7 +265,7 @@ def main(argv):
         ckpt = pretrained = None  # free the memory
         if cfg.compile:
             say("compiling the model (takes a minute)...")
-            model = torch.compile(model)
+            model = torch.compile(model, mode=cfg.compile_mode)
         eval_model = model  # evaluation skips DDP (no gradients)
         if d.ddp:
             model = DDP(model, device_ids=[d.local_rank] if device.startswith("cuda") else None,

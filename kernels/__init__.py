@@ -70,7 +70,7 @@ from nanotost.cli import ConfigError
 from kernels import auto
 from kernels.auto import AUTO_OPS
 from kernels.cross_entropy import gpt_loss
-from kernels.cuda_graph import CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
+from kernels.cuda_graph import CAPTURES, CapturedStep, CompiledStep, capture_steps  # noqa: F401  (sample.py, bench.py)
 from kernels.fused import BACKENDS, FUSED_PI_MODES, built_impls, case_size, fused_ops, marks_applied, warn
 
 IMPLS = ("torch", "cpu", "triton", "auto")  # the values of every script's tssa_impl setting

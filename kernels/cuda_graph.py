@@ -7,11 +7,16 @@ work of each block into a few kernels), for ToST and for GPT-2 alike. capture_st
 either in the place of a model's step, so GPT.generate runs it unchanged.
 
     kernels.capture_steps(model)                  # sample.py --cuda_graph=auto on CUDA
-    kernels.capture_steps(model, compiled=True)   # compiled first (tens of seconds)
+    kernels.capture_steps(model, compiled=True)   # compiled first (tens of seconds): --cuda_graph=compiled
+    kernels.capture_steps(model, **CAPTURES["autotuned"])  # Inductor's autotuned kernels: minutes first
     model.generate(idx, 100)                      # each step after the first two: one replay
 """
 
 import torch
+
+# how sample.py's --cuda_graph records the step (capture_steps' arguments); "off": not at all
+CAPTURES = {"auto": {}, "compiled": dict(compiled=True),
+            "autotuned": dict(compiled=True, mode="max-autotune-no-cudagraphs")}  # (the recording is ours)
 
 
 class CapturedStep:
@@ -57,15 +62,18 @@ class CompiledStep(CapturedStep):
     compiles (on CUDA inside the warm-up). With model.py's operators the step is one graph; a
     fused decoding kernel (tssa_impl "triton", "cpu") runs between graphs, and on CUDA the one
     recording holds both. backend: torch.compile's ("inductor"; the tests use "aot_eager",
-    which traces the same graph without building kernels)."""
+    which traces the same graph without building kernels); mode: torch.compile's (None: its
+    default; "max-autotune-no-cudagraphs": Inductor times its kernel choices, fewer and faster
+    kernels a token, and leaves the recording to this class)."""
 
-    def __init__(self, step, backend="inductor"):
-        super().__init__(torch.compile(step, backend=backend, dynamic=False))
+    def __init__(self, step, backend="inductor", mode=None):
+        super().__init__(torch.compile(step, backend=backend, dynamic=False, mode=mode))
 
 
-def capture_steps(model, compiled=False, backend="inductor"):
-    """Make model.step (a model.GPT's) a CapturedStep of itself, or a CompiledStep: GPT.generate
-    then replays each token's step as a CUDA graph on CUDA. Returns the model."""
+def capture_steps(model, compiled=False, backend="inductor", mode=None):
+    """Make model.step (a model.GPT's) a CapturedStep of itself, or a CompiledStep (compiled in
+    torch.compile's `mode`): GPT.generate then replays each token's step as a CUDA graph on
+    CUDA. Returns the model."""
     step = model.step  # the bound method, kept before the attribute hides it
-    model.step = CompiledStep(step, backend) if compiled else CapturedStep(step)
+    model.step = CompiledStep(step, backend, mode) if compiled else CapturedStep(step)
     return model

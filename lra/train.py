@@ -97,6 +97,7 @@ seed = 1337
 device = "auto"  # "auto" (this rank's GPU if there is one, else Apple's mps, else cpu), "cpu", "cuda:1", "mps"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, else float16; float32 on CPU), or explicit
 compile = False
+compile_mode = "default"  # torch.compile's mode (train.py's setting)
 num_threads = 0  # CPU threads for torch (0: torch's default)
 ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 # -----------------------------------------------------------------------------
@@ -120,8 +121,6 @@ def check_settings(cfg):
     cli.require(cfg.norm == "post" or int(cfg.mlp_hidden / cfg.n_embd * cfg.n_embd) == cfg.mlp_hidden,
                 f"mlp_hidden ({cfg.mlp_hidden}) / n_embd ({cfg.n_embd}) is not a ratio model.Block (norm='pre') can "
                 "turn back into mlp_hidden: pick another --mlp_hidden, or --norm=post")
-    cli.require(cfg.min_lr <= cfg.learning_rate,
-                f"min_lr ({cfg.min_lr}) must not exceed learning_rate ({cfg.learning_rate})")
     cli.require(cfg.out_dir and cfg.data_dir, "out_dir and data_dir must not be empty")
     cli.require(not (cfg.eval_only and cfg.init_from == "finetune"),
                 "eval_only scores out_dir/ckpt.pt: drop --init_from")
@@ -200,7 +199,7 @@ def main(argv):
     # settings: the globals above, then config files and --key=value, then checks
     cfg, given = cli.configure(DEFAULTS, argv)
     check_settings(cfg)
-    tk.check_init_from(cfg, given)  # (finetune_from: read by a finetune alone)
+    tk.check_shared_settings(cfg, given)  # (the trainers' rules between settings, as train.py's)
     device, dtype = devices.choose_device_dtype(cfg.device, cfg.dtype)
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
@@ -296,7 +295,7 @@ def main(argv):
             return result
         if cfg.compile:
             say("compiling the model (takes a minute)...")
-            model = torch.compile(model, dynamic=True)
+            model = torch.compile(model, dynamic=True, mode=cfg.compile_mode)
         eval_model = model  # evaluation skips DDP (no gradients)
         if d.ddp:
             model = torch.nn.parallel.DistributedDataParallel(

@@ -12,7 +12,7 @@ the settings of every script are cli.py's.
                        weights_only: nothing in a file runs; a file of another format named for what
                        it is; what it holds checked by checkpoints.py before any use) / load_weights,
                        JsonlLogger (a resumed run's log holds each iteration once)
-  training             init_from_auto, take_settings (a resumed or fine-tuned run's settings from its
+  training             check_shared_settings (the rules the three trainers share), init_from_auto, take_settings (a resumed or fine-tuned run's settings from its
                        checkpoint), get_lr, non_finite, gather_rng_states / restore_rng
   MFU                  flops_per_token, estimate_mfu (against the GPU's peak, PEAK_FLOPS)
 """
@@ -108,14 +108,26 @@ def _logged_before(line, it):
 # training: resume, the learning-rate schedule, a non-finite loss, the RNGs
 
 
-def check_init_from(cfg, given, written_by="a ckpt.pt"):
-    """init_from="finetune" needs --finetune_from; a new run (scratch, or auto) never reads it,
-    so there it is refused, never ignored (a resume may keep it from the command that began it)."""
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+
+
+def check_shared_settings(cfg, given, written_by="a ckpt.pt"):
+    """The rules between settings that the three trainers share, checked before any work: a learning
+    rate that decays to min_lr never rises to it; init_from="finetune" needs --finetune_from, which a
+    new run (scratch, or auto) never reads; compile_mode is one of torch.compile's modes, read by a
+    compiled run alone (--compile=True). A setting given where the run does not read it is refused
+    in one line, never ignored (a resume may keep --finetune_from from the command that began it)."""
+    cli.require(cfg.min_lr <= cfg.learning_rate,
+                f"min_lr ({cfg.min_lr}) must not exceed learning_rate ({cfg.learning_rate})")
     cli.require(cfg.init_from != "finetune" or cfg.finetune_from,
                 f"init_from='finetune' needs --finetune_from=<{written_by}>")
     cli.unread(given, ("finetune_from",) if cfg.init_from in ("scratch", "auto") else (),
                f"read by --init_from=finetune alone (a new run from its weights), not by --init_from={cfg.init_from}: "
                "add --init_from=finetune, or drop it")
+    cli.require(cfg.compile_mode in COMPILE_MODES,
+                f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {cfg.compile_mode!r}")
+    cli.unread(given, ("compile_mode",) if not cfg.compile else (),
+               "torch.compile's mode, read by a compiled run alone: add --compile=True, or drop it")
 
 
 def init_from_auto(cfg, ckpt_path):

@@ -114,9 +114,11 @@ def test_every_section_is_recorded_and_a_hung_one_times_out_while_the_next_runs(
 def test_the_rows_a_cpu_cannot_run_say_why(hung_report):
     s = hung_report["data"]["sections"]
     op = {(r["impl"], r["B"], r["T"]): r for r in s["op"]["rows"]}
-    assert {impl for impl, _, _ in op} == {"cpu", "torch", "sdpa", "triton", "compiled", "sdpa_flash", "sdpa_cudnn"}
+    assert {impl for impl, _, _ in op} == {"cpu", "torch", "sdpa", "triton", "triton_retiled", "compiled", "sdpa_flash",
+                                           "sdpa_cudnn"}
     assert {(B, T) for _, B, T in op} == {(1, 32), (4, 32)}
-    for impl, word in (("triton", "CUDA"), ("compiled", "CUDA"), ("sdpa_flash", "FlashAttention-2"),
+    for impl, word in (("triton", "CUDA"), ("triton_retiled", "CUDA"), ("compiled", "CUDA"),
+                       ("sdpa_flash", "FlashAttention-2"),
                        ("sdpa_cudnn", "cuDNN")):
         assert op[(impl, 1, 32)]["status"] == "skipped" and word in op[(impl, 1, 32)]["reason"]
     for impl in ("cpu", "torch", "sdpa"):

@@ -28,6 +28,8 @@ KIND = {"train_tost": "train", "train_tost_triton": "train", "train_gpt2_flash":
 # the implementations whose rows stand in for one never measured, best first (auto: its pick
 # compiles and times the reference in a child as well, so its rows over-estimate the others')
 IMPL_ORDER = ("triton", "torch", None, "cudnn", "flash", "default", "compiled", "auto")
+STAND_IN = {"triton_retiled": "triton",  # an implementation (or a decoding mode) never measured: whose rows
+            "autotuned": "compiled"}  # estimate its own (autotuned: an under-estimate, its compile times its kernels)
 
 
 def calls_per_repeat(ms):
@@ -165,7 +167,10 @@ class Costs:
             mine = (f.row.get("T") or 1) * ((f.row.get("B") or 1) if per_token else 1)
             return abs(math.log(mine / (T * (B if per_token else 1))))
         if per_token:
-            near = sorted((f for f in rows if f.row.get("impl") == key.get("impl")), key=distance)
+            impl = key.get("impl")
+            near = sorted((f for f in rows if f.row.get("impl") == impl), key=distance)
+            if not near and impl in STAND_IN:  # (as long as the kernels it is to replace: an estimate)
+                near = sorted((f for f in rows if f.row.get("impl") == STAND_IN[impl]), key=distance)
             if not near:
                 return None, "no row of this implementation measured"
             f = near[0]
@@ -173,18 +178,22 @@ class Costs:
             sdpa = str(key.get("impl")).startswith("sdpa")
             factor = (B * T * (T if sdpa else 1)) / (r["B"] * r["T"] * (r["T"] if sdpa else 1))
             law = "tokens x T (SDPA)" if sdpa else "tokens (TSSA)"
-            return self.from_row(f, factor, f"from B={r['B']} T={r['T']}'s row, its calls x{factor:.3g} ({law})")
+            stood = f" of {r['impl']}, never measured itself" if r.get("impl") != key.get("impl") else ""
+            return self.from_row(f, factor, f"from B={r['B']} T={r['T']}'s row{stood}, its calls x{factor:.3g} ({law})")
         arch = key.get("arch")
         which = lambda r: r.get("impl") if r.get("arch") == "tost" else r.get("backend")  # noqa: E731
-        same_arch = [f for f in rows if f.row.get("arch") == arch and (k != "decode" or f.row.get("mode") ==
-                                                                       key.get("mode"))]
+        mode = key.get("mode")
+        if k == "decode" and not any(f.row.get("mode") == mode for f in rows) and mode in STAND_IN:
+            mode = STAND_IN[mode]  # (a mode never measured: the nearest measured one's rows)
+        same_arch = [f for f in rows if f.row.get("arch") == arch and (k != "decode" or f.row.get("mode") == mode)]
         alike = sorted((f for f in same_arch if which(f.row) == which(key)), key=distance)
         if alike:
             f = alike[0]
             factor = 1.0 if arch == "tost" else max(1.0, T / f.row["T"])
             law = "ToST: as long at any T" + (" (equal tokens)" if k == "train" else "") if arch == "tost" else \
                 "GPT-2: at most linear in T"
-            return self.from_row(f, factor, f"from T={f.row['T']}'s row ({law}), x{factor:.3g}")
+            stood = f" of mode {mode}, never measured itself" if mode != key.get("mode") else ""
+            return self.from_row(f, factor, f"from T={f.row['T']}'s row{stood} ({law}), x{factor:.3g}")
         others = sorted((f for f in same_arch if f.row.get("T") == T), key=lambda f: IMPL_ORDER.index(which(f.row))
                         if which(f.row) in IMPL_ORDER else len(IMPL_ORDER))
         if others:
@@ -193,23 +202,25 @@ class Costs:
         return None, "no row of this model measured at this length"
 
     def main_job(self, key):
-        """A main job: its own row, else ToST's with another tssa_impl (auto's last: its pick adds
-        a compile), else ToST's for GPT-2's. mode=profile: the job's profile."""
+        """A main job: its own row (the same model, tssa_impl and mode), else ToST's with another
+        tssa_impl or mode (auto's last: its pick adds a compile), else ToST's for GPT-2's.
+        mode=profile: the job's profile."""
         rows = self.found.get("main_job", [])
-        arch, impl = key.get("arch"), key.get("impl")
+        arch, impl, mode = key.get("arch"), key.get("impl"), key.get("mode")
         if key.get("mode") == "profile":
             timed = [f for f in rows if number(f.row.get("profile_s"))]
             return (timed[0].row["profile_s"], f"a profile timed in {timed[0].label}") if timed else \
                 (MAIN_PROFILE_S, "no profile timed yet: assumed")
         order = lambda f: (f.row.get("arch", "tost") != arch, f.row.get("impl") != impl,  # noqa: E731
+                           f.row.get("mode") != mode,
                            IMPL_ORDER.index(f.row.get("impl")) if f.row.get("impl") in IMPL_ORDER else 0)
         for f in sorted(rows, key=order):
             s = job_s(f.row, self.cfg)
             if s is None:
                 continue
-            if (f.row.get("arch", "tost"), f.row.get("impl")) == (arch, impl):
+            if (f.row.get("arch", "tost"), f.row.get("impl"), f.row.get("mode")) == (arch, impl, mode):
                 return s, f"measured: train.py {f.row['wall_s']:.0f} s at {f.row.get('iters')} iterations ({f.label})"
-            what = f"{f.row.get('arch', 'tost')} {f.row.get('impl') or ''}".strip()
+            what = " ".join(str(x) for x in (f.row.get("arch", "tost"), f.row.get("impl"), f.row.get("mode")) if x)
             return s, f"from the main job {what} (train.py {f.row['wall_s']:.0f} s at {f.row.get('iters')} " \
                       f"iterations, {f.label})" + (": auto's pick adds a compile, an over-estimate"
                                                    if f.row.get("impl") == "auto" else "")

@@ -18,10 +18,15 @@ from results.benchkit.train_step import build_gpt
 DECODE_CONTEXTS = [1024, 65536, 4096, 16384, 32768]  # the two ends of the target first
 DECODE_MODES = {"compiled": "torch.compile of GPT.step replayed as a CUDA graph (kernels.CompiledStep)",
                 "captured": "GPT.step op by op, replayed as a CUDA graph (kernels.CapturedStep)",
-                "eager": "GPT.step op by op"}
+                "eager": "GPT.step op by op",
+                "autotuned": "torch.compile of GPT.step with Inductor's autotuning (mode max-autotune-no-cudagraphs), "
+                             "replayed as a CUDA graph (sample.py --cuda_graph=autotuned)"}
 
 
-def decode_cases(contexts, modes=tuple(DECODE_MODES)):
+REPORT_MODES = ("compiled", "captured", "eager")  # the report's (the headline adds autotuned: its compile is long)
+
+
+def decode_cases(contexts, modes=REPORT_MODES):
     """(arch, impl, mode, T) of every decode row, the target's first (a cut section keeps them):
     each of `modes` at every context, for ToST-Base by tssa_impl (torch: model.py's step;
     triton: the fused step kernel) and GPT-2 Base."""
@@ -31,14 +36,14 @@ def decode_cases(contexts, modes=tuple(DECODE_MODES)):
                 yield arch, impl, mode, T_
 
 
-def decode_rows(cfg, cuda, modes=tuple(DECODE_MODES)):
+def decode_rows(cfg, cuda, modes=REPORT_MODES):
     """The identifying fields of every row (decode_cases at decode_T; a CPU adds the eager step)."""
     modes = tuple(modes) + (("eager",) if not cuda and "eager" not in modes else ())
     return [{k: v for k, v in dict(arch=arch, impl=impl, mode=mode, T=T_, B=1).items() if v is not None}
             for arch, impl, mode, T_ in decode_cases(plan_lengths(cfg.decode_T, DECODE_CONTEXTS), modes)]
 
 
-def section_decode(S, modes=tuple(DECODE_MODES)):
+def section_decode(S, modes=REPORT_MODES):
     """One token at a time after T tokens: ToST from its recurrent state, GPT-2 from a static KV
     cache of T + a few tokens; bf16 weights on CUDA (model.to(dtype), no autocast: an inference
     copy); eager, replayed as a CUDA graph, and compiled then replayed (DECODE_MODES). The
@@ -77,8 +82,10 @@ def decode_row(cfg, arch, impl, mode, T_, longest, dtype):
             s.sum_pi_sq.uniform_(1, 2).mul_(T_ / c.n_head)
             s.sum_pi.fill_(T_ / c.n_head)
     tok = torch.randint(0, 50257, (1, 1), device=cfg.device)
-    stepper = dict(compiled=kernels.CompiledStep, captured=kernels.CapturedStep).get(mode)
-    step = stepper(m.step) if stepper else m.step  # (tok, state) -> logits
+    step = m.step  # (tok, state) -> logits
+    if mode != "eager":
+        kernels.capture_steps(m, **kernels.CAPTURES[{"captured": "auto"}.get(mode, mode)])
+        step = m.step
 
     def tokens():  # `steps` tokens from context T_ (the position set back first: a device write)
         state.pos.fill_(T_)

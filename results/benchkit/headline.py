@@ -46,6 +46,7 @@ MARGIN_S = plan.MARGIN_S  # of the deadline, kept for the end of the command: th
 # the settings the headline measures at (where not given): the targets' shapes, a shorter main job
 SETTINGS = dict(T="16384,65536", model_T="4096,16384,65536", decode_T="1024,65536", main_iters=60)
 TRAIN = dict(variants=[("gpt2", None, "cudnn"), ("tost", "triton", None)], later=[("tost", "auto", None)])
+DECODE_MODES = ("captured", "compiled", "autotuned")  # (autotuned: after every target row, order.tier)
 # name: (its limit in seconds, meta's own; the others: none but the deadline, or --section_s), what, fn, rows
 HEADLINE = {
     "meta": Section(20, "device, driver, CUDA, torch, Triton, cuDNN, the code's digest and commit", section_meta,
@@ -53,18 +54,19 @@ HEADLINE = {
     "gpu_check_accuracy": Section(NO_CAP, "python -m kernels.gpu_check accuracy: Triton vs float64, beside "
                                             "model.py's error", partial(section_gpu_check, mode="accuracy"),
                                   partial(report.gpu_check_rows, mode="accuracy")),
-    "op": Section(NO_CAP, "the operator fwd+bwd at B1 T16K, B16 T1K, B1 T64K: triton, SDPA flash and cuDNN, then "
-                            "the reference compiled and eager", section_op, op_rows),
+    "op": Section(NO_CAP, "the operator fwd+bwd at B1 T16K, B16 T1K, B1 T64K: triton (today's kernels and the "
+                            "re-tiled), SDPA flash and cuDNN, then the reference compiled and eager", section_op,
+                  op_rows),
     "kernel_times": Section(NO_CAP, "each Triton launch: GPU time and TB/s against kernels.triton_tssa."
                                       "launch_plan()", section_kernel_times, kernel_times_rows),
     "train": Section(NO_CAP, "the training step at 4K, 16K, 64K: GPT-2 + cuDNN and ToST (triton), then ToST "
                                "(tssa_impl=auto)", *report.train_section(**TRAIN, stand_in=True)),
     "decode": Section(NO_CAP, "a token after 1K and 64K: ToST (triton, then torch) and GPT-2, CUDA graph and "
-                                "compiled", partial(section_decode, modes=("captured", "compiled")),
-                      partial(decode_rows, modes=("captured", "compiled"))),
-    "main_job": Section(NO_CAP, "main_iters iterations of config/tost_owt.py (triton, then main_tssa_impl) and of "
-                                  "config/gpt2_owt.py (synthetic tokens): tokens/s, MFU", section_main_job,
-                        main_job_rows),
+                                "compiled, then compiled with Inductor's autotuning",
+                      partial(section_decode, modes=DECODE_MODES), partial(decode_rows, modes=DECODE_MODES)),
+    "main_job": Section(NO_CAP, "main_iters iterations of config/tost_owt.py (triton, then its step as CUDA graphs, "
+                                  "then main_tssa_impl) and of config/gpt2_owt.py (synthetic tokens): tokens/s, MFU",
+                        section_main_job, main_job_rows),
 }
 
 

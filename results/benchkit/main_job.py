@@ -22,12 +22,13 @@ import model
 from nanotost import REPO, devices
 from results.benchkit import compile_cache
 from results.benchkit.costs import MAIN_PROFILE_S
-from results.benchkit.part import row_key
+from results.benchkit.part import row_key, why_not
 from results.benchkit.settings import PRESETS, TINY, main_warmup
 
 
 
 MAIN_JOBS = (("tost", "config/tost_owt.py"), ("gpt2", "config/gpt2_owt.py"))  # ToST's job, GPT-2's beside it
+GRAPHS = "cuda_graphs"  # a main job's mode: train.py --compile_mode=reduce-overhead (the step replayed as CUDA graphs)
 # kernel names -> what they compute, first match wins (Inductor names a fused kernel after its ops)
 KERNEL_KINDS = (("tssa", ("cumsum", "tssa", "_k_")), ("attention", ("flash", "fmha", "cudnn", "attention")),
                 ("loss", ("cross_entropy", "nll_loss", "log_softmax", "logsumexp")),
@@ -57,49 +58,56 @@ def section_main_job(S):
     S.data.update(data="synthetic: uniform random GPT-2 token ids (throughput does not depend on their values)",
                   tssa_impl=cfg.main_tssa_impl, iters=cfg.main_iters)
     for key in main_job_rows(cfg, S.cuda):
-        S.attempt(key, partial(main_job_row, S, work, key["arch"], key.get("impl")))
+        why = why_not(S, "captured") if key.get("mode") == GRAPHS else None
+        if why:
+            S.row(**key, status="skipped", reason=why)
+            continue
+        S.attempt(key, partial(main_job_row, S, work, key["arch"], key.get("impl"), key.get("mode")))
     shutil.rmtree(work, ignore_errors=True)  # the checkpoint of a real model is ~1.3 GB
 
 
 def main_job_rows(cfg, cuda):
     """The identifying fields of every row: ToST's job with main_tssa_impl, then GPT-2's; the
-    headline's: ToST's with `triton` named, GPT-2's, then ToST's with main_tssa_impl (auto)."""
-    tost = ["triton"] + ([cfg.main_tssa_impl] if cfg.main_tssa_impl != "triton" else []) if cfg.headline \
-        else [cfg.main_tssa_impl]
-    rows = [dict(arch="tost", impl=impl) for impl in tost]
-    return rows[:1] + [dict(arch="gpt2")] + rows[1:]
+    headline's: ToST's with `triton` named, the same with its compiled step replayed as CUDA
+    graphs (mode=GRAPHS: train.py --compile_mode=reduce-overhead), GPT-2's, then ToST's with
+    main_tssa_impl (auto)."""
+    if not cfg.headline:
+        return [dict(arch="tost", impl=cfg.main_tssa_impl), dict(arch="gpt2")]
+    rest = [dict(arch="tost", impl=cfg.main_tssa_impl)] if cfg.main_tssa_impl != "triton" else []
+    return [dict(arch="tost", impl="triton"), dict(arch="tost", impl="triton", mode=GRAPHS), dict(arch="gpt2")] + rest
 
 
-def job_name(arch, impl):
-    return f"{arch}-{impl}" if impl else arch
+def job_name(arch, impl, mode=None):
+    return "-".join(str(x) for x in (arch, impl, mode) if x)
 
 
-def main_job_args(cfg, work, arch, config, impl):
+def main_job_args(cfg, work, arch, config, impl, mode=None):
     """train.py's command line for one main job (the quick report's: a tiny model, 3 iterations)."""
     iters = cfg.main_iters
     args = [config, f"--data_dir={os.path.join(work, 'data')}", "--dataset=synthetic_gpt2",
-            f"--out_dir={os.path.join(work, 'out-' + job_name(arch, impl))}", f"--max_iters={iters}",
+            f"--out_dir={os.path.join(work, 'out-' + job_name(arch, impl, mode))}", f"--max_iters={iters}",
             f"--eval_interval={iters}", "--eval_iters=1", "--log_interval=1", f"--device={cfg.device}",
             f"--dtype={cfg.dtype}",
             f"--compile={cfg.device.startswith('cuda')}", "--wandb_log=False"]
     args += [f"--tssa_impl={impl}"] if arch == "tost" else []
+    args += ["--compile_mode=reduce-overhead"] if mode == GRAPHS else []
     args += ["--gradient_accumulation_steps=5"] if not cfg.quick else \
         ["--gradient_accumulation_steps=1", "--batch_size=2", "--block_size=32"] + \
         [f"--{k}={v}" for k, v in TINY.items()]
     return args
 
 
-def main_job_row(S, work, arch, impl):
+def main_job_row(S, work, arch, impl, mode=None):
     """One train.py run: its median tokens/s and MFU after the warm-up iterations, the first
     iteration's seconds (its compile), and (CUDA, where the time spares it) the profile."""
     cfg = S.cfg
     config = dict(MAIN_JOBS)[arch]
-    iters, args = cfg.main_iters, main_job_args(cfg, work, arch, config, impl)
+    iters, args = cfg.main_iters, main_job_args(cfg, work, arch, config, impl, mode)
     shown = [a for a in args if not a.startswith(("--data_dir", "--out_dir"))]  # (temporary folders)
     if arch == "tost" and "command" not in S.data:
         S.data["command"] = "python train.py " + " ".join(shown)
     t0 = time.time()
-    name = job_name(arch, impl)
+    name = job_name(arch, impl, mode)
     log_path = os.path.join(work, f"train-{name}.log")
     keep = compile_cache.keeping(cfg, f"{S.path}.{name}")  # (train.py's compiles, kept for the next window)
     with open(log_path, "w") as log:
@@ -142,7 +150,7 @@ def main_job_row(S, work, arch, impl):
     if arch == "tost":  # what train.py said of its tssa_impl (auto: which it picked)
         row["tssa_said"] = " | ".join(line for line in tail_all.splitlines() if "tssa_impl" in line)[:600] or None
     profile_s = S.estimates.get(row_key(dict(arch=arch, impl=impl, mode="profile"))) or MAIN_PROFILE_S
-    if S.cuda and S.spare_s() > profile_s:  # (a measurement of less value than the rows still to come)
+    if S.cuda and mode is None and S.spare_s() > profile_s:  # (a measurement of less value than the rows to come)
         t0 = time.time()
         row["profile"] = main_job_profile(cfg, arch, impl)
         row["profile_s"] = round(time.time() - t0, 1)

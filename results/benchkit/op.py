@@ -1,7 +1,7 @@
 """
 results/benchkit/op.py: the report's section op: the TSSA operator, forward and backward, causal, at
-(B, H, T, p), by implementation (the Triton kernels, model.py's maths compiled and eager, the
-C kernels on a CPU) against SDPA forced to FlashAttention-2 and to cuDNN attention: wall and
+(B, H, T, p), by implementation (the Triton kernels, today's and the re-tiled ones of
+kernels/triton_retiled.py, model.py's maths compiled and eager, the C kernels on a CPU) against SDPA forced to FlashAttention-2 and to cuDNN attention: wall and
 GPU busy ms per call, kernels launched, peak memory. The targets' shapes come first.
 """
 
@@ -12,11 +12,13 @@ import torch.nn.functional as F
 
 import kernels
 import model
+from kernels import fused
 from nanotost import devices
 from results.benchkit.part import fallback_note, why_not
 from results.benchkit.settings import TRAINING_SHAPE, plan_lengths
 from results.benchkit.timing import attention_ran, forced, measure_row
 
+RETILED = ("triton_retiled",)  # the re-tiled kernels (not a tssa_impl yet: measured beside today's first)
 TARGET_SHAPES = [(1, 16384), TRAINING_SHAPE]  # (B, T) with targets: measured first, so a cut section keeps them
 
 
@@ -50,7 +52,7 @@ def op_closure(cfg, impl, B, T_):
     w = heads(x)
     temp = torch.ones(H, device=cfg.device, requires_grad=True)
     bias = (0.01 * torch.randn(H, T_, device=cfg.device)).requires_grad_()
-    ops = kernels.ops_for("torch" if impl == "compiled" else impl)
+    ops = fused.fused_ops(impl) if impl in RETILED else kernels.ops_for("torch" if impl == "compiled" else impl)
     fn = ops.causal_tssa
     if impl == "compiled":
         torch._dynamo.reset()
@@ -64,8 +66,8 @@ def op_closure(cfg, impl, B, T_):
 
 def op_rows(cfg, cuda):
     """The identifying fields of every row, shape by shape (op_shapes), each implementation."""
-    impls = ["triton", "compiled", "torch", "sdpa_flash", "sdpa_cudnn"] if cuda else \
-        ["cpu", "torch", "sdpa", "triton", "compiled", "sdpa_flash", "sdpa_cudnn"]
+    impls = ["triton", *RETILED, "compiled", "torch", "sdpa_flash", "sdpa_cudnn"] if cuda else \
+        ["cpu", "torch", "sdpa", "triton", *RETILED, "compiled", "sdpa_flash", "sdpa_cudnn"]
     return [dict(impl=impl, B=B, T=T_) for B, T_ in op_shapes(cfg) for impl in impls]
 
 
@@ -73,7 +75,7 @@ def section_op(S):
     cfg = S.cfg
     S.data.update(H=cfg.H, p=cfg.p, dtype=cfg.dtype, mode="fwdbwd", causal=True)
     for key in op_rows(cfg, S.cuda):
-        why = why_not(S, key["impl"].replace("sdpa_", ""))
+        why = why_not(S, "triton" if key["impl"] in RETILED else key["impl"].replace("sdpa_", ""))
         if why:
             S.row(**key, status="skipped", reason=why)
             continue
@@ -86,7 +88,7 @@ def op_row(cfg, impl, B, T_):
     row = measure_row(op_closure(cfg, impl, B, T_), cfg)
     if impl.startswith("sdpa"):
         row["backend_ran"] = attention_ran(row.get("top_kernels"))
-    if impl in ("cpu", "triton"):
+    if impl in ("cpu", "triton", *RETILED):
         note = fallback_note(impl)
         if note:
             row.update(status="fell_back", reason=note)

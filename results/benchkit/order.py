@@ -1,10 +1,12 @@
 """
 results/benchkit/order.py: the headline's order of value, row by row. The rows the targets are stated
 in come first (TARGET): the GPU correctness check; the operator's `triton` and SDPA rows at
-B1 T16K, B16 T1K, B1 T64K and each Triton launch's time; the training pairs, GPT-2 + cuDNN and
-ToST with `triton` named, 4K then 16K then 64K; decoding (ToST `triton` and GPT-2) at 1K and
-64K; the main job with `triton` named, then GPT-2's. Then the rest (EXTRA): auto's rows, the
-reference's rows (compiled and eager) and anything else.
+B1 T16K, B16 T1K, B1 T64K (today's kernels and the re-tiled ones) and each Triton launch's time;
+the main job with `triton` named, then with its step replayed as CUDA graphs
+(compile_mode=reduce-overhead), then GPT-2's; the training pairs, GPT-2 + cuDNN and ToST with
+`triton` named, 4K then 16K then 64K; decoding (ToST `triton` and GPT-2) at 1K and 64K. Then
+the rest (EXTRA): auto's rows, the reference's rows (compiled and eager), the decoding step
+compiled with Inductor's autotuning (minutes of compile) and anything else.
 
 The headline runs its sections in STAGES: a section may run twice, once for its target rows and
 once for the rest, so that no row of the rest runs before a target row of another section. A
@@ -14,8 +16,8 @@ library only: the plan (results/benchkit/plan.py) and the sections' processes re
 
 TARGET, EXTRA = "target", "extra"
 # (section, stage) in the order the headline runs them; meta, first, has no stage
-STAGES = (("gpu_check_accuracy", TARGET), ("op", TARGET), ("kernel_times", TARGET), ("train", TARGET),
-          ("decode", TARGET), ("main_job", TARGET),
+STAGES = (("gpu_check_accuracy", TARGET), ("op", TARGET), ("kernel_times", TARGET), ("main_job", TARGET),
+          ("train", TARGET), ("decode", TARGET),
           ("train", EXTRA), ("main_job", EXTRA), ("op", EXTRA), ("decode", EXTRA))
 LATER = "left for a later stage of the headline (rows of less value)"  # a row's reason while it waits
 
@@ -27,8 +29,8 @@ def tier(section, key):
         return EXTRA if impl in ("compiled", "torch") else TARGET
     if section == "train":  # GPT-2 (cuDNN, or a CPU's stand-in) and ToST with triton named
         return TARGET if arch == "gpt2" or impl == "triton" else EXTRA
-    if section == "decode":  # ToST's reference step is the rest
-        return EXTRA if arch == "tost" and impl == "torch" else TARGET
+    if section == "decode":  # ToST's reference step and the autotuned compiles are the rest
+        return EXTRA if (arch == "tost" and impl == "torch") or key.get("mode") == "autotuned" else TARGET
     if section == "main_job":
         return TARGET if arch == "gpt2" or impl == "triton" else EXTRA
     return TARGET  # gpu_check_accuracy, kernel_times: whole

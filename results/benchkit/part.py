@@ -35,6 +35,7 @@ SKIP = {  # why a row does not run on this device
     "flash": "FlashAttention-2 is a CUDA kernel",
     "cudnn": "cuDNN attention is a CUDA kernel",
     "captured": "a CUDA graph needs CUDA",
+    "autotuned": "torch.compile rows run on CUDA only (Inductor's autotuning times its kernels on the GPU)",
     "gpu_check": "kernels/gpu_check.py checks the Triton kernels on a CUDA GPU",
 }
 
@@ -55,7 +56,7 @@ def why_not(S, what):
 
 def fallback_note(impl):
     """Why a fused implementation ran the reference instead (its one warning), or ""."""
-    if impl not in ("cpu", "triton"):
+    if impl not in ("cpu", "triton", "triton_retiled"):
         return ""
     from kernels import fused  # imported already: the implementation ran
     cause = getattr(fused._OPS.get(impl), "fallback", None)
