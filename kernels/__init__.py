@@ -26,6 +26,8 @@ maths.
 fused.py holds the autograd.Function both share and the fallback to the reference (one
 warning) where a kernel cannot be built or run; triton_ops.py registers the Triton forward and
 backward as torch.library custom operators, which torch.compile keeps inside its graph;
+triton_launch.py keeps a Triton call's host side cheap (plans memoised per shape, one workspace
+allocation for the intermediates, compiled kernels launched without the JIT's dispatch);
 gpu_check.py checks the Triton kernels on a GPU (accuracy, determinism, > 2^31 elements,
 compute-sanitizer, profile). Two more fast paths that are not TSSA: cross_entropy.py, the loss
 without the (B, T, V) logits (kernels.use(..., chunked_loss=True) makes it a GPT's loss), and

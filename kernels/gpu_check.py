@@ -8,6 +8,8 @@ per call, from the repository root on a CUDA machine (the README's "On a GPU" fi
         compute-sanitizer --tool memcheck|racecheck|synccheck|initcheck python -m kernels.gpu_check sanitize
     python -m kernels.gpu_check profile              # GPU time per kernel vs wall time (launch overhead),
         and each Triton kernel's bandwidth: the bytes kernels.triton_tssa.launch_plan states / its GPU time
+    python -m kernels.gpu_check direct               # the direct launches (kernels/triton_launch.py): the
+        same bits as through the JIT, every later launch direct, the wall time of a call either way
 """
 import json
 import sys
@@ -160,6 +162,54 @@ def profile():
     return out
 
 
+def direct():
+    """kernels/triton_launch.py on this GPU, for each Triton implementation, at the training shape
+    (B16 T1K, bf16): a fwd+bwd with the direct path off (every launch through the JIT), then on (the
+    first call keeps the kernels, the next launches them directly): the same bits; the launches of
+    the later calls all direct; the wall time of a call (50, back to back) with the path off and on."""
+    from kernels import fused as fused_ops, triton_launch
+    w, temp, bias, gout = inputs(16, 12, 1024, 64, seed=4)
+    direct_launches = []
+    kept_launch = triton_launch._Kept.launch
+    triton_launch._Kept.launch = lambda self, *a: direct_launches.append(1) or kept_launch(self, *a)
+    res = {}
+    for impl in ("triton", "triton_retiled"):
+        ops = fused_ops.fused_ops(impl)
+        run = lambda: fwd_bwd(lambda w_, t_, b_: ops.causal_tssa(w_, t_, b_), w, temp, bias, gout, torch.bfloat16)
+        wb, t32, b32 = w.bfloat16().requires_grad_(), temp.float().requires_grad_(), bias.float().requires_grad_()
+        gb = gout.bfloat16()
+
+        def step():
+            wb.grad = t32.grad = b32.grad = None
+            ops.causal_tssa(wb, t32, b32).backward(gb)
+
+        def wall_ms():
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(50):
+                step()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) / 50 * 1e3
+        triton_launch.forget()
+        triton_launch._off = "off for the check"  # every launch through the JIT
+        through_jit, jit_ms = run(), wall_ms()
+        triton_launch.forget()
+        first = run()  # through the JIT, the kernels kept
+        before = len(direct_launches)
+        again = run()
+        launches = len(direct_launches) - before
+        direct_ms = wall_ms()
+        same = all(torch.equal(a, b) for a, b in zip(through_jit + first, again + again))
+        res[impl] = dict(same_bits=same, direct_launches=launches, kept=len(triton_launch._kept),
+                         wall_ms_jit=jit_ms, wall_ms_direct=direct_ms)
+        print(f"{impl}: same bits {same}, {launches} direct launches in a call, {len(triton_launch._kept)} kept, "
+              f"wall {jit_ms:.3f} ms through the JIT, {direct_ms:.3f} ms direct", flush=True)
+    triton_launch._Kept.launch = kept_launch
+    return res
+
+
 def compiled_kernels():
     """What the JIT built on this GPU for each Triton kernel launched so far: registers a thread,
     spilled bytes, warps, stages, shared memory (read from Triton's own cache of compiled kernels)."""
@@ -185,7 +235,7 @@ def compiled_kernels():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("accuracy", "determinism", "big", "sanitize", "profile"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("accuracy", "determinism", "big", "sanitize", "profile", "direct"):
         sys.exit(__doc__)
     if not torch.cuda.is_available():
         sys.exit("kernels/gpu_check.py: needs a CUDA GPU (the tests run these kernels on the CPU under TRITON_INTERPRET=1)")

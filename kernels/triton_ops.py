@@ -24,7 +24,8 @@ from kernels.triton_tssa import TritonKernels
 @torch.library.custom_op("nanotost::tssa_fwd", mutates_args=())
 def tssa_fwd(w: Tensor, temp: Tensor, bias: Optional[Tensor], mask: Optional[Tensor], causal: bool,
              sq_floor: float, stat_eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    out, pi, u, (cS, cMN) = TritonKernels.forward(w, temp, bias, mask, causal, (sq_floor, stat_eps))
+    # apart: Pi, u and the carries in allocations of their own (a custom operator's outputs share no storage)
+    out, pi, u, (cS, cMN) = TritonKernels.forward(w, temp, bias, mask, causal, (sq_floor, stat_eps), apart=True)
     return out, pi, u, cS, cMN
 
 

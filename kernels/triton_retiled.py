@@ -40,6 +40,10 @@ M, N, D, dL/dM, dL/dN, dL/dS): nothing the size of w besides w, g, out and dw to
 forward saves Pi, u (B, H, T) and the carries cS (B, nC, H p), cMN (B, nC, H p + H): about 2/BT of
 w's size in fp32, as today's. launch_plan() states every launch's grid, warps, bytes and work a
 program; modelled_time_s() prices it (kernels/launch_model.py: MODELLED, NOT MEASURED).
+The host's part of a call is today's kernels' (kernels/triton_launch.py; NOT MEASURED on a GPU): a
+memoised call_plan() per (B, H, T, p, w's dtype, the knobs' values), 3 allocations forward and 4
+backward, and each launch after its kernel's first at a specialization made without Triton's JIT
+dispatch.
 
 The suffix sums, walked forward. The backward needs at token t the sums over tokens >= t of dL/dM,
 dL/dN and dL/dS (G_M, G_N, G_S) beside the prefix sums S, M, N. A forward walk has the prefixes
@@ -75,12 +79,15 @@ SCAN_COLUMNS; PARTIAL_BLOCK (dtemp's partials a step).
     python -m pytest -q tests/test_triton_builds.py     # sm_90 builds under both Tritons
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels import launch_model
 from kernels import triton_tssa
+from kernels.triton_launch import carve, direct_at, launch, layout
 from kernels.launch_model import COPY_RATE, modelled_time_s  # noqa: F401  (kernel_times' model_gpu reads COPY_RATE)
 
 BLOCK_T = 32  # tokens a chunk: the rows a program walks
@@ -501,7 +508,7 @@ def geometry(T, p, H, dtype=torch.bfloat16):
     """How a row of T tokens and H heads of width p is cut (kernels/launch_model.py's retiled_geometry):
     nC chunks of BT tokens; a program's (HP, P) row tile and its warps (one 16-byte vector of w's
     dtype a thread); the scans' CB chunk totals and SB columns a program, their warps and steps."""
-    return launch_model.retiled_geometry(T, p, H, described(), torch.empty((), dtype=dtype).element_size())
+    return launch_model.retiled_geometry(T, p, H, described(), dtype.itemsize)
 
 
 def described():
@@ -526,11 +533,57 @@ def applies(H, p, causal, dtype):
     return causal and p % 16 == 0 and geometry(1, p, H, dtype)["fits"]
 
 
-def _scan(tot, carry, mode, geo, parts=1):
-    """Launch S over tot (rows, nC, parts, W) -> carry (rows, nC, W)."""
-    rows, nC, W = carry.shape
-    _r_scan[(rows * triton.cdiv(W, geo["SB"]),)](tot, carry, nC, W, MODE=mode, PARTS=parts, CB=geo["CB"],
-                                                 SB=geo["SB"], num_warps=geo["scan_warps"])
+# The module constants geometry() and RetiledKernels.plan() read: a memoised call plan is keyed on
+# their values (the tests lower them).
+KNOBS = ("BLOCK_T", "STAGES", "VECTOR_BYTES", "MAX_WARPS", "MAX_REGISTERS", "SCAN_CHUNKS", "SCAN_COLUMNS",
+         "SCAN_VALUES_PER_WARP", "PARTIAL_BLOCK")
+
+
+def knob_values():
+    """The values of KNOBS now."""
+    here = globals()
+    return tuple(here[k] for k in KNOBS)
+
+
+class CallPlan:
+    """What one causal forward and backward launch and allocate at one shape, computed once
+    (call_plan): applies (else today's kernels run the call), and where it does: plan
+    (RetiledKernels.plan's), geo (geometry's), the chunk launches' grid, sizes (H, T, p, nC as the
+    kernels take them), scans {totals: (grid, constexprs and warps, W)}, and the workspaces' layouts
+    (kernels/triton_launch.py): saved (Pi, u, cS, cMN: kept until the backward), totals (tS, tMN: the
+    forward's), work (y, R, tG, cG, cGS, tGS, the dtemp partials: the backward's)."""
+
+    def __init__(self, B, H, T, p, dtype):
+        self.applies = applies(H, p, True, dtype)
+        if not self.applies:
+            return
+        geo = geometry(T, p, H, dtype)
+        nC = geo["nC"]
+        self.geo, self.plan = geo, RetiledKernels.plan(p, H, True, False, T, dtype)
+        self.grid, self.sizes = (B * nC,), (H, T, p, nC)
+        self.scans = {tot: ((B * triton.cdiv(W, geo["SB"]),), dict(MODE=mode, PARTS=parts, CB=geo["CB"], SB=geo["SB"],
+                                                                   num_warps=geo["scan_warps"]), W)
+                      for tot, W, mode, parts in (("tS", H * p, PREFIX.value, 1), ("tMN", H * p + H, PREFIX.value, 1),
+                                                  ("tG", H * p + H, SUFFIX.value, 2), ("tGS", H * p, SUFFIX.value, 2))}
+        per_token, values, with_heads = (B, H, T), (B, nC, H * p), (B, nC, H * p + H)
+        self.saved = layout(per_token, per_token, values, with_heads)
+        self.totals = layout(values, with_heads)
+        self.work = layout(per_token, per_token, (B, nC, 2, H * p + H), with_heads, values, (B, nC, 2, H * p),
+                           (B, nC, H))
+
+
+@functools.lru_cache(maxsize=256)
+def call_plan(B, H, T, p, dtype, knobs):
+    """The CallPlan of a causal shape, memoised on (B, H, T, p, w's dtype, knob_values()). Not on strides:
+    they change no plan (the outputs take w's strides from torch.empty_like, and the direct launches key
+    on every argument's specialization, kernels/triton_launch.py)."""
+    return CallPlan(B, H, T, p, dtype)
+
+
+def _scan(tot, carry, scan, nC, at):
+    """Launch S over tot (rows, nC, parts, W) -> carry (rows, nC, W): scan is a CallPlan's scans[name of tot]."""
+    grid, meta, W = scan
+    launch(_r_scan, grid, (tot, carry, nC, W), meta, at)
 
 
 class RetiledKernels:
@@ -588,56 +641,54 @@ class RetiledKernels:
     @classmethod
     def forward(cls, w, temp, bias, mask, causal, eps):
         """out (w's dtype and strides), Pi and u (B, H, T) fp32, and the carries to save. bias: the
-        whole position bias (H, T_max)."""
+        whole position bias (H, T_max). Three allocations, as TritonKernels.forward's: out, one for
+        Pi, u and the carries, one for the chunk totals."""
         B, H, T, p = w.shape
-        if not applies(H, p, causal, w.dtype):
+        call = call_plan(B, H, T, p, w.dtype, knob_values()) if causal else None
+        if call is None or not call.applies:
             return triton_tssa.TritonKernels.forward(w, temp, bias, mask, causal, eps)
         if bias is None or mask is not None:
             raise ValueError("the causal kernels take the position bias and no padding mask")
         wk, temp = cls.prepare(w), temp.float().contiguous()
-        plan, geo = cls.plan(p, H, True, False, T, w.dtype), geometry(T, p, H, w.dtype)
-        nC = geo["nC"]
-        f32 = dict(device=wk.device, dtype=torch.float32)
-        rows, cS_shape, cMN_shape = cls.shapes(wk, True)
-        u, pi, cS, cMN = (torch.empty(s, **f32) for s in (rows, rows, cS_shape, cMN_shape))
-        tS, tMN = torch.empty(cS_shape, **f32), torch.empty(cMN_shape, **f32)
+        plan, grid, sizes = call.plan, call.grid, call.sizes
+        pi, u, cS, cMN = carve(call.saved, wk.device)
+        tS, tMN = carve(call.totals, wk.device)
         out = torch.empty_like(wk, dtype=w.dtype)  # w's strides: merging the heads after is a view
-        sw, grid, sizes = wk.stride()[:3], (B * nC,), (H, T, p, nC)
+        sw = wk.stride()[:3]
         with triton_tssa.on_device(wk):
-            _r_sq_totals[grid](wk, *sw, tS, *sizes, **plan["_r_sq_totals"])
-            _scan(tS, cS, PREFIX.value, geo)
-            _r_pi[grid](wk, *sw, bias, bias.stride(0), bias.stride(1), temp, cS, u, pi, tMN, *sizes, eps[0],
-                        **plan["_r_pi"])
-            _scan(tMN, cMN, PREFIX.value, geo)
-            _r_out[grid](wk, *sw, pi, cMN, out, *out.stride()[:3], *sizes, eps[1], **plan["_r_out"])
+            at = direct_at(wk)
+            launch(_r_sq_totals, grid, (wk, *sw, tS, *sizes), plan["_r_sq_totals"], at)
+            _scan(tS, cS, call.scans["tS"], sizes[3], at)
+            launch(_r_pi, grid, (wk, *sw, bias, bias.stride(0), bias.stride(1), temp, cS, u, pi, tMN, *sizes, eps[0]),
+                   plan["_r_pi"], at)
+            _scan(tMN, cMN, call.scans["tMN"], sizes[3], at)
+            launch(_r_out, grid, (wk, *sw, pi, cMN, out, *out.stride()[:3], *sizes, eps[1]), plan["_r_out"], at)
         return out, pi, u, (cS, cMN)
 
     @classmethod
     def backward(cls, w, g, temp, pi, u, mask, saved, causal, eps, bias_width=0):
         """dw (w's dtype and strides), dtemp (H,) and dpos_bias (H, bias_width) fp32: the gradient of
-        the whole position bias (zeros past T)."""
+        the whole position bias (zeros past T). Four allocations, as TritonKernels.backward's: dw,
+        dtemp, dpos_bias, and one for y, R, the chunk totals and carries, and the dtemp partials."""
         B, H, T, p = w.shape
-        if not applies(H, p, causal, w.dtype):
+        call = call_plan(B, H, T, p, w.dtype, knob_values()) if causal else None
+        if call is None or not call.applies:
             return triton_tssa.TritonKernels.backward(w, g, temp, pi, u, mask, saved, causal, eps, bias_width)
         cS, cMN = saved
         wk, g, temp = cls.prepare(w), cls.prepare(g), temp.float().contiguous()
-        plan, geo = cls.plan(p, H, True, False, T, w.dtype), geometry(T, p, H, w.dtype)
-        nC = geo["nC"]
-        f32 = dict(device=wk.device, dtype=torch.float32)
-        y, R = torch.empty(B, H, T, **f32), torch.empty(B, H, T, **f32)
-        tG, cG, cGS = torch.empty(B, nC, 2, H * p + H, **f32), torch.empty_like(cMN), torch.empty_like(cS)
-        tGS = torch.empty(B, nC, 2, H * p, **f32)
-        gtemp, dtemp, dbias = torch.empty(B, nC, H, **f32), torch.empty(H, **f32), torch.empty(H, bias_width, **f32)
+        plan, grid, sizes = call.plan, call.grid, call.sizes
+        y, R, tG, cG, cGS, tGS, gtemp = carve(call.work, wk.device)
+        dtemp = torch.empty(H, device=wk.device, dtype=torch.float32)
+        dbias = torch.empty(H, bias_width, device=wk.device, dtype=torch.float32)
         gw = torch.empty_like(wk, dtype=w.dtype)
-        sw, grid, sizes = wk.stride()[:3], (B * nC,), (H, T, p, nC)
+        sw, sg = wk.stride()[:3], g.stride()[:3]
         with triton_tssa.on_device(wk):
-            _r_grad_totals[grid](wk, *sw, g, *g.stride()[:3], pi, cMN, y, tG, *sizes, eps[1],
-                                 **plan["_r_grad_totals"])
-            _scan(tG, cG, SUFFIX.value, geo, parts=2)
-            _r_logit_grad[grid](wk, *sw, y, pi, u, temp, cS, cG, R, gtemp, tGS, *sizes, eps[0],
-                                **plan["_r_logit_grad"])
-            _scan(tGS, cGS, SUFFIX.value, geo, parts=2)
-            _r_grad_w[grid](wk, *sw, g, *g.stride()[:3], pi, R, gtemp, cS, cMN, cG, tG, cGS, tGS, gw, *gw.stride()[:3],
-                            dtemp, dbias, B, H, T, bias_width, p, nC, *eps,
-                            **plan["_r_grad_w"])
+            at = direct_at(wk)
+            launch(_r_grad_totals, grid, (wk, *sw, g, *sg, pi, cMN, y, tG, *sizes, eps[1]), plan["_r_grad_totals"], at)
+            _scan(tG, cG, call.scans["tG"], sizes[3], at)
+            launch(_r_logit_grad, grid, (wk, *sw, y, pi, u, temp, cS, cG, R, gtemp, tGS, *sizes, eps[0]),
+                   plan["_r_logit_grad"], at)
+            _scan(tGS, cGS, call.scans["tGS"], sizes[3], at)
+            launch(_r_grad_w, grid, (wk, *sw, g, *sg, pi, R, gtemp, cS, cMN, cG, tG, cGS, tGS, gw, *gw.stride()[:3],
+                                     dtemp, dbias, B, H, T, bias_width, p, sizes[3], *eps), plan["_r_grad_w"], at)
         return gw, dtemp, dbias

@@ -12,10 +12,19 @@ on another, none loops over other chunks' tiles, no atomics. TritonKernels.forwa
 .backward only allocate and launch; launch_plan() states each launch's grid, warps, bytes and
 work a program, and modelled_time_s() its time (kernels/launch_model.py: modelled, not measured).
 
+What a call costs on the host (issue 52; counted, NOT MEASURED on a GPU): call_plan() memoises the
+plan, geometry, grids and workspace layouts per (B, H, T, p, causal, mask or not, the knobs' values);
+the forward allocates 3 tensors (out; Pi, u and the carries, kept for the backward; the chunk
+totals), the backward 4 (dw, dtemp, dpos_bias; the rest), where they allocated 7 and 10; each of the
+12 launches, once a kernel has been built for its arguments' specialization, calls the compiled
+kernel's launcher without Triton's JIT dispatch (kernels/triton_launch.py: the key, and where the
+normal kernel[grid] launch still runs: the interpreter, another Triton, a new specialization).
+
     python -m pytest -q tests/test_kernels.py -k triton   # under the interpreter, in a subprocess
 """
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -25,6 +34,7 @@ import triton.language as tl
 from kernels.launch_model import AT_35FFD52, AT_88ECCCE, BACKWARD, COPY_RATE, FORWARD  # noqa: F401
 from kernels.launch_model import modelled_time_s, plan_for, work  # noqa: F401
 from kernels.launch_model import geometry as cut
+from kernels.triton_launch import carve, direct_at, launch, layout
 
 BLOCK_T = 64  # tokens per chunk, at most (fewer when p is large: a tile holds TILE_VALUES)
 TILE_VALUES = 2048  # values of a (BT, P) tile, at most: BT = 32 tokens for heads of 64
@@ -561,10 +571,58 @@ def scan_meta(geo, mode, causal):
     return dict(MODE=scan_mode(mode, causal), CB=geo["CB"], SB=geo["SB"], num_warps=geo["scan_warps"])
 
 
-def _scan(tot, carry, mode, causal, geo):
-    """Launch S over tot (rows, nC, W) -> carry."""
-    rows, nC, W = tot.shape
-    _k_scan[(rows * triton.cdiv(W, geo["SB"]),)](tot, carry, nC, W, **scan_meta(geo, mode, causal))
+# The module constants plan() and geometry() read: a memoised call plan is keyed on their values
+# (the tests lower them), with WORK's two warps counts.
+KNOBS = ("BLOCK_T", "TILE_VALUES", "FEATURE_BLOCK", "SCAN_CHUNKS", "SCAN_COLUMNS", "BATCH_BLOCK", "PARTIAL_BLOCK",
+         "NUM_WARPS", "DW_VALUES", "MAX_REGISTERS")
+
+
+def knob_values():
+    """The values of KNOBS now, and WORK's warps for B1 and dL/dw."""
+    here = globals()
+    return tuple(here[k] for k in KNOBS) + (WORK["_k_grad_totals"]["warps"], WORK["_k_grad_w"]["warps"])
+
+
+class CallPlan:
+    """What one forward and backward launch and allocate at one shape, computed once (call_plan):
+    plan (TritonKernels.plan's), geo (geometry's), the chunk launches' grid and dL/dw's, sizes (H, T,
+    p, nC as the kernels take them), scans {totals: (grid, constexprs and warps, (nC, W))}, and the
+    workspaces' layouts (kernels/triton_launch.py): saved (Pi, u, cS, cMN: what the forward returns,
+    kept until the backward), totals (tS, tMN: the forward's, dropped after it), work (y, R, the
+    dtemp partials, tG, cG, tGS, cGS: the backward's, dropped after it)."""
+
+    def __init__(self, B, H, T, p, causal, has_mask):
+        geo = geometry(T, p)
+        rows, nC = B * H, geo["nC"]
+        self.geo, self.plan = geo, TritonKernels.plan(p, H, causal, has_mask, T)
+        self.grid, self.dw_grid, self.sizes = (rows * nC,), (rows * nC * geo["nK"],), (H, T, p, nC)
+        self.scans = {tot: ((rows * triton.cdiv(W, geo["SB"]),), scan_meta(geo, mode, causal), (nC, W))
+                      for tot, W, mode in (("tS", p, "prefix"), ("tMN", p + 1, "prefix"),
+                                           ("tG", p + 1, "suffix"), ("tGS", p, "suffix"))}
+        per_token, carry, pair = (B, H, T), (rows, nC, p), (rows, nC, p + 1)
+        self.saved = layout(per_token, per_token, carry, pair)
+        self.totals = layout(carry, pair)
+        self.work = layout(per_token, per_token, (rows, nC), pair, pair, carry, carry)
+
+
+@functools.lru_cache(maxsize=256)
+def call_plan(B, H, T, p, causal, has_mask, knobs):
+    """The CallPlan of a shape, memoised on (B, H, T, p, causal, a mask or not, knob_values()). Not on
+    dtypes or strides: they change no plan (the outputs take w's strides from torch.empty_like, and the
+    direct launches key on every argument's specialization, kernels/triton_launch.py)."""
+    return CallPlan(B, H, T, p, causal, has_mask)
+
+
+def _scan(tot, carry, scan, at):
+    """Launch S over tot (rows, nC, W) -> carry: scan is a CallPlan's scans[name of tot]."""
+    grid, meta, (nC, W) = scan
+    launch(_k_scan, grid, (tot, carry, nC, W), meta, at)
+
+
+@functools.lru_cache(maxsize=64)
+def step_plan(H, p, knobs):
+    """The decoding step's constexprs and warps (TritonKernels.plan's), memoised on (H, p, knob_values())."""
+    return TritonKernels.plan(p, H, True, False)["_k_step"]
 
 
 class TritonKernels:
@@ -619,60 +677,61 @@ class TritonKernels:
         return (B, H, T), (B * H, nC, p), (B * H, nC, p + 1)
 
     @classmethod
-    def forward(cls, w, temp, bias, mask, causal, eps):
+    def forward(cls, w, temp, bias, mask, causal, eps, apart=False):
         """out (w's dtype and strides), Pi and u (B, H, T) fp32, and the carries to save.
         bias: the whole position bias (H, T_max), given exactly for the causal form; mask:
-        (B, T) bool or None."""
+        (B, T) bool or None. Three allocations: out, one for Pi, u and the carries (apart: one
+        each, as a custom operator's outputs must be), one for the chunk totals."""
         if (bias is not None) != causal:
             raise ValueError("the Triton kernels take a position bias for the causal form, and only for it")
         wk, temp = cls.prepare(w), temp.float().contiguous()
         B, H, T, p = wk.shape
-        plan, geo = cls.plan(p, H, causal, mask is not None, T), geometry(T, p)
-        nC = geo["nC"]
-        f32 = dict(device=wk.device, dtype=torch.float32)
-        rows, cS_shape, cMN_shape = cls.shapes(wk, causal)
-        u, pi, cS, cMN = (torch.empty(s, **f32) for s in (rows, rows, cS_shape, cMN_shape))
-        tS, tMN = torch.empty(cS_shape, **f32), torch.empty(cMN_shape, **f32)
+        call = call_plan(B, H, T, p, causal, mask is not None, knob_values())
+        plan, sizes, grid = call.plan, call.sizes, call.grid
+        pi, u, cS, cMN = carve(call.saved, wk.device, apart)
+        tS, tMN = carve(call.totals, wk.device)
         out = torch.empty_like(wk, dtype=w.dtype)  # w's strides: merging the heads after is a view
-        sw, masks, grid = wk.stride()[:3], _mask_args(mask, u), (B * H * nC,)
+        sw, masks = wk.stride()[:3], _mask_args(mask, u)
         bias_args = (bias, bias.stride(0), bias.stride(1)) if bias is not None else (u, 0, 0)  # u: unread
-        sizes = (H, T, p, nC)
         with on_device(wk):
-            _k_sq_totals[grid](wk, *sw, *masks, tS, *sizes, **plan["_k_sq_totals"])
-            _scan(tS, cS, "prefix", causal, geo)
-            _k_u[grid](wk, *sw, *masks, *bias_args, cS, u, *sizes, eps[0], **plan["_k_u"])
-            _k_pi_totals[grid](wk, *sw, *masks, temp, u, pi, tMN, *sizes, **plan["_k_pi_totals"])
-            _scan(tMN, cMN, "prefix", causal, geo)
-            _k_out[grid](wk, *sw, *masks, pi, cMN, out, *out.stride()[:3], *sizes, eps[1], **plan["_k_out"])
+            at = direct_at(wk)
+            launch(_k_sq_totals, grid, (wk, *sw, *masks, tS, *sizes), plan["_k_sq_totals"], at)
+            _scan(tS, cS, call.scans["tS"], at)
+            launch(_k_u, grid, (wk, *sw, *masks, *bias_args, cS, u, *sizes, eps[0]), plan["_k_u"], at)
+            launch(_k_pi_totals, grid, (wk, *sw, *masks, temp, u, pi, tMN, *sizes), plan["_k_pi_totals"], at)
+            _scan(tMN, cMN, call.scans["tMN"], at)
+            launch(_k_out, grid, (wk, *sw, *masks, pi, cMN, out, *out.stride()[:3], *sizes, eps[1]), plan["_k_out"],
+                   at)
         return out, pi, u, (cS, cMN)
 
     @classmethod
     def backward(cls, w, g, temp, pi, u, mask, saved, causal, eps, bias_width=0):
         """dw (w's dtype and strides), dtemp (H,) and, causal, dpos_bias (H, bias_width) fp32:
-        the gradient of the whole position bias (zeros past T)."""
+        the gradient of the whole position bias (zeros past T). Four allocations (three
+        non-causal): dw, dtemp, dpos_bias, each its own (they leave for autograd, which may keep
+        them as .grad), and one for y, R, the dtemp partials and the chunk totals and carries."""
         cS, cMN = saved
         wk, g, temp = cls.prepare(w), cls.prepare(g), temp.float().contiguous()
         B, H, T, p = wk.shape
-        plan, geo = cls.plan(p, H, causal, mask is not None, T), geometry(T, p)
-        nC = geo["nC"]
-        f32 = dict(device=wk.device, dtype=torch.float32)
-        y, R, gtemp = torch.empty(B, H, T, **f32), torch.empty(B, H, T, **f32), torch.empty(B * H, nC, **f32)
-        tG, cG = torch.empty_like(cMN), torch.empty_like(cMN)
-        tGS, cGS, dtemp = torch.empty_like(cS), torch.empty_like(cS), torch.empty(H, **f32)
-        dbias = torch.empty(H, bias_width, **f32) if causal else None
+        call = call_plan(B, H, T, p, causal, mask is not None, knob_values())
+        plan, sizes, grid = call.plan, call.sizes, call.grid
+        y, R, gtemp, tG, cG, tGS, cGS = carve(call.work, wk.device)
+        dtemp = torch.empty(H, device=wk.device, dtype=torch.float32)
+        dbias = torch.empty(H, bias_width, device=wk.device, dtype=torch.float32) if causal else None
         gw = torch.empty_like(wk, dtype=w.dtype)
-        sw, sg, masks, grid = wk.stride()[:3], g.stride()[:3], _mask_args(mask, R), (B * H * nC,)
-        sizes = (H, T, p, nC)
+        sw, sg, masks = wk.stride()[:3], g.stride()[:3], _mask_args(mask, R)
         with on_device(wk):
-            _k_grad_totals[grid](wk, *sw, g, *sg, *masks, pi, cMN, y, tG, *sizes, eps[1], **plan["_k_grad_totals"])
-            _scan(tG, cG, "suffix", causal, geo)
-            _k_pi_grad[grid](wk, *sw, *masks, pi, cG, y, *sizes, **plan["_k_pi_grad"])
-            _k_logit_grad[grid](wk, *sw, *masks, pi, u, temp, y, cS, R, gtemp, tGS, *sizes, eps[0],
-                                **plan["_k_logit_grad"])
-            _scan(tGS, cGS, "suffix", causal, geo)
-            _k_grad_w[(B * H * nC * geo["nK"],)](wk, *sw, g, *sg, *masks, pi, R, gtemp, cS, cMN, cG, cGS, gw,
-                                                 *gw.stride()[:3], dtemp, R if dbias is None else dbias, B, H, T,
-                                                 bias_width, p, nC, geo["nK"], *eps, **plan["_k_grad_w"])
+            at = direct_at(wk)
+            launch(_k_grad_totals, grid, (wk, *sw, g, *sg, *masks, pi, cMN, y, tG, *sizes, eps[1]),
+                   plan["_k_grad_totals"], at)
+            _scan(tG, cG, call.scans["tG"], at)
+            launch(_k_pi_grad, grid, (wk, *sw, *masks, pi, cG, y, *sizes), plan["_k_pi_grad"], at)
+            launch(_k_logit_grad, grid, (wk, *sw, *masks, pi, u, temp, y, cS, R, gtemp, tGS, *sizes, eps[0]),
+                   plan["_k_logit_grad"], at)
+            _scan(tGS, cGS, call.scans["tGS"], at)
+            launch(_k_grad_w, call.dw_grid, (wk, *sw, g, *sg, *masks, pi, R, gtemp, cS, cMN, cG, cGS, gw,
+                                             *gw.stride()[:3], dtemp, R if dbias is None else dbias, B, H, T,
+                                             bias_width, p, sizes[3], call.geo["nK"], *eps), plan["_k_grad_w"], at)
         return gw, dtemp, dbias
 
     @classmethod
@@ -683,6 +742,6 @@ class TritonKernels:
         pi = torch.empty(B, H, device=x.device, dtype=torch.float32)
         bias = bias.float()
         with on_device(x):
-            _k_step[(B,)](x, temp.float().contiguous(), bias, bias.stride(0), state.sum_sq, state.sum_pi_sq,
-                          state.sum_pi, out, pi, H, p, *eps, **cls.plan(p, H, True, False)["_k_step"])
+            launch(_k_step, (B,), (x, temp.float().contiguous(), bias, bias.stride(0), state.sum_sq, state.sum_pi_sq,
+                                   state.sum_pi, out, pi, H, p, *eps), step_plan(H, p, knob_values()), direct_at(x))
         return out, pi

@@ -927,7 +927,7 @@ COMPILE_MODEL_SCRIPT = textwrap.dedent("""
     warnings.filterwarnings("error", "tssa_impl")  # a fallback to the reference would warn
     calls = []
     forward = triton_tssa.TritonKernels.forward.__func__
-    counted = lambda cls, *a: calls.append(a[0].shape[2] == 64) or forward(cls, *a)
+    counted = lambda cls, *a, **kw: calls.append(a[0].shape[2] == 64) or forward(cls, *a, **kw)
     triton_tssa.TritonKernels.forward = classmethod(counted)
     torch.manual_seed(0)
     m = kernels.use(model.GPT(model.GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)), "triton")
