@@ -52,6 +52,8 @@ from triton.compiler import CompiledKernel
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
+from kernels.fused import warn
+
 ALIGN = 4  # fp32 values: a view of a workspace starts 16 bytes apart, the alignment the JIT specializes on
 KNOWN_TRITONS = ("3.6.", "3.9.")  # whose JITFunction.run and CompiledKernel the direct path follows
 MAX_KEPT = 4096  # compiled kernels kept (a few per shape class and kernel); past it the keeping starts again
@@ -223,10 +225,11 @@ def launch(fn, grid, args, meta, at):
     if kept is not None and kept.fn is fn and _globals_unchanged(fn):
         try:
             kept.launch(grid, at[1], args)
-        except Exception as e:  # never again in this process; the caller falls back as for any launch error
+            return
+        except Exception as e:  # never again in this process: this launch and the rest through the JIT
             _off = f"a direct launch raised {type(e).__name__}: {e}"
-            raise
-        return
+            warn(f"the Triton kernels' direct launch is off for this process ({_off}); launching through "
+                 "Triton's JIT (slower on the host, the same kernels)")
     compiled = fn[grid](*args, **meta)
     if k is not None:
         _keep(k, fn, compiled, args, meta)
