@@ -468,7 +468,7 @@ class GPT(nn.Module):
         temperature 0: greedy; top_k: draw among the k likeliest; tokenizer_vocab_size: the ids
         of the tokenizer (those above it only pad config.vocab_size, and are never drawn)."""
         state = self.init_state(idx.shape[0])
-        kv_caches = [layer.max_len for layer in state.layers if hasattr(layer, "max_len")]  # of block_size tokens
+        kv_caches = [part.max_len for part in state_parts(state) if hasattr(part, "max_len")]  # of block_size tokens
         window = min(kv_caches, default=idx.shape[1] + max_new_tokens)  # the tokens the states hold: TSSA's, all
         logits = self.prefill(idx[:, -window:], state)  # (B, V): the prompt, in parallel, fills the state
         for _ in range(max_new_tokens):
@@ -700,9 +700,7 @@ class ShortConv(nn.Module):
     def __init__(self, n_embd, kernel_size):
         super().__init__()
         self.kernel_size = kernel_size
-        weight = torch.zeros(n_embd, kernel_size)  # (C, k); column k - 1 multiplies x_t
-        weight[:, -1] = 1.0
-        self.weight = nn.Parameter(weight)
+        self.weight = nn.Parameter(F.pad(torch.ones(n_embd, 1), (kernel_size - 1, 0)))  # (C, k): 1 where it meets x_t
 
     def forward(self, x, state=None):
         """x (B, T, C) -> y (B, T, C). With a decoding state, state.conv (B, k - 1, C) holds
@@ -936,15 +934,17 @@ def position_index(pos, length):
     return pos.clamp(max=length - 1).view(1)
 
 
-def state_tensors(state):
-    """Every tensor of a decoding state (MATH.md §9): a tensor, or a dataclass, tuple, list or dict
-    of them, nested (None, numbers and strings hold none). Anything else: TypeError."""
-    if isinstance(state, torch.Tensor):
-        yield state
-    elif is_dataclass(state) or isinstance(state, (tuple, list, dict)):
+def state_parts(state):
+    """Each part of a decoding state, nested: tensors in dataclasses, tuples, lists or dicts (§9); else TypeError."""
+    yield state
+    if is_dataclass(state) or isinstance(state, (tuple, list, dict)):
         parts = ([getattr(state, field.name) for field in fields(state)] if is_dataclass(state) else
                  state.values() if isinstance(state, dict) else state)
         for part in parts:
-            yield from state_tensors(part)
-    elif not (state is None or isinstance(state, (bool, int, float, str))):
+            yield from state_parts(part)
+    elif not (state is None or isinstance(state, (torch.Tensor, bool, int, float, str))):
         raise TypeError(f"a decoding state is tensors in a dataclass, tuple, list or dict, not {type(state).__name__}")
+
+
+def state_tensors(state):  # every tensor of a decoding state (None, numbers and strings beside them hold none)
+    return (part for part in state_parts(state) if isinstance(part, torch.Tensor))

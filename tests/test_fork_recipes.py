@@ -442,6 +442,19 @@ def test_the_block_and_the_module_are_named_where_a_state_outside_the_attention_
                     "GPT.prefill starts a new prompt from zeros: make it zeros (MATH.md §9)"), line
 
 
+def test_a_kv_cache_inside_a_blocks_own_state_still_bounds_what_generate_keeps(monkeypatch):
+    """A softmax block (hybrid_every) whose state is (its KV cache, the convolution's inputs): past
+    block_size GPT.generate encodes the last block_size tokens again, as for a KV cache alone
+    (model.state_parts finds its max_len), and gives the tokens of the parallel form."""
+    shipped_f(monkeypatch)
+    conv(monkeypatch)
+    m = tiny(mlp_conv=3, hybrid_every=2, block_size=8)
+    assert isinstance(m.init_state(1).layers[1][0], model.KVCache)
+    idx = torch.randint(0, 31, (2, 3), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(m.generate(idx, 12, temperature=0), forks.generate_in_parallel(m, idx, 12, temperature=0),
+                               rtol=0, atol=0)
+
+
 # -----------------------------------------------------------------------------
 # the fused implementations and a forward of its own; Pi's contract at build
 
