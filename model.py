@@ -2,28 +2,28 @@
 nanoToST model: Token Statistics Self-Attention (TSSA) and the Token Statistics Transformer.
 
 One file, in the order of MATH.md:
-  1. the objective and the operator as plain functions: R_var (`compression_objective`,
-     §1.3), one gradient step on it (`tssa`, §2-3), its causal form (`causal_tssa`, §4.1-4.3),
-     and the recurrent state with its one-token step (`TSSAState`, `causal_tssa_step`, §4.4);
+  1. the objective and the operator as plain functions: R_var (`compression_objective`, §1.3), one gradient step
+     on it (`tssa`, §2-3), its causal form (`causal_tssa`, §4.1-4.3), and the recurrent state with its one-token
+     step (`TSSAState`, `causal_tssa_step`, §4.4);
   2. the modules built from them: `TSSA`, the MLP, the pre-norm `Block` (§5.1);
   3. ToST-GPT (§5.2): a GPT-2 skeleton with TSSA, trained in parallel, decoded from the state;
   4. ToST-ViT (§5.3-5.4): an XCiT skeleton with TSSA;
-  appendix: the baselines and variants (the short convolution, softmax attention and its KV
-     cache, linear attention) and the plumbing that the fast paths need.
+  appendix: the baselines and variants (the short convolution, softmax attention and its KV cache, linear
+     attention) and the plumbing that the fast paths need.
 
-Symbols (MATH.md §1.1): B batch, T tokens, C = H * p model width, H heads (the K subspaces
-U_k), p head width. w = U_k^T z, the features of each token in each head's basis: (B, H, T, p).
-Pi (B, H, T): how much each token belongs to each head (sums to 1 over heads). s (B, H, p): the
-Pi-weighted second moment of each feature of each head, the "token statistic". gamma (H,): the
-temperature of Pi; pos_bias (H, block_size): b, the causal form's position bias.
+Symbols (MATH.md §1.1): B batch, T tokens, C = H * p model width, H heads (the K subspaces U_k), p head width.
+w = U_k^T z, the features of each token in each head's basis: (B, H, T, p). Pi (B, H, T): how much each token
+belongs to each head (sums to 1 over heads). s (B, H, p): the Pi-weighted second moment of each feature of each
+head, the "token statistic". gamma (H,): the temperature of Pi; pos_bias (H, block_size): b, the causal form's bias.
 
-This file is the reference and imports nothing of the project: the fused kernels (kernels/) are
-checked against its functions, and put in a built model by `kernels.use`.
+This file is the reference and imports nothing of the project: the fused kernels (kernels/) are checked against
+its functions, and put in a built model by `kernels.use`.
 
     python -c "import model; print(model.GPT.from_preset('tost-base'))"
 """
 
 import math
+import warnings
 from collections import namedtuple
 from dataclasses import dataclass, fields, is_dataclass, replace
 
@@ -31,15 +31,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The floor inside Pi, as released: non-causal, on each feature's norm over the tokens
-# (F.normalize's clamp, so PI_NORM_EPS ** 2 on the sum of squares); causal, on the running sum
-# of squares itself, unsquared (MATH.md §3.4).
+# The floor inside Pi, as released: non-causal, on each feature's norm over the tokens (F.normalize's clamp, so
+# PI_NORM_EPS ** 2 on the sum of squares); causal, on the running sum of squares itself, unsquared (MATH.md §3.4).
 PI_NORM_EPS = 1e-12
 STAT_EPS = 1e-8  # added to the Pi-weighted token count of a head (a head no token belongs to)
 
 # -----------------------------------------------------------------------------
-# 1. The objective and the operator, as plain functions
-#
+# 1. The objective and the operator, as plain functions.
 # The operators take w = U^T z (B, H, T, p) and return the per-head update -Pi * w * f'(s) of
 # the same shape (before the output projection). Pi, when returned, is detached: the theory
 # holds it fixed (MATH.md §2.4); it is returned for the analysis maps and the decoding state.
@@ -69,9 +67,8 @@ def token_statistic(sum_pi_w_sq, sum_pi):
 
 
 def compression_objective(w, pi, mask=None):
-    """Variational compression term R_var(Z | Pi, U) of MATH.md §1.3 (paper eq. 4), per sample.
-    w = U^T z: (B, H, T, p) features in each head's basis; pi: (B, H, T) memberships;
-    mask: optional (B, T) bool of real tokens; f: the concave function above.
+    """Variational compression term R_var(Z | Pi, U) of MATH.md §1.3 (paper eq. 4), per sample, for f above.
+    w = U^T z: (B, H, T, p) features in each head's basis; pi: (B, H, T) memberships; mask: (B, T) real tokens.
         R_var = 1/2 sum_k (n_k / n) sum_i f(s_ki),  s_ki = (1/n_k) sum_j Pi[j,k] w[j,i]^2
     Returns (B,) in the dtype of w (use float64 for finite differences)."""
     m = w.new_ones(w.shape[0], w.shape[2]) if mask is None else mask.to(w.dtype)  # (B, T)
@@ -88,8 +85,9 @@ PI_MODES = {"softmax": lambda logits: logits.softmax(dim=1),  # fp32: logits are
 
 
 def pi_from_logits(logits, pi_mode):
-    """Pi (B, H, ...), summing to 1 over the heads, from its logits by the mode PI_MODES names."""
-    return PI_MODES[pi_mode](logits)
+    """Pi (B, H, ...), summing to 1 over the heads, from its logits by the mode PI_MODES names, or by pi_mode itself
+    where it is a function (a TSSA subclass's Pi with parameters of its own: MATH.md §9)."""
+    return (pi_mode if callable(pi_mode) else PI_MODES[pi_mode])(logits)
 
 
 def tssa(w, gamma, return_pi=False, mask=None, pi_mode="softmax"):
@@ -114,11 +112,10 @@ def tssa(w, gamma, return_pi=False, mask=None, pi_mode="softmax"):
 
 
 def causal_tssa(w, gamma, pos_bias, return_pi=False, pi_mode="softmax", state=None):
-    """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative
-    sums. w: (B, H, T, p); gamma: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1),
-    added per feature before the sum. state: a TSSAState, when decoding: the prompt's running
-    sums at its last token are written to it, and causal_tssa_step goes on from them (the
-    prefill). Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
+    """Causal TSSA (MATH.md §4): token j uses statistics of tokens 1..j only, via cumulative sums. w: (B, H, T, p);
+    gamma: (H,) or (H, 1); pos_bias: (H, T_max) or (H, T_max, 1), added per feature before the sum. state: a
+    TSSAState, when decoding: the prompt's running sums at its last token are written to it, and causal_tssa_step
+    goes on from them (the prefill). Returns out (B, H, T, p) [and Pi (B, H, T), detached]."""
     check_shapes(w, gamma)
     B, H, T, p = w.shape
     bias = check_pos_bias(pos_bias, H, T, w.dtype)[:, :T]  # (H, T)
@@ -157,15 +154,13 @@ class TSSAState:
         pos = torch.zeros((), dtype=torch.long, device=device) if pos is None else pos
         return cls(z(B, H, p), z(B, H, p), z(B, H), pos)
 
-    def nbytes(self):
-        parts = (self.sum_sq, self.sum_pi_sq, self.sum_pi, self.conv)
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+    def nbytes(self):  # (pos is every layer's)
+        return sum(t.numel() * t.element_size() for t in state_tensors(self) if t is not self.pos)
 
 
 def causal_tssa_step(w_t, gamma, pos_bias_t, state, pi_mode="softmax"):
-    """One token of causal TSSA in O(H p) (MATH.md §4.4): w_t (B, H, p) its features, pos_bias_t
-    (H,) its column of the position bias. The sums of `state` take in this token, in place.
-    Returns out_t (B, H, p), equal to causal_tssa's output at this position."""
+    """One token of causal TSSA in O(H p) (MATH.md §4.4): w_t (B, H, p) its features, pos_bias_t (H,) its column of
+    the position bias; the sums of `state` take it in, in place. Returns out_t (B, H, p), causal_tssa's there."""
     dtype, H = w_t.dtype, w_t.shape[1]
     w_t = w_t.to(state.sum_sq.dtype)  # the state's dtype: fp32 (fp64 for fp64 inputs)
     w_sq = w_t.square()  # (B, H, p)
@@ -193,13 +188,11 @@ def merge_heads(x):  # (B, H, T, p) -> (B, T, H * p)
 
 
 class TSSA(nn.Module):
-    """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all
-    heads stacked), the operator, a free output projection (MATH.md §2.3). causal=True adds
-    the learned per-head position bias of the causal form (its length is config.block_size).
-    self.operators: the three operator functions it runs: section 1's (REFERENCE_OPERATORS, in the
-    appendix), a subclass's own (MATH.md §9), or fused versions of section 1's (kernels/).
-    Opt-in variant (causal only, GPTConfig.short_conv = k > 0): a ShortConv of kernel k on the
-    input, before the projection, which gives each token a channel to the k - 1 before it."""
+    """Token Statistics Self-Attention: ONE C x C input projection (the bases U_k of all heads stacked), the
+    operator, a free output projection (MATH.md §2.3); causal=True adds the learned per-head position bias b.
+    self.operators: the three operator functions it runs: section 1's (REFERENCE_OPERATORS, in the appendix), a
+    subclass's own (MATH.md §9), or fused versions of section 1's (kernels/). Opt-in variant (causal only,
+    GPTConfig.short_conv = k > 0): a ShortConv of kernel k on the input, a channel to the k - 1 tokens before."""
 
     def __init__(self, config, causal=False):
         super().__init__()
@@ -221,9 +214,8 @@ class TSSA(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, state=None, record=None):
-        """x (B, T, C) -> y (B, T, C). mask: (B, T) padding (non-causal). state: a TSSAState to
-        decode with: a prompt (T > 1) fills it, one token (T = 1) advances it from it.
-        record: a dict, if given, receives the maps z, w = U^T z, pi and out = y."""
+        """x (B, T, C) -> y (B, T, C). mask: (B, T) padding (non-causal). state: a TSSAState to decode with: a prompt
+        (T > 1) fills it, one token (T = 1) advances it. record: a dict, if given, gets z, w = U^T z, pi and out = y."""
         z = x if self.conv is None else self.conv(x, state)  # (B, T, C)
         w = split_heads(self.w_proj(z), self.n_head)  # (B, H, T, p)
         if not self.causal:
@@ -255,11 +247,14 @@ ATTENTIONS = {"tssa": TSSA}
 
 
 def make_attention(config, causal, attn=None):
-    """The attention of one block: `attn` if given, else config.attn."""
+    """The attention of one block: `attn` if given, else config.attn; a TSSA's Pi checked once built (check_pi)."""
     attn = attn or config.attn
     if attn not in ATTENTIONS:
         raise ValueError(f"attn must be one of {', '.join(map(repr, ATTENTIONS))}, got {attn!r}")
-    return ATTENTIONS[attn](config, causal)
+    module = ATTENTIONS[attn](config, causal)
+    if isinstance(module, TSSA):
+        check_pi(module.pi_mode, module.n_head)
+    return module
 
 
 class MLP(nn.Module):
@@ -319,6 +314,10 @@ class Block(nn.Module):
         x = x + self.drop_path(self.attn_scale(self.attn(self.ln_1(x), mask=mask, state=state, record=record)))
         return x + self.drop_path(self.mlp_scale(self.mlp(self.ln_2(x))))
 
+    def init_state(self, B, pos):
+        """The block's decoding state: its attention's, and any other of its modules' that remembers tokens (§9)."""
+        return self.attn.init_state(B, pos)
+
 
 # -----------------------------------------------------------------------------
 # 3. ToST-GPT (MATH.md §5.2, language)
@@ -339,9 +338,8 @@ class GPTConfig:
     mlp_ratio: float = 4.0  # MLP hidden width / n_embd
     drop_path: float = 0.0  # stochastic depth (not used by the language recipes)
     ln_eps: float = 1e-5  # LayerNorm epsilon
-    # opt-in variants, not the paper's ToST (0: off, the default)
-    short_conv: int = 0  # kernel size of a depthwise causal convolution on each TSSA input (4: as fla, Mamba)
-    hybrid_every: int = 0  # k: blocks i with (i + 1) % k == 0 (the k-th, 2k-th, ...) use softmax attention
+    short_conv: int = 0  # opt-in variant (0: off): a depthwise causal convolution of this kernel on each TSSA input
+    hybrid_every: int = 0  # opt-in variant (0: off): k, blocks i with (i + 1) % k == 0 use softmax attention
 
     def __post_init__(self):  # the rules between settings, in one place (train.py asks them too)
         if self.n_embd % self.n_head:
@@ -364,9 +362,7 @@ GPT_PRESETS = {  # parameter counts include the position embedding, not the padd
 }
 
 
-# A decoding in progress: pos, the tokens seen so far (() int64, on the device), and layers, each
-# block's state (TSSAState; KVCache or LinearState for the baselines; a fork's own: MATH.md §9).
-DecodeState = namedtuple("DecodeState", "pos layers")
+DecodeState = namedtuple("DecodeState", "pos layers")  # tokens seen (() int64), each block's state (Block.init_state)
 
 
 class GPT(nn.Module):
@@ -440,7 +436,7 @@ class GPT(nn.Module):
 
     def init_state(self, B):
         pos = torch.zeros((), dtype=torch.long, device=self.wte.weight.device)
-        return DecodeState(pos, [block.attn.init_state(B, pos) for block in self.blocks])
+        return DecodeState(pos, [block.init_state(B, pos) for block in self.blocks])
 
     def prefill(self, idx, state):
         """Start decoding after the prompt idx (B, T): its first block_size tokens in parallel,
@@ -472,7 +468,7 @@ class GPT(nn.Module):
         temperature 0: greedy; top_k: draw among the k likeliest; tokenizer_vocab_size: the ids
         of the tokenizer (those above it only pad config.vocab_size, and are never drawn)."""
         state = self.init_state(idx.shape[0])
-        kv_caches = [layer.max_len for layer in state.layers if hasattr(layer, "max_len")]  # of block_size tokens
+        kv_caches = [part.max_len for part in state_parts(state) if hasattr(part, "max_len")]  # of block_size tokens
         window = min(kv_caches, default=idx.shape[1] + max_new_tokens)  # the tokens the states hold: TSSA's, all
         logits = self.prefill(idx[:, -window:], state)  # (B, V): the prompt, in parallel, fills the state
         for _ in range(max_new_tokens):
@@ -546,8 +542,7 @@ class FourierPositionalEncoding(nn.Module):
 
 
 class ClassAttention(nn.Module):
-    """Softmax attention of the class token (query) over all tokens; O(T). Only the class
-    token is updated."""
+    """Softmax attention of the class token (query) over all tokens; O(T). Only the class token is updated."""
 
     def __init__(self, *, n_embd, n_head, bias=True, dropout=0.0):
         super().__init__()
@@ -570,15 +565,13 @@ class ClassAttention(nn.Module):
 
 
 class ClassAttentionBlock(nn.Module):
-    """XCiT's class-attention block with tokens_norm=True, as the released ToST (MATH.md §5.4).
-    With x = [c, p] (class token, patch tokens):
+    """XCiT's class-attention block (tokens_norm=True), as released in ToST (MATH.md §5.4); x = [c, p] (class, patches):
         n = LN1(x);           x = x + drop_path(g1 * [attn_c(n), n_p])   (patches: p + g1 LN1(p))
         x = LN2(x)            on the residual stream, every token
         x = x + drop_path([g2 * MLP(x_c), x_p])                          (patches: doubled)
     The class token leaves as LN2(c') + g2 MLP(LN2(c')); the next block's LN1 undoes the 2."""
 
-    def __init__(self, *, n_embd, n_head, mlp_ratio=4.0, layer_scale_init=1.0, dropout=0.0, drop_path=0.0,
-                 eps=1e-6):
+    def __init__(self, *, n_embd, n_head, mlp_ratio=4.0, layer_scale_init=1.0, dropout=0.0, drop_path=0.0, eps=1e-6):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, eps=eps)
         self.attn = ClassAttention(n_embd=n_embd, n_head=n_head, dropout=dropout)
@@ -669,10 +662,9 @@ class ToSTViT(nn.Module):
         self._init_weights(self.head)
 
     def forward(self, images, record=None):
-        """images: (B, 3, H, W), H and W divisible by patch_size -> logits (B, classes).
-        record: a dict, if given, receives "layers" (per ToST block the maps of TSSA.forward:
-        z (B, N, C), w (B, H, N, p), pi (B, H, N), out (B, N, C)), "cls_attn" (per
-        class-attention layer, (B, H, N) over the patches) and "grid" (Hp, Wp)."""
+        """images: (B, 3, H, W), H and W divisible by patch_size -> logits (B, classes). record: a dict, if given,
+        receives "layers" (per ToST block the maps of TSSA.forward: z (B, N, C), w (B, H, N, p), pi (B, H, N), out
+        (B, N, C)), "cls_attn" (per class-attention layer, (B, H, N) over the patches) and "grid" (Hp, Wp)."""
         P = self.config.patch_size
         if images.dim() != 4 or images.shape[-2] % P or images.shape[-1] % P:
             raise ValueError(f"images must be (B, C, H, W) with H, W divisible by {P}, got {tuple(images.shape)}")
@@ -694,24 +686,21 @@ class ToSTViT(nn.Module):
 
 
 # =============================================================================
-# Appendix. What the sections above use but need not show: the short convolution (a ToST variant),
-# the softmax baseline (GPT-2) with its KV cache, linear attention (Katharopoulos et al. 2020) with its
-# state; then the operators' plumbing (TSSAOperators), checks (shapes, f_prime against f) and the fast
-# paths' (torch.compile's scans, CUDA graphs' device-side positions and in-place states).
+# Appendix. What the sections above use but need not show: the short convolution (a ToST variant), the softmax
+# baseline (GPT-2) with its KV cache, linear attention (Katharopoulos et al. 2020) with its state; then the
+# operators' plumbing (TSSAOperators), checks (shapes, f_prime against f, Pi a membership) and the fast paths'
+# (torch.compile's scans, CUDA graphs' device-side positions and in-place states).
 
 
 class ShortConv(nn.Module):
-    """Depthwise causal convolution over time (opt-in ToST variant, GPTConfig.short_conv):
-    y_t = sum_{j < k} a_j * x_{t - j}, one kernel of size k per channel, zeros before the
-    first token. Initialised to the identity (a_0 = 1, the rest 0), so the variant starts as
-    the paper's TSSA. Decoding keeps the last k - 1 inputs in the TSSAState (state.conv)."""
+    """Depthwise causal convolution over time (opt-in ToST variant, GPTConfig.short_conv): y_t = sum_{j < k} a_j *
+    x_{t - j}, one kernel of size k per channel, zeros before the first token. Initialised to the identity (a_0 = 1,
+    the rest 0): the variant starts as the paper's TSSA. Decoding keeps the last k - 1 inputs in state.conv."""
 
     def __init__(self, n_embd, kernel_size):
         super().__init__()
         self.kernel_size = kernel_size
-        weight = torch.zeros(n_embd, kernel_size)  # (C, k); column k - 1 multiplies x_t
-        weight[:, -1] = 1.0
-        self.weight = nn.Parameter(weight)
+        self.weight = nn.Parameter(F.pad(torch.ones(n_embd, 1), (kernel_size - 1, 0)))  # (C, k): 1 where it meets x_t
 
     def forward(self, x, state=None):
         """x (B, T, C) -> y (B, T, C). With a decoding state, state.conv (B, k - 1, C) holds
@@ -758,8 +747,8 @@ class SoftmaxAttention(nn.Module):
 
 @dataclass
 class KVCache:
-    """Keys and values of the past tokens, for softmax decoding: buffers of max_len tokens
-    made at the prompt and written in place afterwards, so a step's shapes never change."""
+    """Keys and values of the past tokens, for softmax decoding: buffers of max_len tokens made at the prompt and
+    written in place afterwards, so a step's shapes never change."""
 
     pos: torch.Tensor  # () int64, shared with the other layers
     max_len: int
@@ -767,9 +756,8 @@ class KVCache:
     v: torch.Tensor | None = None
 
     def write(self, k, v):
-        """Store k, v (B, H, T, p) of new tokens. Returns the keys and values to attend to and
-        the mask of visible positions: None for a prompt (causal over itself, at 0..T-1); for
-        one token (at pos), every position up to pos."""
+        """Store k, v (B, H, T, p) of new tokens. Returns the keys and values to attend to and the mask of visible
+        positions: None for a prompt (causal over itself, at 0..T-1); for one token (at pos), every one up to pos."""
         T = k.shape[2]
         if self.k is None:
             self.k, self.v = (t.new_zeros(*t.shape[:2], self.max_len, t.shape[3]) for t in (k, v))
@@ -809,11 +797,10 @@ class LinearState:
 
 
 def causal_linear_attention(q, k, v, S0=None, z0=None, chunk=LINEAR_CHUNK):
-    """Parallel causal form, chunked: q, k feature-mapped (>= 0), v, all (B, H, T, p); S0
-    (B, H, p, p) and z0 (B, H, p) the sums of earlier tokens, or None. Within a chunk the
-    masked product (phi(q) phi(k)^T) v; across chunks the sums of the earlier chunks. Time
-    linear in T, memory (T / chunk) p^2 per head. Sums in fp32 (at least, autocast off).
-    Returns y (B, H, T, p) in that dtype and the sums after the last token (S, z)."""
+    """Parallel causal form, chunked: q, k feature-mapped (>= 0), v, all (B, H, T, p); S0 (B, H, p, p) and z0 (B, H, p)
+    the sums of earlier tokens, or None. Within a chunk the masked product (phi(q) phi(k)^T) v; across chunks the
+    sums of the earlier chunks. Time linear in T, memory (T / chunk) p^2 per head. Sums in fp32 (at least, autocast
+    off). Returns y (B, H, T, p) in that dtype and the sums after the last token (S, z)."""
     B, H, T, p = q.shape
     dt, c = stat_dtype(v.dtype), min(chunk, T)
     n = -(-T // c)  # chunks
@@ -834,9 +821,8 @@ def causal_linear_attention(q, k, v, S0=None, z0=None, chunk=LINEAR_CHUNK):
 
 
 def linear_attention(q, k, v, mask=None):
-    """Non-causal form: every token sees every real token. q, k feature-mapped, (B, H, T, p);
-    mask (B, T) bool, True for real tokens: padded keys add nothing, padded outputs are 0.
-    Sums in fp32 (at least, autocast off)."""
+    """Non-causal form: every token sees every real token. q, k feature-mapped, (B, H, T, p); mask (B, T) bool, True for
+    real tokens: padded keys add nothing, padded outputs are 0. Sums in fp32 (at least, autocast off)."""
     dt = stat_dtype(v.dtype)
     with torch.autocast(q.device.type, enabled=False):
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
@@ -848,10 +834,9 @@ def linear_attention(q, k, v, mask=None):
 
 
 class LinearAttention(SoftmaxAttention):
-    """Linear attention (Katharopoulos et al. 2020) with the softmax baseline's projections
-    (q, k, v and an output projection): feature map elu + 1 on q and k, no softmax. Causal
-    decoding keeps a LinearState (H p x p + H p floats, whatever the length); non-causal
-    (vision, LRA) takes the padding mask."""
+    """Linear attention (Katharopoulos et al. 2020) with the softmax baseline's projections (q, k, v and an output
+    projection): feature map elu + 1 on q and k, no softmax. Causal decoding keeps a LinearState (H p x p + H p
+    floats, whatever the length); non-causal (vision, LRA) takes the padding mask."""
 
     def forward(self, x, mask=None, state=None, record=None):
         """x (B, T, C) -> (B, T, C). state: a LinearState to continue from (decoding)."""
@@ -918,10 +903,23 @@ def check_f_prime():
                          f"{given[i]:.6g}, f's derivative {df[i]:.6g}): change f and f_prime together (MATH.md §9)")
 
 
+def check_pi(pi_mode, H):
+    """Warn where Pi by pi_mode does not sum to 1 over H heads on a few logits: no membership (MATH.md §9)."""
+    with torch.device("cpu"), torch.no_grad():  # (a model built on the meta device too)
+        try:
+            pi = pi_from_logits(torch.linspace(-6.0, 6.0, 4 * H).view(2, H, 2), pi_mode)  # (2, H, 2)
+            gap = float((pi.sum(dim=1) - 1).abs().max())
+        except (RuntimeError, NotImplementedError):  # a subclass's Pi of parameters on the meta device: tried when real
+            return
+    if not gap <= 1e-4:
+        name = getattr(pi_mode, "__qualname__", f"model.PI_MODES[{pi_mode!r}]")  # (a subclass's function, or a name)
+        warnings.warn(f"Pi by {name} does not sum to 1 over the heads (off by up to {gap:.2g}), as MATH.md §9 asks of "
+                      "a membership: R_var's head weights n_k / n and lm_inspect.py's page assume it; it runs as it is")
+
+
 def prefix_sum(x, block=32):
-    """x.cumsum(2) for x (B, H, T, p): causal_tssa's sums over tokens t <= j. Under torch.compile,
-    nested scans of at most `block` tokens (in each block, then the blocks' totals): Inductor sends
-    a longer scan over few rows (B H p < 64 per SM) to a split-scan kernel torch 2.11 fails to build."""
+    """x.cumsum(2) for x (B, H, T, p): causal_tssa's sums over tokens t <= j; under torch.compile, nested scans of at
+    most `block` tokens (Inductor sends a longer one over B H p < 64 rows per SM to a kernel torch 2.11 can't build)."""
     T = x.shape[2]
     if T <= block or not torch.compiler.is_compiling():
         return x.cumsum(2)
@@ -936,15 +934,17 @@ def position_index(pos, length):
     return pos.clamp(max=length - 1).view(1)
 
 
-def state_tensors(state):
-    """Every tensor of a decoding state (MATH.md §9): a tensor, or a dataclass, tuple, list or dict
-    of them, nested (None, numbers and strings hold none). Anything else: TypeError."""
-    if isinstance(state, torch.Tensor):
-        yield state
-    elif is_dataclass(state) or isinstance(state, (tuple, list, dict)):
+def state_parts(state):
+    """Each part of a decoding state, nested: tensors in dataclasses, tuples, lists or dicts (§9); else TypeError."""
+    yield state
+    if is_dataclass(state) or isinstance(state, (tuple, list, dict)):
         parts = ([getattr(state, field.name) for field in fields(state)] if is_dataclass(state) else
                  state.values() if isinstance(state, dict) else state)
         for part in parts:
-            yield from state_tensors(part)
-    elif not (state is None or isinstance(state, (bool, int, float, str))):
+            yield from state_parts(part)
+    elif not (state is None or isinstance(state, (torch.Tensor, bool, int, float, str))):
         raise TypeError(f"a decoding state is tensors in a dataclass, tuple, list or dict, not {type(state).__name__}")
+
+
+def state_tensors(state):  # every tensor of a decoding state (None, numbers and strings beside them hold none)
+    return (part for part in state_parts(state) if isinstance(part, torch.Tensor))

@@ -97,9 +97,9 @@ seed = 1337
 num_threads = 0  # torch CPU threads (0: torch's default)
 ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 # -----------------------------------------------------------------------------
-DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "attn", "pi", "layer_scale_init",
-              "short_conv", "hybrid_every")  # the architecture: a resume takes them from the checkpoint
+# the settings above, and every field of GPTConfig not among them (the vocabulary comes from the data); MODEL_KEYS:
+# those fields, the architecture, which a resume takes from the checkpoint (nothing defined below is a setting)
+DEFAULTS, MODEL_KEYS = model_settings.with_model_fields(cli.config_defaults(globals()), GPTConfig, ("vocab_size",))
 TRAIN, EVAL = 0, 1  # seed tags: training batches and evaluation batches never coincide
 
 

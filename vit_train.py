@@ -111,9 +111,10 @@ ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for
 sync_bn = True  # under DDP on GPUs: SyncBatchNorm in the patch embedding
 seed = 1337
 # -----------------------------------------------------------------------------
-DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
-MODEL_KEYS = ("img_size", "patch_size", "n_layer", "n_head", "n_embd", "mlp_ratio", "dropout", "drop_path",
-              "layer_scale_init", "attn", "pi", "n_cls_layers")
+# the settings above, and every field of ViTConfig not among them (the classes and channels come from the data);
+# MODEL_KEYS: those fields, the architecture (nothing defined below is a setting)
+DEFAULTS, MODEL_KEYS = model_settings.with_model_fields(cli.config_defaults(globals()), ViTConfig,
+                                                        ("num_classes", "in_chans"))
 FINETUNE_OWN = ("img_size", "dropout", "drop_path")  # what a fine-tuning run sets itself
 
 

@@ -144,36 +144,48 @@ def use(module, impl, chunked_loss=False, timed_at=None):
     then decides its causal TSSAs' pick now, in this process (auto.decide_before_compile).
     Only operators this package owns are replaced: a TSSA with its own (a subclass, a forker's
     functions) keeps them under "torch" and "auto", and "cpu" or "triton" refuses it, as they
-    refuse another f, model.py's operators edited (check_maths) and a Pi mode the kernels do not
-    compute. "auto" finds an edit on its first call, and runs the reference with a warning, as
-    it does for a Pi mode the kernels do not compute (said here, once).
+    refuse another f, model.py's operators edited (check_maths), a Pi mode the kernels do not
+    compute and a TSSA whose own forward calls none of its operators (it would run no kernel:
+    forks.operators_unused). "auto" finds an edit on its first call, and runs the reference with
+    a warning, as it does for a Pi mode the kernels do not compute and says of a forward of its
+    own (here, once).
     Pick them before torch.compile."""
     ops = ops_for(impl)
     if impl in BACKENDS:
         check_f_prime(impl)
         check_maths(impl)
-    reference_only = set()  # the Pi modes of model.py alone that "auto" runs by the reference
+    reference_only, own_maths, probed = set(), set(), {}  # what "auto" runs by model.py alone; own forwards
     for name, m in module.named_modules():
         where = f"{name or 'the model'} ({type(m).__qualname__})"
-        if isinstance(m, model.TSSA) and not owned(m.operators):
+        if isinstance(m, model.TSSA) and impl != "torch" and type(m) not in probed:
+            probed[type(m)] = forks.operators_unused(m)  # its own forward, which calls none of its operators
+        if isinstance(m, model.TSSA) and impl != "torch" and probed[type(m)]:
+            if impl in BACKENDS:
+                raise ConfigError(f"tssa_impl={impl} would run no kernel: {where} has a forward of its own that "
+                                  "calls none of its operators (its own maths): use tssa_impl=torch")
+            own_maths.add(type(m).__qualname__)
+        elif isinstance(m, model.TSSA) and not owned(m.operators):
             if impl in BACKENDS:
                 raise ConfigError(f"tssa_impl={impl} runs the shipped TSSA only; {where} has its own operators: "
                                   "use tssa_impl=torch")
         elif isinstance(m, model.TSSA):
             if impl != "torch" and m.pi_mode not in FUSED_PI_MODES:
                 if impl in BACKENDS:
+                    runs = (f"model.PI_MODES[{m.pi_mode!r}]" if isinstance(m.pi_mode, str) else "it")
                     raise ConfigError(f"tssa_impl={impl} computes Pi by a softmax over the heads, and {where} "
-                                      f"takes pi={m.pi_mode!r}: use tssa_impl=torch, which runs "
-                                      f"model.PI_MODES[{m.pi_mode!r}]")
-                reference_only.add(m.pi_mode)
+                                      f"takes {forks.pi_named(m.pi_mode)}: use tssa_impl=torch, which runs {runs}")
+                reference_only.add(forks.pi_named(m.pi_mode))
             m.operators = ops
         if isinstance(m, model.GPT):
             m.__dict__.pop("loss", None)  # model.GPT.loss, or the chunked one
             if chunked_loss:
                 m.loss = MethodType(gpt_loss, m)
     if reference_only:
-        warn(f"tssa_impl='auto': pi={', '.join(map(repr, sorted(reference_only)))} is model.py's alone (the Triton "
+        warn(f"tssa_impl='auto': {', '.join(sorted(reference_only))} is model.py's alone (the Triton "
              "kernels compute a softmax Pi); running model.py's reference maths")
+    if own_maths:
+        warn(f"tssa_impl='auto': {', '.join(sorted(own_maths))} has a forward of its own that calls none of its "
+             "operators: it runs its own maths, no kernel")
     if impl == "auto" and timed_at is not None:
         auto.decide_before_compile(module, *timed_at)
     return module

@@ -101,8 +101,10 @@ compile_mode = "default"  # torch.compile's mode (train.py's setting)
 num_threads = 0  # CPU threads for torch (0: torch's default)
 ddp_timeout_s = ranks.DDP_TIMEOUT_S  # under torchrun: how long a rank waits for the others at a collective (seconds)
 # -----------------------------------------------------------------------------
-DEFAULTS = cli.config_defaults(globals())  # the settings above (nothing defined below is one)
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "mlp_hidden", "dropout", "attn", "pi", "norm", "bias", "layer_scale_init")
+# the settings above, and every field of LRAConfig not among them (the task gives the vocabulary, classes, length and
+# towers); MODEL_KEYS: those fields, the architecture (nothing defined below is a setting)
+DEFAULTS, MODEL_KEYS = model_settings.with_model_fields(cli.config_defaults(globals()), LRAConfig,
+                                                        ("vocab_size", "num_classes", "max_len", "two_tower"))
 TASK_KEYS = ("task", "max_len")  # what a checkpoint's position table and head were built for
 
 
@@ -133,11 +135,9 @@ def check_settings(cfg):
 def model_config(cfg):
     """The classifier the settings describe (sizes from the task: vocabulary, classes, length)."""
     spec = get_task(cfg.task)
+    settings = {**{k: getattr(cfg, k) for k in MODEL_KEYS}, "layer_scale_init": cfg.layer_scale_init or None}  # 0: none
     return LRAConfig(vocab_size=spec.vocab_size, num_classes=spec.num_classes,
-                     max_len=min(cfg.max_len or spec.seq_len, spec.seq_len), two_tower=spec.two_tower,
-                     n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, mlp_hidden=cfg.mlp_hidden,
-                     dropout=cfg.dropout, attn=cfg.attn, pi=cfg.pi, norm=cfg.norm, bias=cfg.bias,
-                     layer_scale_init=cfg.layer_scale_init or None)  # 0: none
+                     max_len=min(cfg.max_len or spec.seq_len, spec.seq_len), two_tower=spec.two_tower, **settings)
 
 
 def count_params(cfg):

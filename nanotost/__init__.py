@@ -11,7 +11,7 @@ house to them):
   floor 4  outputs         outputs claimed before any work; folders of outputs replaced as one unit
            ranks           DDP ranks, and how every rank ends (interrupts reach C code)
            devices         the device and dtype, CPU cores, whether the Hugging Face Hub answers
-           model_settings  the ranges, names and types of a model's settings
+           model_settings  a model's settings: which fields a trainer takes, their ranges, names, types
            forks           the checks that a forker's maths runs everywhere or is refused
   (kernels/ sits here: the fused kernels, above forks, below what loads a model)
   floor 6  checkpoints     checkpoints as data: what each holds, how it is written, read and checked

@@ -39,6 +39,7 @@ import pickle
 import random
 import re
 import shutil
+import warnings
 import zipfile
 from collections import OrderedDict
 from types import SimpleNamespace
@@ -266,7 +267,8 @@ def meta_model(model_cls, config, weights, path, maker):
                         "another program")
     cli.build(model.check_f_prime)  # a forker's f without its f' is that one line, not a fault of the file
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the reader's own build says them: cli.build)
             module = model_cls(config)
     except (ValueError, TypeError, RuntimeError) as e:  # a rule of a module's own (ToSTViT's patch_size, ...)
         raise UserError(f"{path} holds model_args this version cannot build a model of ({e}): use the version "

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import warnings
 from types import SimpleNamespace
 
 from nanotost import REPO, portable
@@ -208,11 +209,16 @@ def unread(given, names, why):
 
 def build(make, *args, **kwargs):
     """make(*args, **kwargs), a ValueError it raises (a library's rule between settings, as
-    model.GPTConfig's) given as one line (ConfigError): the rule is written once, where it belongs."""
+    model.GPTConfig's) given as one line (ConfigError): the rule is written once, where it belongs.
+    A warning it gives (model.check_pi's) is one line on stderr, each once."""
     try:
-        return make(*args, **kwargs)
+        with warnings.catch_warnings(record=True) as said:
+            made = make(*args, **kwargs)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    for text in dict.fromkeys(" ".join(str(w.message).split()) for w in said):
+        print(f"{script_name(sys.argv[0])}: warning: {text}", file=sys.stderr)
+    return made
 
 
 INT64 = 2**63 - 1  # the largest whole number a setting may hold: torch and numpy index with int64
@@ -288,17 +294,19 @@ def writable_place(path, option):
 
 
 def check(cfg, *, at_least_1=(), non_negative=(), positive=(), fraction=(), seed=(), workers=(), between=None,
-          choices=None, dashes=False):
+          choices=None, elsewhere=(), dashes=False):
     """Check the settings of cfg by kind, once, before any work: at_least_1 (counts, sizes,
     intervals), non_negative, positive, fraction (in [0, 1)), seed (whole, 0..SEED_MAX),
     workers (threads or processes: 0..MAX_WORKERS, the script says what 0 means), between
-    {key: (low, high)} (inclusive) and choices {key: allowed values}. dashes=True names them
-    --key in messages (argparse options).
+    {key: (low, high)} (inclusive) and choices {key: allowed values}; elsewhere: numbers whose
+    rules live with the code that takes them (a forker's model field: its config's own rules).
+    dashes=True names them --key in messages (argparse options).
 
     Every int and float setting of cfg must have a kind here (or be a choice): a number left out
     would reach library code unchecked, so that is a bug in the script, an AssertionError."""
     kinds = {"at_least_1": at_least_1, "non_negative": non_negative, "positive": positive, "fraction": fraction,
-             "seed": seed, "workers": workers, "between": between or {}, "choices": choices or {}}
+             "seed": seed, "workers": workers, "between": between or {}, "choices": choices or {},
+             "elsewhere": elsewhere}
     declared = {key for keys in kinds.values() for key in keys}
     numbers = {k for k, v in vars(cfg).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     assert not numbers - declared, f"settings with no declared range (give each a kind in cli.check): " \

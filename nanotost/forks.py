@@ -4,10 +4,13 @@ script runs at its start on the model it built or loaded, and what the fused ker
 they take model.py's place.
 
 1. Decoding against training (check_decoding, decoding_differs): the recurrent form (a prompt in
-   parallel, then a step per token from the state it leaves) against the parallel form, each
-   kind of attention alone, then the model as GPT.generate runs it; a fork whose two forms differ
-   is said in one line naming the block and the form at the start. generator: how a reader
-   generates then (generate_in_parallel: by the parallel form alone).
+   parallel, then a step per token from the state it leaves) against the parallel form, on a copy
+   of the model whose every module acts (acting_copy: no identity of a fresh layer scale or
+   convolution hides a state), each kind of attention alone, then the model as GPT.generate runs
+   it; a fork whose two forms differ is said in one line at the start, naming the block and the
+   module where they first differ (the attention's form, or a module outside it whose state is
+   not in the block's). generator: how a reader generates then (generate_in_parallel: by the
+   parallel form alone).
 2. The fused kernels against model.py's operators (kernel_differences, mismatch): model.py's
    operators as they are now (looked up by name, so a fork's edit shows) against the fused kernels
    of an implementation, which compute the shipped TSSA, on three small cases that reach the
@@ -28,7 +31,9 @@ they take model.py's place.
    reference where they differ). It enables what it needs itself (gradients, no inference mode,
    no autocast) and makes its own tensors from its own generator: the same under no_grad,
    inference_mode, autocast or inside torch.compile's trace, and nothing taken from the run's
-   random numbers. About 0.1 s with the C kernels.
+   random numbers. About 0.1 s with the C kernels. And what kernels.use can put a kernel in:
+   operators_unused, a TSSA's own forward that calls none of its operators (a statistic with an
+   input of its own: a fused tssa_impl would run no kernel there); pi_named, a Pi in a message.
 3. The statistic lm_inspect.py draws (statistic_unused): each TSSA block's output rebuilt from
    model.py's s of its own w and Pi; a block whose output is not (a fork's statistic, its own
    forward) is said in one line.
@@ -36,7 +41,10 @@ they take model.py's place.
     python -m pytest -q tests/test_decode.py tests/test_checks.py tests/test_fork.py
 """
 
+import copy
+import math
 import sys
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -48,11 +56,7 @@ from nanotost import cli
 # 1. decoding: the recurrent form (a prompt in parallel, then a step per token from the state it
 # leaves) against the parallel form; a fork whose two forms differ is told so at the start
 
-
-
 DECODE_TOKENS = 6  # the check's sequence: a 1-token prompt then 5 steps; a 4-token prompt then 2 steps
-
-
 DECODE_TOLERANCE = 1e-3  # of the largest output of either form (fp32 sums in other orders differ ~1e-6)
 
 
@@ -114,64 +118,160 @@ def first_line(e):
     return f"{type(e).__name__} ({(str(e).strip().splitlines() or [''])[0][:120]})"
 
 
+def state_owner(i, block, layer):
+    """Who makes block i's decoding state `layer` (Block.init_state's): its attention, where the state is the
+    attention's (as shipped), else the block, which keeps state of its own beside it (MATH.md §9). Returns (where,
+    the class whose init_state makes it)."""
+    try:
+        attention_state = block.attn.init_state(1, torch.zeros((), dtype=torch.long))
+    except Exception:  # noqa: BLE001 (an attention that cannot decode: its state is told as its own)
+        return f"blocks.{i}.attn ({type(block.attn).__name__})", type(block.attn).__name__
+    if type(layer) is type(attention_state):
+        return f"blocks.{i}.attn ({type(block.attn).__name__})", type(block.attn).__name__
+    return f"blocks.{i} ({type(block).__name__})", type(block).__name__
+
+
 def state_differs(gpt, state):
     """None where every block's state of a new decoding (GPT.init_state) is what GPT.prefill can
     start over for a new prompt: tensors (in a dataclass, tuple, list or dict: model.state_tensors),
-    zeros; else one line naming the block and its init_state."""
+    zeros; else one line naming the block (or its attention) and the init_state that makes it."""
     for i, (block, layer) in enumerate(zip(gpt.blocks, state.layers)):
-        where = f"blocks.{i}.attn ({type(block.attn).__name__})"
+        where, owner = state_owner(i, block, layer)
         try:
             tensors = list(model.state_tensors(layer))
         except TypeError as e:
             return (f"{where}: GPT.prefill cannot start its state over for a new prompt ({e}): make "
-                    f"{type(block.attn).__name__}.init_state return tensors in one of those (MATH.md §9)")
+                    f"{owner}.init_state return tensors in one of those (MATH.md §9)")
         if any(t.any() for t in tensors):
-            return (f"{where}: {type(block.attn).__name__}.init_state gives a state that is not all zeros, while "
+            return (f"{where}: {owner}.init_state gives a state that is not all zeros, while "
                     "GPT.prefill starts a new prompt from zeros: make it zeros (MATH.md §9)")
     return None
+
+
+@contextmanager
+def outputs_of_blocks(gpt):
+    """{name: [its output at each call]} of every module inside gpt's blocks, filled while the block runs, in the
+    order the modules finish (a module's own before its block's)."""
+    outputs, hooks = {}, []
+    for name, module in gpt.blocks.named_modules(prefix="blocks"):
+        def keep(module, inputs, output, name=name):
+            outputs.setdefault(name, []).append(output.detach().clone() if torch.is_tensor(output) else None)
+        hooks.append(module.register_forward_hook(keep))
+    try:
+        yield outputs
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def first_differing(parallel, decoded):
+    """(name, gap) of the first module (in the order they finish) whose outputs over the tokens, a prompt's then one
+    a step (decoded), differ from its parallel form's (parallel) by more than DECODE_TOLERANCE; None if none does.
+    Only tensors of (B, T, ...) are compared (a step's ln_f of the last token alone is not)."""
+    for name, (whole,) in ((n, outs) for n, outs in parallel.items() if len(outs) == 1):
+        parts = decoded.get(name) or [None]
+        if whole is None or whole.dim() < 2 or any(part is None or part.dim() != whole.dim() for part in parts):
+            continue
+        joined = torch.cat(parts, dim=1)
+        if joined.shape == whole.shape:
+            gap = relative_gap(joined.float(), whole.float())
+            if not gap <= DECODE_TOLERANCE:
+                return name, gap
+    return None
+
+
+def where_it_differs(gpt, parallel, decoded, gap, prompt):
+    """The line of a decoding that differs from GPT.forward (gap: of the largest logit, after `prompt`): the module
+    where it first differs, and what MATH.md §9 says of a state there (the attention's, outside it, GPT's own)."""
+    found = first_differing(parallel, decoded)
+    parts = found[0].split(".") if found else []
+    said = (f"GPT.prefill then GPT.step differ from GPT.forward by {gap:.2g} of the largest logit ({prompt}, then "
+            "steps)")
+    if not found:  # (GPT's own: its embeddings, its final norm)
+        return f"{said}: edit GPT.prefill and GPT.step to compute as GPT.forward (MATH.md §9)"
+    if len(parts) >= 3 and parts[2] == "attn":  # the attention, alone right (form_differs), is not in a new prompt
+        return (f"blocks.{parts[1]}.attn ({type(gpt.blocks[int(parts[1])].attn).__name__}): {said}: GPT.prefill "
+                "starts a state over by zeroing its tensors, so keep in tensors whatever the state changes "
+                "(MATH.md §9)")
+    module = gpt.get_submodule(found[0])
+    return (f"{found[0]} ({type(module).__name__}), outside the attention, gives other outputs when decoding than in "
+            f"the parallel form (by {found[1]:.2g} of its largest; {said}): a module that remembers earlier tokens "
+            "keeps them in the block's decoding state beside the attention's (Block.init_state makes it, "
+            "Block.forward hands it on; MATH.md §9, state outside the attention)")
 
 
 def generation_differs(gpt, T):
     """None where gpt decodes as GPT.generate runs it (GPT.init_state, GPT.prefill, which starts the
     state over, and GPT.step) to the logits of its parallel forward: a 1-token prompt then steps from
     a new state, a (T - 2)-token prompt then steps in the same state (a new prompt), every tensor of
-    the state written in place (a CUDA graph of GPT.step replays the same buffers); else one line."""
+    the state written in place (a CUDA graph of GPT.step replays the same buffers); else one line,
+    naming the module where the two first differ (where_it_differs)."""
     weight = gpt.lm_head.weight
     idx = torch.randint(0, gpt.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(0))
     idx = idx.to(weight.device)
-    full = gpt(idx)[0][0].float()  # (T, V)
+    with outputs_of_blocks(gpt) as parallel:
+        full = gpt(idx)[0][0].float()  # (T, V)
     state, buffers = gpt.init_state(1), None
     line = state_differs(gpt, state)
     if line:
         return line
     for k in [1] + ([T - 2] if T >= 4 else []):
         try:
-            got = [gpt.prefill(idx[:, :k], state)[0]] + [gpt.step(idx[:, t:t + 1], state)[0] for t in range(k, T)]
+            with outputs_of_blocks(gpt) as decoded:
+                got = [gpt.prefill(idx[:, :k], state)[0]] + [gpt.step(idx[:, t:t + 1], state)[0] for t in range(k, T)]
         except Exception as e:  # noqa: BLE001 (a decoding that cannot run is reported, as one that differs)
             return f"GPT.prefill then GPT.step raised {first_line(e)} (MATH.md §9)"
         gap = relative_gap(torch.stack(got).float(), full[k - 1:])
         if not gap <= DECODE_TOLERANCE:
             prompt = "a 1-token prompt" if buffers is None else f"a new {k}-token prompt in the same state"
-            return (f"GPT.prefill then GPT.step differ from GPT.forward by {gap:.2g} of the largest logit ({prompt}, "
-                    "then steps): GPT.prefill starts a state over by zeroing its tensors, so keep in tensors "
-                    "whatever the state changes (MATH.md §9)")
+            return where_it_differs(gpt, parallel, decoded, gap, prompt)
         now = [[t.data_ptr() for t in model.state_tensors(layer)] for layer in state.layers]
         moved = [i for i, (was, is_) in enumerate(zip(buffers or now, now)) if was != is_]
         if moved:
-            return (f"blocks.{moved[0]}.attn ({type(gpt.blocks[moved[0]].attn).__name__}): its decoding state's "
-                    "tensors are replaced, not written in place, and a CUDA graph of GPT.step (sample.py on a GPU) "
-                    "would replay the old ones: write them in place (copy_, add_; MATH.md §9)")
+            where, _ = state_owner(moved[0], gpt.blocks[moved[0]], state.layers[moved[0]])
+            return (f"{where}: its decoding state's tensors are replaced, not written in place, and a CUDA graph of "
+                    "GPT.step (sample.py on a GPU) would replay the old ones: write them in place (copy_, add_; "
+                    "MATH.md §9)")
         buffers = now
     return None
 
 
 @torch.no_grad()
+def acting_copy(gpt):
+    """A copy of gpt in which every module acts: its parameters drawn at full scale (matrices of variance 1 / their
+    width, vectors and numbers in [0.5, 1.5]) by a generator of its own, where a model starts some as the
+    identity (a layer scale of 1e-5, a convolution of one tap) and would hide a state kept in them until it has
+    trained. Its operators are gpt's (the fused kernels a reader runs: shared, not copied). None where gpt cannot
+    be copied (a fork's object deepcopy cannot take)."""
+    shared = {id(m.operators): m.operators for m in gpt.modules() if hasattr(m, "operators")}
+    try:
+        twin = copy.deepcopy(gpt, memo=shared)
+    except Exception:  # noqa: BLE001 (then the check runs on gpt as it is)
+        return None
+    generators = {}
+    for p in twin.parameters():  # uniform draws in place (one pass), on p's device
+        gen = generators.setdefault(p.device, torch.Generator(p.device).manual_seed(0))
+        if p.dim() >= 2:  # variance 1 / width
+            p.uniform_(-math.sqrt(3.0 / p.shape[-1]), math.sqrt(3.0 / p.shape[-1]), generator=gen)
+        else:
+            p.uniform_(0.5, 1.5, generator=gen)
+    return twin
+
+
+@torch.no_grad()
 def decoding_differs(gpt, tokens=DECODE_TOKENS):
-    """None where gpt decodes as its parallel form computes, else one line: the block, the form
-    that differs (the step, the prefill, the state) and what to edit. First each kind of attention
-    alone (form_differs on a random x (1, tokens, C), once per class and operators), then the
-    model as GPT.generate runs it (generation_differs). The model is left in the modes it was in,
-    and the global RNG is not drawn from."""
+    """None where gpt decodes as its parallel form computes, else one line: the block, the module and
+    the form that differs (the step, the prefill, the state) and what to edit; on acting_copy(gpt)
+    (every module acting, as after training), or gpt itself where it cannot be copied. First each
+    kind of attention alone (form_differs on a random x (1, tokens, C), once per class and
+    operators), then the model as GPT.generate runs it (generation_differs). The model is left as it
+    was (its weights, its modes), and the global RNG is not drawn from."""
+    twin = acting_copy(gpt)
+    return forms_differ(gpt if twin is None else twin, tokens)
+
+
+def forms_differ(gpt, tokens):
+    """decoding_differs on gpt itself."""
     weight, T = gpt.lm_head.weight, min(tokens, gpt.config.block_size)
     x = torch.randn(1, T, gpt.config.n_embd, generator=torch.Generator().manual_seed(0))  # the global RNG untouched
     seen = set()
@@ -366,6 +466,42 @@ def mismatch(impl, diffs):
         advice = ("; and model.py's causal_tssa and causal_tssa_step no longer compute the same maths (decoding "
                   "would not run what was trained): edit both alike (MATH.md §9), then use tssa_impl=torch")
     return f"tssa_impl={impl} computes the shipped TSSA, and model.py's operators differ from it: {what}{advice}"
+
+
+def counted(function, calls):
+    """function, which also appends itself to calls when called."""
+    def counting(*args, **kwargs):
+        calls.append(function)
+        return function(*args, **kwargs)
+    return counting
+
+
+@torch.no_grad()
+def operators_unused(attn):
+    """Whether a TSSA's forward calls none of its operators (a subclass's forward of its own maths, a
+    statistic with an input of its own: a fused tssa_impl, which replaces the operators, would run no kernel
+    in it), tried once on a few random tokens in eval mode; False for TSSA.forward, and where the forward
+    cannot run alone (it says so itself when it runs). The module is left as it was."""
+    if type(attn).forward is model.TSSA.forward:
+        return False
+    calls, ops, was_training = [], attn.operators, attn.training
+    attn.operators = model.TSSAOperators(*(counted(fn, calls) for fn in ops))
+    try:
+        weight = attn.w_proj.weight
+        x = torch.randn(1, 4, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight)
+        attn.eval()
+        attn(x)
+    except Exception:  # noqa: BLE001 (a forward that needs more than x: not this check's to say)
+        return False
+    finally:
+        attn.operators = ops
+        attn.train(was_training)
+    return not calls
+
+
+def pi_named(pi_mode):
+    """How messages name a Pi: pi='half' (a name of model.PI_MODES), or its own function's name (a subclass's)."""
+    return f"pi={pi_mode!r}" if isinstance(pi_mode, str) else f"its own Pi, {getattr(pi_mode, '__qualname__', pi_mode)}"
 
 
 # -----------------------------------------------------------------------------

@@ -7,9 +7,11 @@ here, and it imports none.
 A model's folder holds three files, written as one unit (outputs.claim_set: the earlier export
 whole, or this one):
   model.safetensors  the weights alone: tensors and their names, nothing that runs when read; the
-                     tied embedding stored once (safetensors.torch.save_model); float32 or --dtype
+                     tied embedding stored once (safetensors.torch.save_model); float32 or --dtype;
+                     its header names the model_args they were written for (WRITTEN_FOR)
   config.json        what the weights are: format "nanotost", kind ("language" or "vit"),
-                     architecture (in words), model_args (every field of GPTConfig / ViTConfig),
+                     architecture (in words, from the model's own fields), model_args (every field
+                     of GPTConfig / ViTConfig),
                      tokenizer (language: its name, or the characters) or image (vit: size,
                      classes, the data and its evaluation crop), training (iterations, tokens or
                      images seen, val loss), nanotost (the commit that exported it), torch_dtype
@@ -18,7 +20,9 @@ whole, or this one):
 Writing:  FILES, checkpoint_kind, describe (config.json), weights_bytes, model_card
 Reading:  resolve (a folder here, else a Hub id fetched into the Hugging Face cache), read_config
           (its fields, model_args through checkpoints.model_config), load_weights (names, shapes and
-          dtypes against the model's own, before any is loaded), from_pretrained, beside
+          dtypes against the model's own, before any is loaded), from_pretrained, beside. Intact
+          files of another model (a fork's, another version's: fields or weights this code does not
+          build) are said to be that, with the commit that exported them; damage is said as damage.
 """
 
 import ast
@@ -45,6 +49,10 @@ DTYPES = ("float32", "bfloat16", "float16")  # what model.safetensors may hold (
 VIT_DATA = ("dataset", "data_dir", "val_fraction", "eval_crop_pct", "shapes_train_size", "shapes_val_size",
             "shapes_num_classes", "shapes_source_size", "shapes_seed")  # which images, seen how at evaluation
 HOW = "python export.py --out_dir=<run> --to=<folder>"  # how a model's folder is made
+WRITTEN_FOR = "nanotost_model_args"  # model.safetensors' metadata: the model_args (JSON) its weights were written for
+WORDED = {"language": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"),  # fields the card says in words
+          "vit": ("img_size", "num_classes", "n_layer", "n_head", "n_embd")}
+TRAINING_ONLY = ("dropout", "drop_path", "cls_drop_path")  # fields of the training, not of the model's maths
 
 # -----------------------------------------------------------------------------
 # writing a folder (export.py)
@@ -74,12 +82,14 @@ def checkpoint_kind(path):
 
 
 def architecture(c, kind):
-    """What the weights are, in words: ToST-GPT, the softmax baseline, a variant, ToST-ViT, ..."""
+    """What the weights are, in words, from the model's own fields: ToST-GPT, the softmax baseline, a variant,
+    ToST-ViT, ..., and every other field whose value is not its default (a fork's own field too: ffn='ista')."""
     body = {"language": "GPT", "vit": "ViT"}[kind]
+    implied = {}  # the fields a name already says
     if c.attn == "tssa":
         name = f"ToST-{body}"
     elif c.attn == "softmax" and kind == "language":
-        name = "GPT-2 (the softmax baseline)"
+        name, implied = "GPT-2 (the softmax baseline)", {"bias": True, "layer_scale_init": None}
     else:
         name = f"{body} with {c.attn} attention" + ("" if c.attn in ("softmax", "linear") else " (a fork's)")
     extras = []
@@ -89,6 +99,13 @@ def architecture(c, kind):
         extras.append(f"softmax attention in one block of every {c.hybrid_every}")
     if c.pi == "uniform":
         extras.append("Pi = 1/H (the uniform ablation)")
+    elif c.pi != "softmax":
+        extras.append(f"Pi by model.PI_MODES[{c.pi!r}] (a fork's)")
+    said = set(WORDED[kind] + TRAINING_ONLY) | {"attn", "pi", "short_conv", "hybrid_every"}
+    for field in dataclasses.fields(c):
+        value = getattr(c, field.name)
+        if field.name not in said and value != implied.get(field.name, field.default):
+            extras.append(f"{field.name}={value!r}")
     return name + (f", with {' and '.join(extras)}" if extras else "")
 
 
@@ -147,7 +164,8 @@ def training_command(ckpt, kind):
     script, run = checkpoints.KIND_MAKER[kind], dict(ckpt.get("config") or {})
     if run.get("init_from") in ("resume", "auto"):  # how the last session began, not a setting of the run
         run.pop("init_from")
-    defaults = trainer_defaults(script)
+    fields = {f.name: f.default for f in dataclasses.fields(KINDS[kind][1])}  # (the trainer's settings too)
+    defaults = {**fields, **trainer_defaults(script)}
     args = [f"--{k}={v}" for k, v in run.items() if k not in defaults or defaults[k] != v]
     ranks = len(ckpt.get("rng") or [None])
     start = ["torchrun", "--standalone", f"--nproc_per_node={ranks}"] if ranks > 1 else ["python"]
@@ -175,13 +193,15 @@ def describe(model, ckpt, kind, dtype, run_folder):
 
 def weights_bytes(model, dtype):
     """model.safetensors of `model` in `dtype` (floating tensors only; the model is converted in
-    place): safetensors.torch.save_model's file, the tied embedding stored once."""
+    place): safetensors.torch.save_model's file, the tied embedding stored once, its header naming
+    the model_args the weights are of (WRITTEN_FOR: a reader tells another model from damage)."""
     from safetensors.torch import save_model
 
     model.to(torch.device("cpu")).to(devices.DTYPES[dtype])
+    written_for = json.dumps(dataclasses.asdict(model.config), sort_keys=True)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.safetensors")
-        save_model(model, path, metadata={"format": "pt"})
+        save_model(model, path, metadata={"format": "pt", WRITTEN_FOR: written_for})
         with open(path, "rb") as f:
             return f.read()
 
@@ -211,6 +231,7 @@ def model_card(config, ckpt, kind, name):
     val += f", val accuracy {t['val_acc']:.4f}" if "val_acc" in t else ""
     at = (f"commit `{commit['commit']}`" + (" with local changes" if commit["local_changes"] else "")
           if commit["commit"] else "a copy of nanoToST outside git (commit unknown)")
+    arguments = ", ".join(f"`{k}={v!r}`" for k, v in c.items())
     return f"""---
 tags:
 - nanotost
@@ -229,6 +250,7 @@ rate-reduction objective, linear in the sequence length).
   {t['iterations']:,}, from its log).
 - **Weights**: `model.safetensors` ({config['torch_dtype']}, tensors only), `config.json` (the model's
   arguments and what the weights are), exported by nanoToST at {at}.
+- **Model arguments** (`model_args`, every field of {KINDS[kind][1].__name__}): {arguments}.
 
 The command that trained it:
 
@@ -330,6 +352,12 @@ def read_config(folder, source, kind=None):
         if missing:
             raise cli.UserError(f"{path} lacks model_args {', '.join(missing)} (every field of {config_cls.__name__} "
                                 f"is written by export.py): {fix}")
+        unknown = sorted(set(args) - {f.name for f in dataclasses.fields(config_cls)})
+        if unknown:
+            raise cli.UserError(f"{source} is a model this code does not build: its model_args "
+                                f"{', '.join(f'{k}={args[k]!r}' for k in unknown)} are not {config_cls.__name__} "
+                                f"fields here (a fork's or another version's model{exported_at(config)}): load it "
+                                "with the code that exported it")
         model_config = checkpoints.model_config(config_cls, {"model_args": args}, path)
         check_section(found, own, model_config)
         atomic.json_number(config["training"]["iterations"], "training.iterations")
@@ -356,10 +384,29 @@ def check_section(kind, own, c):
                              f"{c.num_classes} classes")
 
 
-def load_weights(module, folder, source):
+def exported_at(config):
+    """", exported at commit <commit> (with local changes)", from config.json's nanotost section, or ""."""
+    commit = config.get("nanotost") if isinstance(config.get("nanotost"), dict) else {}
+    if not isinstance(commit.get("commit"), str):
+        return ""
+    changes = " with local changes" if commit.get("local_changes") else ""
+    return f", exported at commit {commit['commit'][:12]}{changes}"
+
+
+def written_for_args(text):
+    """The model_args a model.safetensors header names (WRITTEN_FOR), or None (an earlier export, a damaged one)."""
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def load_weights(module, folder, source, config=None):
     """model.safetensors of a model's folder into `module`, after checking its names, shapes and
     dtypes against the module's own (a tied weight stored once counts for every name it has);
-    a file cut short, damaged or of another model is one line."""
+    a file cut short, damaged or of another model is one line. config: config.json's, whose
+    model_args the file's header (WRITTEN_FOR) names where the two were exported together: then
+    weights other than the module's are another model's (a fork's, another version's), not damage."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_model
 
@@ -370,6 +417,7 @@ def load_weights(module, folder, source):
     try:
         with safe_open(path, "pt") as f:
             stored = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+            written_for = (f.metadata() or {}).get(WRITTEN_FOR)
     except SafetensorError as e:
         raise cli.UserError(f"{path} is not a readable safetensors file ({str(e)[:120]}): it is cut short or "
                             f"damaged; {redo}") from None
@@ -379,6 +427,10 @@ def load_weights(module, folder, source):
     for name, key in storage.items():
         names.setdefault(key, []).append(name)
     other = f"config.json and model.safetensors are not of one model in {source}: {redo}"
+    if config is not None and written_for_args(written_for) == config.get("model_args"):
+        other = (f"{source} is another model than this code builds of its model_args (config.json and "
+                 f"model.safetensors were exported together; a fork's or another version's model"
+                 f"{exported_at(config)}): load it with the code that exported it")
     extra = sorted(set(stored) - set(own))
     missing = [n for n in own if not any(m in stored for m in names[storage[n]])]
     if extra or missing:
@@ -408,7 +460,7 @@ def from_pretrained(source, device="cpu", tssa_impl="torch", kind=None):
     config, model_config = read_config(folder, source, kind)
     cls = KINDS[config["kind"]][0]
     model = cli.build(cls, model_config)  # (a ValueError, e.g. a forker's f: one line)
-    load_weights(model, folder, source)
+    load_weights(model, folder, source, config)
     if tssa_impl != "torch":  # fused operators in place of model.py's (a forker's own are refused)
         kernels.use(model, tssa_impl)
     training = config["training"]

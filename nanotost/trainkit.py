@@ -144,8 +144,9 @@ def take_settings(ckpt, cfg, given, keys, path, check):
     """A resumed run is the checkpoint's run, a fine-tuned one (cfg.init_from="finetune") keeps its
     architecture: the settings `keys` of ckpt["config"] replace cfg's. Refused in one line: settings
     given on the command line or in a config file that differ from them, a key the checkpoint
-    lacks, or a value the trainer would refuse (of another type than its setting, or by check(cfg))."""
-    old = ckpt["config"]
+    lacks, or a value the trainer would refuse (of another type than its setting, or by check(cfg)). A model
+    field that became a setting after the checkpoint was written is read from its model_args."""
+    old = {**ckpt.get("model_args", {}), **ckpt["config"]}
     differ = [k for k in keys if k in given and k in old and getattr(cfg, k) != old[k]]
     if differ:
         pairs = ", ".join(f"{k}={getattr(cfg, k)!r} (checkpoint: {old[k]!r})" for k in differ)

@@ -310,15 +310,17 @@ def test_a_checkpoint_shared_without_its_optimizer_scores_and_fine_tunes_but_doe
 # 2. the model arguments: the same check in every reader, nothing dropped
 
 MODEL_ARGS_MEMBERS = {
-    "an unknown attention": (args_of(attn="mamba"), "names attn='mamba', an attention this version does not know"),
-    "an unknown Pi": (args_of(pi="sparsemax"), "names pi='sparsemax', a Pi this version does not know"),
-    "a newer version's field": (args_of(rope_theta=10000.0),
-                                lambda k: f"(model_args rope_theta are not {CONFIG[k]} fields)"),
+    "an unknown attention": (args_of(attn="not_an_attention"),
+                             "names attn='not_an_attention', an attention this version does not know"),
+    "an unknown Pi": (args_of(pi="not_a_pi"), "names pi='not_a_pi', a Pi this version does not know"),
+    "a newer version's field": (args_of(not_a_field=10000.0),
+                                lambda k: f"(model_args not_a_field are not {CONFIG[k]} fields)"),
 }
 SETTINGS_MEMBERS = {  # the run's settings a trainer takes: the same rules as its own
-    "an unknown attention in the settings": (lambda c, k: c["config"].update(attn="mamba"),
+    "an unknown attention in the settings": (lambda c, k: c["config"].update(attn="not_an_attention"),
                                              "holds settings this version refuses (attn must be one of"),
-    "an LRA run without its norm": (lambda c, k: c["config"].pop("norm"), "its settings lack norm"),
+    "an LRA run without its norm": (lambda c, k: [c[part].pop("norm") for part in ("config", "model_args")],
+                                    "its settings lack norm"),  # (in model_args alone: taken from there)
 }
 
 

@@ -442,17 +442,18 @@ def write_checkpoint(folder, change, **model_args):
 
 
 CHANGES = {  # field -> (the change, what the one line says: the registries as they are when it runs)
-    "attn": (lambda c: c["model_args"].update(attn="retnet"),
-             lambda: f"names attn='retnet', an attention this version does not know ({', '.join(model.ATTENTIONS)}): "
+    "attn": (lambda c: c["model_args"].update(attn="not_an_attention"),
+             lambda: f"names attn='not_an_attention', an attention this version does not know "
+                     f"({', '.join(model.ATTENTIONS)}): "
                      "register its class in model.ATTENTIONS (MATH.md §9), or use the version of nanoToST that "
                      "wrote it"),
-    "pi": (lambda c: c["model_args"].update(pi="sparsemax"),
-           lambda: f"names pi='sparsemax', a Pi this version does not know ({', '.join(model.PI_MODES)}): add its "
+    "pi": (lambda c: c["model_args"].update(pi="not_a_pi"),
+           lambda: f"names pi='not_a_pi', a Pi this version does not know ({', '.join(model.PI_MODES)}): add its "
                    "function to model.PI_MODES (MATH.md §9), or use the version of nanoToST that wrote it"),
     "tokenizer": (lambda c: c["tokenizer"].update(tokenizer="llama"),
                   "names tokenizer 'llama', which this version does not know (it reads char, gpt2"),
-    "model argument": (lambda c: c["model_args"].update(rope_base=10000.0),
-                       "(model_args rope_base are not GPTConfig fields)"),
+    "model argument": (lambda c: c["model_args"].update(not_a_field=10000.0),
+                       "(model_args not_a_field are not GPTConfig fields)"),
     "model argument's value": (lambda c: c["model_args"].update(short_conv=-1),
                                "holds model_args this version refuses (short_conv must not be negative, got -1)"),
 }
@@ -704,7 +705,7 @@ BAD_STATES = {  # what the start check says of a state GPT.prefill cannot start 
                         "GPT.prefill starts a new prompt from zeros: make it zeros (MATH.md §9)"),
     "replaced": (ReplacedState, "blocks.0.attn (ReplacedState): its decoding state's tensors are replaced, not "
                                 "written in place"),
-    "counted": (CountedState, "GPT.prefill then GPT.step differ from GPT.forward by "),
+    "counted": (CountedState, "blocks.0.attn (CountedState): GPT.prefill then GPT.step differ from GPT.forward by "),
 }
 
 

@@ -284,12 +284,13 @@ BROKEN = {  # what is done to a copy of the exported folder -> what the one line
     "config cut short": (cut("config.json", lambda n: n // 2), ["config.json:", "not JSON"]),
     "config of another library's model": (gpt2_config, ["not a nanoToST model's config", "'gpt2'"]),
     "weights of another model": ("vit", ["not of one model", "the weights have", "lack"]),
-    "an unknown attention": (edit_config(lambda c: c["model_args"].update(attn="mamba")), ["attn='mamba'"]),
-    "an unknown Pi": (edit_config(lambda c: c["model_args"].update(pi="sparsemax")), ["pi='sparsemax'"]),
+    "an unknown attention": (edit_config(lambda c: c["model_args"].update(attn="not_an_attention")),
+                             ["attn='not_an_attention'"]),
+    "an unknown Pi": (edit_config(lambda c: c["model_args"].update(pi="not_a_pi")), ["pi='not_a_pi'"]),
     "a model argument missing": (edit_config(lambda c: c["model_args"].pop("short_conv")),
                                  ["lacks model_args short_conv"]),
-    "a model argument of another version": (edit_config(lambda c: c["model_args"].update(rope_theta=1e4)),
-                                            ["rope_theta"]),
+    "a model argument of another version": (edit_config(lambda c: c["model_args"].update(not_a_field=1e4)),
+                                            ["not_a_field"]),
     "a model argument of another type": (edit_config(lambda c: c["model_args"].update(n_head="2")),
                                          ["config.json", "model_args"]),
     "shapes that differ from the weights": (edit_config(lambda c: c["model_args"].update(n_embd=32)),
@@ -361,7 +362,8 @@ BROKEN_VIT = {  # a ViT's config.json edited -> what vit_inspect.py's one line s
     "no classes": (lambda c: c["image"].pop("classes"), ["lacks the field 'classes'"]),
     "classes other than the head's": (lambda c: c["image"].update(classes=["disk"]), ["image.classes"]),
     "no evaluation crop": (lambda c: c["image"].pop("eval_crop_pct"), ["lacks the field 'eval_crop_pct'"]),
-    "an unknown attention": (lambda c: c["model_args"].update(attn="mamba"), ["attn='mamba'"]),
+    "an unknown attention": (lambda c: c["model_args"].update(attn="not_an_attention"),
+                             ["attn='not_an_attention'"]),
 }
 
 
