@@ -10,8 +10,8 @@ the same whatever the length so far (no growing KV cache); the softmax baseline 
 cache. --cuda_graph=auto (the default) records one decoding step as a CUDA graph on a GPU and
 replays it for every token (one launch instead of one per operation); =compiled and =autotuned
 compile the step first (Inductor; autotuned times its kernel choices, fewer kernels a token, minutes
-to build); on the CPU, and with --cuda_graph=off, each step runs op by op. The tokenizer is the one the checkpoint names; the
-ids that only pad the vocabulary to a multiple of 64 are never sampled. --temperature=0 is
+to build); on the CPU, and with --cuda_graph=off, each step runs op by op. The tokenizer is the
+one the checkpoint names; the ids that only pad the vocabulary to a multiple of 64 are never sampled. --temperature=0 is
 greedy, and a tiny one (1e-9, 1e-40) tends to it, never to nan; --top_k=0 is no limit.
 Settings are globals overridden by --key=value (as in train.py).
 """

@@ -16,13 +16,12 @@ torch.compile behind a graph break); no script's tssa_impl selects them.
 """
 
 import importlib
-import os
 import sys
-import warnings
 
 import torch
 
 import model
+from kernels.said import warn  # noqa: F401  (the package's one line: kernels.fused.warn too)
 
 BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels"),
             # the causal kernels re-tiled (issue 52): by name only (fused_ops), not a tssa_impl of any script
@@ -30,25 +29,6 @@ BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa"
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FUSED_PI_MODES = ("softmax",)  # the Pi modes (model.PI_MODES) the kernels compute
 PROBE_ON_CPU = False  # tests: also probe the custom operators under TRITON_INTERPRET=1
-INSIDE = (os.path.join(os.path.dirname(torch.__file__), ""), os.path.abspath(model.__file__),  # what warn looks
-          os.path.join(os.path.dirname(os.path.abspath(__file__)), ""))  # past: torch/, model.py, kernels/
-
-
-def warn(message):
-    """warnings.warn(message, RuntimeWarning) as one line, attributed to the line that ran the model:
-    the first caller outside torch, model.py and this package (a script's line, a notebook's cell)."""
-    frame, level = sys._getframe(1), 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(INSIDE):
-        frame, level = frame.f_back, level + 1
-    shown = warnings.formatwarning
-    warnings.formatwarning = lambda text, category, filename, lineno, line=None: (
-        f"{filename}:{lineno}: {category.__name__}: {text}\n")  # (the source line left out)
-    try:
-        warnings.warn(message, RuntimeWarning, stacklevel=level)
-    finally:
-        warnings.formatwarning = shown
-
-
 _MARKS = []  # [(function, torch.compiler's mark)]: applied by marks_applied() once a fused path is built
 
 

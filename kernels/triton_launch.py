@@ -52,7 +52,7 @@ from triton.compiler import CompiledKernel
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from kernels.fused import warn
+from kernels.said import warn
 
 ALIGN = 4  # fp32 values: a view of a workspace starts 16 bytes apart, the alignment the JIT specializes on
 KNOWN_TRITONS = ("3.6.", "3.9.")  # whose JITFunction.run and CompiledKernel the direct path follows
