@@ -83,7 +83,7 @@ STEP_SCRIPT = textwrap.dedent("""
 
     calls = []
     forward = triton_tssa.TritonKernels.forward.__func__
-    triton_tssa.TritonKernels.forward = classmethod(lambda cls, *a: calls.append(1) or forward(cls, *a))
+    triton_tssa.TritonKernels.forward = classmethod(lambda cls, *a, **k: calls.append(1) or forward(cls, *a, **k))
     torch.manual_seed(0)
     m = kernels.use(model.GPT(model.GPTConfig(block_size=32, vocab_size=50, n_layer=2, n_head=2, n_embd=32)), "triton")
     x = torch.randint(0, 50, (2, 32))
