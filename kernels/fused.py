@@ -20,6 +20,7 @@ import warnings
 import torch
 
 import model
+from nanotost.cli import UserError
 
 BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels")}
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -184,6 +185,8 @@ class FusedOps:
                 kernels = getattr(importlib.import_module(module), name)
                 kernels.load()
                 self.kernels = kernels
+            except UserError:  # a setting of the user's that cannot be followed ($NANOTOST_CACHE): refused
+                raise
             except Exception as e:  # ImportError (no Triton), KernelUnavailable (no C compiler), ...
                 self.disable(f"{type(e).__name__}: {e}")
         if self.failure is not None:
