@@ -39,7 +39,7 @@ dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, float32 on CPU), "float
 cuda_graph = "auto"  # "auto": each step replayed as a CUDA graph on CUDA (op by op on the CPU); "off": never
 compile = False
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
-num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
+num_threads = 0  # torch CPU threads (0: the training run's setting, else the machine's free cores)
 # -----------------------------------------------------------------------------
 
 
