@@ -29,9 +29,10 @@ import time
 import numpy as np
 import torch
 import torch.distributed as torch_dist
+from tqdm import tqdm
 
 import kernels
-from nanotost import cli, devices, hub, loading, ranks
+from nanotost import atomic, cli, devices, hub, loading, ranks
 from nanotost import textdata as td
 from nanotost import trainkit as tk
 
@@ -66,9 +67,10 @@ def check_settings(cfg, given):
     cli.require(not (cfg.harness and ignored), f"--harness scores lm-eval's tasks, not a split: drop {ignored} "
                                              "(--harness_limit limits the documents per task)")
     if cfg.harness:  # each task once (lm-eval would run a name twice), at least one
-        cli.name_list("harness", cfg.harness)
+        cli.name_list("harness", cfg.harness, paths=True)
     cli.require(cfg.harness or "harness_limit" not in given,
                 "--harness_limit limits the documents of --harness=<tasks>: drop it, or give --harness")
+    record_path(cfg)  # (where the result goes: never inside a model's folder)
     if cfg.out:
         cli.require(not os.path.isdir(cfg.out),
                     f"--out={cfg.out} is a folder: give a file, e.g. --out={cfg.out}/eval.jsonl")
@@ -79,11 +81,21 @@ def check_settings(cfg, given):
                     f"--out={cfg.out} cannot be written ({existing} is not a writable folder): choose another --out")
 
 
+def record_path(cfg):
+    """--out, else beside the model's folder (--init_from), else out_dir/eval.jsonl: never inside a
+    model's folder (hub.check_outside)."""
+    path = cfg.out or (hub.beside(cfg.init_from, "eval.jsonl") if cfg.init_from else
+                       os.path.join(cfg.out_dir, "eval.jsonl"))
+    if cfg.init_from:
+        hub.check_outside(path, cfg.init_from, "--out", "eval.jsonl")
+    return path
+
+
 def save_record(record, cfg):
     """Append the printed result to --out; where none was given, a failure to write out_dir/
     eval.jsonl (a read-only checkpoint folder) is a warning: the score is out already."""
-    path = cfg.out or (hub.beside(cfg.init_from, "eval.jsonl") if cfg.init_from else
-                       os.path.join(cfg.out_dir, "eval.jsonl"))
+    path = record_path(cfg)
+    atomic.check_finite_result(record, "the score", "score it in float32 (--dtype=float32), or check the model")
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tk.JsonlLogger(path).log(record)
@@ -102,7 +114,7 @@ def run_harness(cfg, given):
     cli.require("RANK" not in os.environ, "--harness runs in one process: python evaluate.py, not torchrun")
     from nanotost import lm_eval_adapter  # without lm-eval: a one-line UserError that says how to install it
 
-    specs = cli.name_list("harness", cfg.harness)
+    specs = cli.name_list("harness", cfg.harness, paths=True)
     lm = lm_eval_adapter.NanoToSTLM(out_dir=cfg.out_dir if "out_dir" in given else None, init_from=cfg.init_from,
                                     device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size, stride=cfg.stride,
                                     tssa_impl=cfg.tssa_impl)
@@ -110,7 +122,8 @@ def run_harness(cfg, given):
     results, table = lm_eval_adapter.run_tasks(lm, specs, cfg.harness_limit)
     print(table)
     print(f"lm-eval {', '.join(specs)}: {time.time() - t0:.1f}s")
-    metrics = {task: {k: v for k, v in values.items() if isinstance(v, (int, float))}
+    metrics = {task: {k: v for k, v in values.items() if isinstance(v, (int, float))
+                      and (math.isfinite(v) or "_stderr" not in k)}  # (an error bar lm-eval could not compute: none)
                for task, values in results["results"].items()}
     record = dict(iter=lm.iter_num, harness=specs, limit=cfg.harness_limit, block_size=lm.T, stride=lm.stride,
                   results=metrics)
@@ -146,7 +159,9 @@ def main(argv):
         t0 = time.time()
         total = torch.zeros(2, dtype=torch.float64, device=dist.device)  # (sum of losses, tokens scored)
         mine = td.windows(len(tokens), T, stride)[dist.rank::dist.world_size]
-        for i in range(0, len(mine), cfg.batch_size):
+        batches = range(0, len(mine), cfg.batch_size)  # (a bar where stderr is a terminal, on the master alone)
+        for i in tqdm(batches, desc=f"{cfg.dataset} {cfg.split}", unit="batch", leave=False,
+                      disable=None if dist.is_master else True):
             x = np.zeros((len(mine[i:i + cfg.batch_size]), T), dtype=np.int64)  # (B, T)
             y = np.full_like(x, -1)  # -1: not scored (padding, or scored by an earlier window)
             for row, (start, skip) in enumerate(mine[i:i + cfg.batch_size]):

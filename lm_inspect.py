@@ -48,10 +48,11 @@ import tempfile
 from collections import Counter
 
 import torch
+from tqdm import tqdm
 
 import kernels
 from model import TSSA
-from nanotost import atomic, cli, devices, forks, hub, loading, outputs, plots
+from nanotost import atomic, cli, devices, forks, hub, lists, loading, outputs, plots
 from nanotost import textdata as td
 from nanotost.whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
 
@@ -73,7 +74,7 @@ data_dir = ""  # "" = the run's data_dir
 page_dir = ""  # "" = <checkpoint folder>/inspect (--init_from: beside the model's folder)
 screenshot = ""  # a .png path: also draw the page as it opens, with headless Chromium (installed apart)
 device = "cpu"  # "auto", "cpu", "cuda", "cuda:1"
-num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
+num_threads = 0  # torch CPU threads (0: the training run's setting, else the machine's free cores)
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())
@@ -171,7 +172,7 @@ def over_windows(model, folder, split, starts, T, cfg, meta, decode):
     split that begin at starts; for val also each TSSA layer's head table and mean entropy of Pi
     (over every token, and at each position)."""
     before, after, pis, ids = [], [], [], []
-    for i in range(0, len(starts), cfg.batch_size):
+    for i in tqdm(range(0, len(starts), cfg.batch_size), desc=f"{split} windows", disable=None, leave=False):
         x, _ = td.read_batch(folder, split, starts[i:i + cfg.batch_size], T, cfg.device, meta)  # (b, T)
         _, layer_maps = recorded_forward(model, x)
         b, a = rvar_before_after(model, layer_maps)
@@ -490,10 +491,13 @@ def main(argv):
     model, ckpt, path = load(cfg, cfg.device, given)
     tssa_layers = [i + 1 for i, b in enumerate(model.blocks) if isinstance(b.attn, TSSA)]
     chosen = layer_numbers(cfg.layers, "1,6") or tssa_layers  # the page opens at the first
-    cli.require(set(chosen) <= set(tssa_layers), f"layers {cfg.layers!r}: this model's TSSA layers are "
-                                                 f"{','.join(map(str, tssa_layers))}: choose among them")
+    outside = sorted(set(chosen) - set(tssa_layers))
+    cli.require(not outside, f"layers {lists.few(map(str, outside))}: this model's TSSA layers are "
+                             f"{','.join(map(str, tssa_layers))}: choose among them")
     out = cfg.page_dir or (hub.beside(cfg.init_from, "inspect") if cfg.init_from else
                          os.path.join(os.path.dirname(os.path.abspath(path)), "inspect"))
+    if cfg.init_from:
+        hub.check_outside(out, cfg.init_from, "--page_dir", "inspect")
     out_set = claim_outputs(out, "--page_dir=<another folder>", "lm_inspect.py")  # before any work
     if cfg.screenshot:
         outputs.claim_output(cfg.screenshot, "--screenshot=<another file>")

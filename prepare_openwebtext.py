@@ -30,12 +30,11 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 import numpy as np
 from tqdm import tqdm
 
-from nanotost import cli, devices
+from nanotost import atomic, cli, devices
 from nanotost import textdata as td
 
 
@@ -60,7 +59,7 @@ def input_files(patterns):
     globs match taken once) and their kind: "text", "json" or "parquet". Missing files, folders
     and mixed kinds are refused."""
     files = []
-    for pattern in cli.parse_list("--input", patterns, what="files or globs"):
+    for pattern in cli.parse_list("--input", patterns, what="files or globs", paths=True):
         matched = sorted(glob.glob(pattern))
         if not matched and glob.has_magic(pattern):
             raise cli.UserError(f"--input={pattern} matches no file: check the pattern")
@@ -187,10 +186,15 @@ def bad_record(files, kind, field):
 
 def local_cache(args):
     """The folder `datasets` keeps its Arrow copy of local files in: a temp folder beside the
-    output (written there anyway, so writable), removed at the end. Local files need no Hugging
-    Face cache, so a read-only home (HF_HOME) does not stop them."""
+    output (written there anyway, so writable), removed at the end, named by this run's pid (the
+    one a killed run left is removed by the next: atomic.remove_dead_temps). Local files need
+    no Hugging Face cache, so a read-only home (HF_HOME) does not stop them."""
     os.makedirs(args.data_dir, exist_ok=True)
-    cache = tempfile.mkdtemp(prefix=f".{args.name}.datasets-cache-", dir=args.data_dir)
+    prefix = atomic.temp_name(args.data_dir, args.name, "datasets-cache")
+    atomic.remove_dead_temps(args.data_dir, prefix)
+    cache = os.path.join(args.data_dir, f"{prefix}{os.getpid()}")
+    shutil.rmtree(cache, ignore_errors=True)  # (this process's own, from a call that did not end)
+    os.makedirs(cache)
     cli.at_end(lambda: shutil.rmtree(cache, ignore_errors=True))
     return cache
 
@@ -282,7 +286,7 @@ def main(argv):
 
     def fill(write):
         pos, row = 0, 0  # tokens and rows read
-        with tqdm(total=total, desc="writing", unit="tok", unit_scale=True) as bar:
+        with tqdm(total=total, desc="writing", unit="tok", unit_scale=True, disable=None) as bar:  # (a terminal's)
             for table in ds.with_format("arrow").iter(batch_size=4096):
                 flat = table["ids"].combine_chunks().flatten().to_numpy(zero_copy_only=False)  # (tokens,)
                 if is_val is not None:

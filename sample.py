@@ -40,7 +40,7 @@ dtype = "auto"  # "auto" (bfloat16 on GPUs that have it, float32 on CPU), "float
 cuda_graph = "auto"  # "auto": each step a CUDA graph on CUDA; "compiled", "autotuned": compiled first; "off"
 compile = False
 tssa_impl = "torch"  # which implementation of the TSSA operator the model runs
-num_threads = 0  # torch CPU threads (0: the training run's setting, else torch's default)
+num_threads = 0  # torch CPU threads (0: the training run's setting, else the machine's free cores)
 # -----------------------------------------------------------------------------
 
 

@@ -31,8 +31,9 @@ import sys
 from types import SimpleNamespace
 
 import torch
+from tqdm import tqdm
 
-from nanotost import cli, devices, hub, loading, plots, vit_data
+from nanotost import cli, devices, hub, lists, loading, plots, vit_data
 from nanotost.whitebox import claim_outputs, layer_numbers, png_bytes, rvar_figure, step_rvar, write_outputs
 
 plt = plots.pyplot()  # (files only; a `$` in a path or a class name is a dollar sign)
@@ -49,7 +50,7 @@ n_rvar = 500  # train and val images each for the R_var figure (the paper: 500 +
 batch_size = 50
 out_dir = ""  # "" = <checkpoint folder>/inspect
 device = "cpu"  # "auto", "cpu", "cuda", "cuda:1"
-num_threads = 0  # torch CPU threads (0: torch's default)
+num_threads = 0  # torch CPU threads (0: the training run's setting, else the machine's free cores)
 # -----------------------------------------------------------------------------
 DEFAULTS = cli.config_defaults(globals())
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
@@ -78,7 +79,7 @@ def rvar_before_after(model, x):
 def rvar_over(model, view, indices, dataset_name, bs, dev):
     """Mean (and share lowered) of R_var before/after per layer over view[indices]."""
     before, after = [], []
-    for i in range(0, len(indices), bs):
+    for i in tqdm(range(0, len(indices), bs), desc="R_var over images", disable=None, leave=False):  # (a terminal's)
         x = torch.stack([view[j][0] for j in indices[i:i + bs]])
         b, a, _ = rvar_before_after(model, vit_data.to_input(x, dataset_name, dev))
         before.append(b.cpu()), after.append(a.cpu())
@@ -138,11 +139,11 @@ def main(argv):
     cfg, _ = cli.configure(DEFAULTS, argv)
     check_settings(cfg)
     dev, _ = devices.choose_device_dtype(cfg.device, "float32")
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
     path = cfg.init_from or (os.path.join(cfg.ckpt, "ckpt.pt") if os.path.isdir(cfg.ckpt) else cfg.ckpt)
     out = cfg.out_dir or (hub.beside(cfg.init_from, "inspect") if cfg.init_from else
                         os.path.join(os.path.dirname(os.path.abspath(path)), "inspect"))
+    if cfg.init_from:
+        hub.check_outside(out, cfg.init_from, "--out_dir", "inspect")
     cli.require(not os.path.exists(out) or os.path.isdir(out),
                 f"{out} is a file, not a folder: write the pictures elsewhere with --out_dir=<folder>")
     if not cfg.init_from and not os.path.isfile(path):
@@ -150,11 +151,13 @@ def main(argv):
     out_set = claim_outputs(out, "--out_dir=<another folder>", "vit_inspect.py")  # before any work
     model, ck = (hub.from_pretrained(path, dev, kind="vit") if cfg.init_from else
                  loading.load_vit_model(path, device=dev))
+    loading.reader_threads(cfg.num_threads, ck)  # (its setting, else the run's, else the machine's free cores)
     model.eval()
     T = SimpleNamespace(**{**ck["config"], "img_size": model.config.img_size})  # the run's data settings
     S, H, L, is_tost = model.config.img_size, model.config.n_head, model.config.n_layer, model.config.attn == "tssa"
     chosen = layer_numbers(cfg.layers) or sorted({1, (L + 1) // 2, L})
-    cli.require(all(1 <= l <= L for l in chosen), f"layers {chosen} out of range: this model has layers 1..{L}")
+    outside = [l for l in chosen if not 1 <= l <= L]
+    cli.require(not outside, f"layers {lists.few(map(str, outside))} out of range: this model has layers 1..{L}")
     shown, sources, truth = shown_images(cfg, T, S)
     x = vit_data.to_input(shown, T.dataset, dev)
     if is_tost:

@@ -11,7 +11,10 @@ digest of model.py's TSSA maths as it is now (the operator functions' source, an
 model.py function, class and constant they use), how the reference runs (eager, or compiled by
 which backend), the shape class, and how the candidates are timed. A file is read only if it
 is whole JSON, holds this key exactly and two finite times: anything else (damaged, foreign,
-another key) is ignored with one line and timed anew. The files are data, never code.
+another key) is ignored with one line and timed anew. The files are data, never code. A file
+found there that is no pick is replaced, never written through: a symlink in the folder is
+followed only to a pick (atomic.through_link), so a link planted in a cache others can write
+cannot make a run overwrite a file of the user's.
 
     entry = read(path, key)      # None: absent, or not usable (why: said in one line)
     write(path, key, times, pick, shape)
@@ -40,7 +43,8 @@ KERNELS = os.path.dirname(os.path.abspath(__file__))
 
 def folder():
     """The folder that holds the picks (made if needed), or None where no cache folder can be
-    written (then every pick is timed, and kept nowhere)."""
+    written (then every pick is timed, and kept nowhere); under $NANOTOST_CACHE, that folder's
+    or one line (cache_dirs)."""
     for root in cache_dirs():
         path = os.path.join(root, FOLDER)
         try:
@@ -49,6 +53,9 @@ def folder():
             continue
         if os.access(path, os.W_OK | os.X_OK):
             return path
+    if os.environ.get("NANOTOST_CACHE"):  # (the user's setting: used or refused, never passed over)
+        raise cli.ConfigError(f"NANOTOST_CACHE={os.environ['NANOTOST_CACHE']!r} holds {FOLDER}, which is not a "
+                              "folder this process can write: move it, or set NANOTOST_CACHE to another folder")
     return None
 
 
@@ -195,6 +202,17 @@ def why_unusable(entry, key):
     return None if ok and positive(entry.get("written")) and isinstance(entry.get("shape"), list) else "not a pick"
 
 
+def is_pick(path):
+    """Whether the file at path is a pick of any key (what write() may write through a link to)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+        entry = json.loads(data.decode("utf-8")) if len(data) <= MAX_BYTES else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(entry, dict) and isinstance(entry.get("key"), dict) and why_unusable(entry, entry["key"]) is None
+
+
 def read(path, key, say=print):
     """The entry at path if it is a pick of key, else None; a file that exists but is no such pick
     (damaged, foreign, written by hand) is said in one line and left for write() to replace."""
@@ -230,7 +248,7 @@ def write(path, key, times, pick, shape, failed=None, say=print):
     entry = dict(key=key, pick=pick, triton_s=times.get("triton"), reference_s=times.get("reference"),
                  shape=list(shape), written=time.time(), failed=failed)
     try:
-        with atomic.atomic_write(path, "w") as f:
+        with atomic.atomic_write(path, "w", own=is_pick) as f:  # (a link to what is no pick: replaced, not followed)
             json.dump(entry, f, indent=1)
     except OSError as e:
         say(f"tssa_impl=auto: could not keep the pick in {path}: {cli.os_error_line(e)}")

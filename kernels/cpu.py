@@ -18,6 +18,7 @@ Causal with a batch row per thread (training): one pass each way per row (tssa_s
 """
 
 import ctypes
+import errno
 import hashlib
 import os
 import platform
@@ -28,6 +29,8 @@ import threading
 import warnings
 
 import torch
+
+from nanotost import cli
 
 C_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tssa_cpu.c")
 
@@ -46,13 +49,18 @@ _c_lib_lock = threading.Lock()  # one build per process, even if two threads ask
 
 
 def cache_dirs():
-    """Where the compiled kernels may live, in order: $NANOTOST_CACHE, else
-    $XDG_CACHE_HOME/nanotost or ~/.cache/nanotost; then a per-user folder in the temp dir
-    (read-only home directories, containers). Only folders we can create and write to."""
+    """Where the compiled kernels may live, in order: $XDG_CACHE_HOME/nanotost or
+    ~/.cache/nanotost, then a per-user folder in the temp dir (read-only home directories,
+    containers). Only folders we can create and write to. $NANOTOST_CACHE, where set, is the
+    one place: a setting the user gave is used, or refused in one line (a file, a folder this
+    process cannot write), never passed over for a default."""
+    given = os.environ.get("NANOTOST_CACHE")
+    if given:
+        yield checked_cache_setting(given)
+        return
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     uid = os.getuid() if hasattr(os, "getuid") else "user"
-    candidates = [os.environ.get("NANOTOST_CACHE") or os.path.join(base, "nanotost"),
-                  os.path.join(tempfile.gettempdir(), f"nanotost-{uid}")]
+    candidates = [os.path.join(base, "nanotost"), os.path.join(tempfile.gettempdir(), f"nanotost-{uid}")]
     for root in candidates:
         try:
             os.makedirs(root, mode=0o700, exist_ok=True)
@@ -61,6 +69,23 @@ def cache_dirs():
         owned = not hasattr(os, "getuid") or os.stat(root).st_uid == os.getuid()  # never load another user's .so
         if owned and os.access(root, os.W_OK | os.X_OK):
             yield root
+
+
+def checked_cache_setting(given):
+    """$NANOTOST_CACHE (`given`), made if needed, or a ConfigError in one line saying why it cannot
+    be the cache and what to do."""
+    try:
+        os.makedirs(given, mode=0o700, exist_ok=True)
+    except OSError as e:
+        why = "a file stands on its path" if e.errno in (errno.EEXIST, errno.ENOTDIR) else e.strerror or str(e)
+        raise cli.ConfigError(f"NANOTOST_CACHE={given!r} cannot be the cache ({why}): set it to a folder this "
+                              "process can write, or unset it") from None
+    owned = not hasattr(os, "getuid") or os.stat(given).st_uid == os.getuid()  # never load another user's .so
+    if not owned or not os.access(given, os.W_OK | os.X_OK):
+        why = "another user's folder" if not owned else "a folder this process cannot write"
+        raise cli.ConfigError(f"NANOTOST_CACHE={given!r} is {why}: set it to a folder of yours that this process "
+                              "can write, or unset it")
+    return given
 
 
 def _cpu_signature():  # -march=native code must not be reused on another CPU model
@@ -111,7 +136,10 @@ def c_library():
 
 
 def _load_c_library():
-    if os.environ.get("NANOTOST_NO_C") == "1":
+    no_c = os.environ.get("NANOTOST_NO_C", "")
+    if no_c not in ("", "0", "1"):  # (a value given is followed or refused, never read as "unset")
+        raise cli.ConfigError(f"NANOTOST_NO_C must be 1 (no C kernels) or 0, got {no_c!r}")
+    if no_c == "1":
         raise KernelUnavailable("NANOTOST_NO_C=1 is set")
     with open(C_FILE) as f:
         source = f.read()

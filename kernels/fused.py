@@ -21,6 +21,7 @@ import sys
 import torch
 
 import model
+from nanotost.cli import UserError
 from kernels.said import warn  # noqa: F401  (the package's one line: kernels.fused.warn too)
 
 BACKENDS = {"cpu": ("kernels.cpu", "CKernels"), "triton": ("kernels.triton_tssa", "TritonKernels"),
@@ -169,6 +170,8 @@ class FusedOps:
                 kernels = getattr(importlib.import_module(module), name)
                 kernels.load()
                 self.kernels = kernels
+            except UserError:  # a setting of the user's that cannot be followed ($NANOTOST_CACHE): refused
+                raise
             except Exception as e:  # ImportError (no Triton), KernelUnavailable (no C compiler), ...
                 self.disable(f"{type(e).__name__}: {e}")
         if self.failure is not None:

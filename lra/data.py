@@ -440,11 +440,16 @@ def _read_cache(path, say):
         return None
 
 
+def _is_cache(path):
+    """Whether path holds a cache file that loads (a symlink in the cache folder is written through only to one)."""
+    return _read_cache(path, lambda line: None) is not None
+
+
 def _write_cache(path, data):
     arrays = {"labels": data.labels, "towers": len(data.inputs), "was_cropped": data.was_cropped}
     for i, r in enumerate(data.inputs):
         arrays.update({f"values{i}": r.values, f"offsets{i}": r.offsets, f"shift{i}": r.shift})
-    with atomic_write(path) as f:  # all or nothing: a killed run leaves no half-written cache
+    with atomic_write(path, own=_is_cache) as f:  # all or nothing: a killed run leaves no half-written cache
         np.savez(f, **arrays)
 
 

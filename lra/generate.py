@@ -120,7 +120,7 @@ def generate_listops(n, seed=0, min_len=500, max_len=2000, max_depth=10, max_arg
     rng = random.Random(seed)
     seen, examples = set(), []
     tries, max_tries = 0, 2000 * n + 100_000
-    with tqdm(total=n, desc="ListOps trees", unit="tree", leave=False) as bar:  # (cleared when it ends)
+    with tqdm(total=n, desc="ListOps trees", unit="tree", leave=False, disable=None) as bar:  # (cleared; a terminal's)
         while len(examples) < n:
             tries += 1
             if tries > max_tries:
@@ -354,7 +354,7 @@ def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, w
                          f"{style.n_distractors}\n")
         metadata[os.path.join(root, "metadata", f"{k}.npy")] = lines
         jobs += [(root, size, seed, items[i:i + 100]) for i in range(0, len(items), 100)]
-    with tqdm(total=n_images, desc=f"pathfinder{size} images", unit="img") as bar:
+    with tqdm(total=n_images, desc=f"pathfinder{size} images", unit="img", disable=None) as bar:  # (a terminal's)
         if workers > 1:
             with ProcessPoolExecutor(workers) as pool:
                 for done in pool.map(_write_pathfinder_images, jobs):

@@ -11,10 +11,12 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # never reach for the network
-os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(tempfile.gettempdir(), "nanotost_lra_test_hf"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+import background  # noqa: E402  (the session's scratch: removed however the session ends)
+
+os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(background.SCRATCH, "lra_hf"))
 
 import numpy as np
 import pytest

@@ -36,6 +36,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -181,7 +182,7 @@ def evaluate(model, split, cfg, max_len, ctx, d):
     bs = cfg.eval_batch_size or cfg.batch_size
     batches = [order[i:i + bs] for i in range(0, len(order), bs)][d.rank::d.world_size]
     total = torch.zeros(3, device=d.device)  # (sum of losses, right, seen)
-    for idx in batches:
+    for idx in tqdm(batches, desc="scoring", unit="batch", leave=False, disable=None if d.is_master else True):
         towers, labels = to_device(*make_batch(split, idx, max_len, cfg.pad_multiple), d.device)
         with ctx:
             logits = model(towers)

@@ -6,6 +6,7 @@ house to them):
 
   floor 1  portable        what differs between Linux, macOS and Windows
   floor 2  cli             the settings of every script and the one error path
+           lists           a list-valued setting's items (a path with commas is one), quoted in a refusal
   floor 3  atomic          files written whole; the project's own JSON read back
            plots           matplotlib for files
   floor 4  outputs         outputs claimed before any work; folders of outputs replaced as one unit
@@ -13,6 +14,7 @@ house to them):
            devices         the device and dtype, CPU cores, whether the Hugging Face Hub answers
            model_settings  a model's settings: which fields a trainer takes, their ranges, names, types
            forks           the checks that a forker's maths runs everywhere or is refused
+           schema          the tests a model's two files share (ckpt.pt, an export's config.json)
   (kernels/ sits here: the fused kernels, above forks, below what loads a model)
   floor 6  checkpoints     checkpoints as data: what each holds, how it is written, read and checked
            textdata        the language data: prepared datasets, tokenizers, preparing one

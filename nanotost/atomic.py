@@ -3,10 +3,12 @@ Files written whole, and the project's own JSON read back: what every writer of 
 so that a crash, a full disk or Ctrl-C never leaves half a file.
 
   atomic_write  a file written whole or not at all (a temp file renamed over it; errors name it),
-                keeping the mode and group of the file it replaces, through a symlink to it
+                keeping the mode and group of the file it replaces, through a symlink to it (a
+                cache's writer, which judges what it finds: only to a file it judges its own)
   write_together  files that are one unit (a JSON and its figure): all replaced, or none
   signals_held  a step that Ctrl-C and SIGTERM wait for (the renames of files replaced together)
   temp_name, remove_dead_temps  the names of temporary entries, and those a killed run left
+  check_finite_result  no NaN or infinity recorded as a reader's result
   write_json / read_json / reading / json_number  the project's own JSON written whole, and read
                 back as one line naming the file and the field when it is cut short or changed
                 (or, for a table or a figure, holds a NaN or infinite number)
@@ -27,14 +29,17 @@ from nanotost.cli import UserError
 
 
 @contextmanager
-def atomic_write(path, mode="wb"):
+def atomic_write(path, mode="wb", own=None):
     """with atomic_write(path) as f: ... -- written to .<name>.tmp<pid> beside path, flushed to
     disk and renamed over path only if the block ends normally; otherwise the temp file goes
     and path is untouched. Temp files of dead processes (kill -9) are removed first. What the
     user set on the file it replaces stays: its mode and group (where allowed), and a symlink
     stays a symlink (the file it points to is the one replaced, its temp file beside it). Text
-    ("w") is UTF-8 on every OS (not the locale's code page)."""
-    with staged(path) as (tmp, real):
+    ("w") is UTF-8 on every OS (not the locale's code page). own(path) -> bool: how a writer
+    that judges what it finds (a cache) recognises its own file; where given, a symlink is
+    written through only to a file it judges its own, else the link itself is replaced
+    (through_link)."""
+    with staged(path, own) as (tmp, real):
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             settle(f, real)
@@ -42,11 +47,11 @@ def atomic_write(path, mode="wb"):
 
 
 @contextmanager
-def staged(path):
+def staged(path, own=None):
     """with staged(path) as (tmp, real): the temp file's path beside `real` (path, or the file a
-    symlink at path points to), for the block to write and rename over real. If the block fails,
-    the temp file goes, and an error of the temp file names path instead."""
-    real = os.path.realpath(path)  # (a symlink's target: the link itself is the user's)
+    symlink at path points to: through_link), for the block to write and rename over real. If
+    the block fails, the temp file goes, and an error of the temp file names path instead."""
+    real = through_link(path, own)
     folder, name = os.path.split(real)
     os.makedirs(folder, exist_ok=True)
     prefix = temp_name(folder, name, "tmp")
@@ -60,6 +65,20 @@ def staged(path):
         if isinstance(e, OSError) and e.errno and (not e.filename or e.filename == tmp):  # name the file meant
             raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from e
         raise
+
+
+def through_link(path, own=None):
+    """The file a write of `path` replaces: the file a symlink at path points to (the link is
+    the user's: it stays one), except where own(target) -> bool is given and does not judge the
+    target the writer's own (a missing target too): then the link itself, and the file it
+    points to is never touched (a link planted in a cache others can write cannot aim the
+    writer at a file of the user's)."""
+    real = os.path.realpath(path)
+    if own is None or not os.path.islink(path):
+        return real
+    if os.path.isfile(real) and own(real):
+        return real
+    return os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
 
 
 def temp_name(folder, name, tag):
@@ -107,6 +126,8 @@ def keep_owner_and_mode(fd, old):
     try:
         st = os.stat(old)
     except OSError:  # a new file: the umask's mode, as any new file
+        return
+    if os.path.islink(old):  # a link replaced by a file (through_link): what it pointed to is not this file's past
         return
     if hasattr(os, "fchmod"):
         os.fchmod(fd, stat.S_IMODE(st.st_mode))
@@ -199,6 +220,16 @@ def read_json(path, fix, kind=dict, finite=False):
     return data
 
 
+def check_finite_result(record, what, advice):
+    """Refuse, in one line naming the field, a result a reader would record with a NaN or an
+    infinite figure (`what`: the result; `advice`: what to do): a figure that is no number is
+    never written as one (json would write NaN, which is not JSON)."""
+    found = non_finite(record)
+    if found:
+        raise UserError(f"{what}: {found[0]} is {json.dumps(found[1])}, not a finite number, so nothing was recorded: "
+                        f"{advice}")
+
+
 def non_finite(data, field=""):
     """(field, value) of the first NaN or infinite number in JSON data ("sections.op.rows[3].ms"),
     or None. (json reads NaN, Infinity and 1e999 without a word.)"""
@@ -215,8 +246,9 @@ def non_finite(data, field=""):
 @contextmanager
 def reading(path, fix):
     """with reading(path, fix): code that reads the fields of the JSON at `path`. A field it
-    lacks (KeyError) or of another type (a string for a number, a list for a mapping, a number
-    out of range) is one line naming the file, the field where known, and `fix`."""
+    lacks (KeyError), of another type (a string for a number, a list for a mapping) or out of
+    its range (a ValueError: said as such, never as another type) is one line naming the file,
+    the field where known, and `fix`."""
     try:
         yield
     except UserError:
@@ -225,8 +257,9 @@ def reading(path, fix):
         raise UserError(f"{path} lacks the field {e.args[0]!r}: {fix}") from None
     except (TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
         detail = " ".join(str(e).split())[:100]
-        raise UserError(f"{path} holds a value of another type than this version writes ({type(e).__name__}: "
-                        f"{detail}): {fix}") from None
+        what = "outside the range" if isinstance(e, (ValueError, OverflowError)) else "of another type than"
+        raise UserError(f"{path} holds a value {what} this version writes ({type(e).__name__}: {detail}): {fix}") \
+            from None
 
 
 def json_number(value, field, positive=False):

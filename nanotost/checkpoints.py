@@ -19,8 +19,9 @@ before any reader uses it. A library: it imports no script.
               by the model's own rules (model_config, model_settings.py's ranges); the weights
               against the model that model_args describe, built on the meta device (no memory, no
               RNG): the same names and shapes, floating values wherever the model's are (int64
-              weights are refused, never cast); the optimizer's state loaded into the trainers'
-              AdamW for that model (optimizer_for: trainkit.load_checkpoint passes it)
+              weights are refused, never cast), every one finite; the optimizer's state loaded into the
+              trainers' AdamW for that model (optimizer_for: trainkit.load_checkpoint passes it); for a
+              resume, no field this version would drop at its next save (check_closed)
   plain data  not_plain, read, other_format, weights_alone: what a checkpoint may hold (tensors,
               numbers, strings, lists, dicts: all torch.load(weights_only=True) rebuilds without
               calling a function or a class named by the file), and what else a file given as a
@@ -48,7 +49,7 @@ import numpy as np
 import torch
 
 import model
-from nanotost import cli
+from nanotost import cli, schema
 from nanotost.atomic import atomic_write
 from nanotost.cli import UserError
 from nanotost.model_settings import RANGED, field_type_ok, with_model_ranges
@@ -74,7 +75,7 @@ RESUME = ("resume",)
 
 
 def is_count(v):
-    return type(v) is int and v >= 0
+    return schema.whole(v, 0)
 
 
 def is_number(v, low=-math.inf, high=math.inf):
@@ -89,16 +90,15 @@ def is_weights(v):
     return is_str_dict(v) and all(isinstance(t, torch.Tensor) for t in v.values())
 
 
-def is_tokenizer(v, ckpt):
+def tokenizer_problem(v, ckpt):
+    """What is wrong with a checkpoint's tokenizer (schema.tokenizer_problem: an export's rules too), or None."""
     vocab = ckpt.get("model_args", {}).get("vocab_size") if is_str_dict(ckpt.get("model_args")) else None
-    return (is_str_dict(v) and type(v.get("tokenizer")) is str and type(v.get("vocab_size")) is int
-            and 1 <= v["vocab_size"] <= (vocab if type(vocab) is int else v["vocab_size"])
-            and all(type(v.get(k, "")) is str for k in ("chars", "dataset")))
+    return schema.tokenizer_problem(v, vocab)
 
 
 def is_classes(v, ckpt):
     classes = ckpt.get("model_args", {}).get("num_classes") if is_str_dict(ckpt.get("model_args")) else None
-    return type(v) is list and all(type(c) is str for c in v) and len(v) == classes
+    return schema.classes_problem(v, classes) is None
 
 
 def is_optimizer(v):
@@ -136,7 +136,7 @@ FIELDS = {
     "config": (ALL, BOTH, "a dict of the run's settings (names -> values)", lambda v, c: is_str_dict(v)),
     "iter_num": (ALL, BOTH, "a whole number >= 0", lambda v, c: is_count(v)),
     "tokenizer": (("language",), BOTH, "a dict of the tokenizer's name, its vocab_size (1..the model's vocab_size) "
-                                       "and its chars (text)", is_tokenizer),
+                                       "and its chars (text, one per id)", lambda v, c: not tokenizer_problem(v, c)),
     "classes": (("vit",), RESUME, "a list of the names of the model's num_classes classes", is_classes),
     "optimizer": (ALL, RESUME, "AdamW's state (a dict of state and param_groups)", lambda v, c: is_optimizer(v)),
     "rng": (ALL, RESUME, "a list of RNG states (python, numpy, torch), one per process", lambda v, c: is_rng_states(v)),
@@ -149,6 +149,8 @@ OPTIONAL = {  # read where present: (kinds, uses, what it must be, test)
     "scaler": (ALL, RESUME, "a GradScaler's state (empty, or its five numbers)", lambda v, c: is_scaler(v)),
     "classes": (("vit",), ("weights",), FIELDS["classes"][2], is_classes),
 }
+WHY = {"tokenizer": tokenizer_problem}  # a field whose test says which of its rules failed: the refusal says it too
+RETIRED = ("world_size", "data")  # what earlier versions wrote beside these, kept elsewhere now (rng, config)
 CONFIG_READ = {  # the run's settings that readers of the weights read where present: (kinds needing it, what, test)
     "dataset": (("vit",), "a dataset's name", lambda v: type(v) is str and v != ""),
     "data_dir": ((), "a folder's name", lambda v: type(v) is str),
@@ -184,11 +186,14 @@ def check(ckpt, kind, use, path, optimizer_for=None):
         raise UserError(f"{path} holds no {', '.join(missing)} (a checkpoint shared for its weights), so its run "
                         f"cannot be resumed: start a new run from its weights with --init_from=finetune "
                         f"--finetune_from={path} --out_dir=<new folder>")
+    if use == "resume":
+        check_closed(ckpt, kind, path, maker)
     optional = [f for f, (kinds, uses, _, _) in OPTIONAL.items() if kind in kinds and use in uses and f in ckpt]
     for field in needed + optional:
         what, test = (FIELDS if field in needed else OPTIONAL)[field][2:]
         if not test(ckpt[field], ckpt):
-            raise UserError(f"{path} holds {field} = {shown(ckpt[field])}, not {what}: the file was damaged or "
+            why = f" ({WHY[field](ckpt[field], ckpt)})" if field in WHY else ""
+            raise UserError(f"{path} holds {field} = {shown(ckpt[field])}, not {what}{why}: the file was damaged or "
                             f"written by another program; give a checkpoint that {maker} wrote")
     for key, (needing, what, test) in CONFIG_READ.items():
         value = ckpt["config"].get(key)
@@ -200,7 +205,36 @@ def check(ckpt, kind, use, path, optimizer_for=None):
     module = meta_model(model_cls, config, ckpt["model"], path, maker)
     if use == "resume" and optimizer_for is not None:
         check_optimizer(optimizer_for(module), ckpt["optimizer"], path)
+    check_finite(ckpt, use, path, maker)
     return module
+
+
+def check_closed(ckpt, kind, path, maker):
+    """A resume takes every field of the checkpoint, and the next save writes the fields this
+    version knows: a field it does not know (a later version's "ema", say) would be dropped
+    without a word, so it is refused (the file as it was); an earlier version's records that
+    this version keeps elsewhere (RETIRED) are not written again."""
+    known = {f for table in (FIELDS, OPTIONAL) for f, (kinds, _, _, _) in table.items() if kind in kinds}
+    unknown = sorted(set(ckpt) - known - set(RETIRED), key=str)
+    if unknown:
+        raise UserError(f"{path} holds {', '.join(map(str, unknown[:3]))}{' ...' if len(unknown) > 3 else ''}, "
+                        f"which this version of {maker} does not write (a later version's?), and a resume would drop "
+                        "at its next save: resume it with the version that wrote it, or start a new run from its "
+                        f"weights with --init_from=finetune --finetune_from={path} --out_dir=<new folder>")
+
+
+def check_finite(ckpt, use, path, maker):
+    """Every weight finite (and, for a resume, every tensor of the optimizer's state): a NaN or an
+    infinity would make every loss, sample and score NaN, so it is one line naming the tensor."""
+    tensors = dict(ckpt["model"])
+    for i, state in ckpt["optimizer"]["state"].items() if use == "resume" else ():
+        tensors.update({f"optimizer state {i} {k}": v for k, v in dict(state).items() if isinstance(v, torch.Tensor)})
+    found = schema.non_finite(tensors)
+    if found:
+        name, count = found
+        raise UserError(f"{path} holds {count:,} NaN or infinite value{'s' * (count > 1)} in {name}: the run broke "
+                        f"before it was saved; give a checkpoint of the run from before (or train again with {maker}, "
+                        "e.g. a lower --learning_rate)")
 
 
 # -----------------------------------------------------------------------------

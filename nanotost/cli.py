@@ -25,6 +25,7 @@ is portable.py's.
 
 import argparse
 import ast
+import collections
 import difflib
 import errno
 import getpass
@@ -40,7 +41,7 @@ import traceback
 import warnings
 from types import SimpleNamespace
 
-from nanotost import REPO, portable
+from nanotost import REPO, lists, portable
 
 # -----------------------------------------------------------------------------
 # one error path
@@ -188,11 +189,6 @@ def run_cli(main, *args):
             _cleanups.pop()()
 
 
-
-
-
-
-
 def require(condition, message):
     """Check a setting: raise ConfigError(message) when `condition` is false."""
     if not condition:
@@ -229,42 +225,47 @@ MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # threads / processes: more on
 ITEMS = {str: "names", int: "whole numbers", float: "numbers"}  # how parse_list's messages name the items
 
 
-def parse_list(key, text, item=str, allowed=None, pairs=False, what=None):
+def parse_list(key, text, item=str, allowed=None, pairs=False, what=None, paths=False):
     """The one rule of every list-valued setting of every script: a comma-separated list ("op,
     decode", "1,6", "op:200,decode:100"; a repeated option's values, given as a list), as a list
     of its items, each parsed by `item` (str, int, float, or a function that raises ValueError),
     each one of `allowed` where given, and each given once: an item twice (the same once parsed:
     "1,01"; with pairs, the same key of key:value items, or two without a key) is one line, as
     an empty list or item is. pairs: items are "value" or "key:value", returned as (key or None,
-    value). `what` names the items in messages (default: ITEMS[item])."""
+    value). paths: items name files, and one whose name holds commas is one item where it exists
+    (lists.split_items). `what` names the items in messages (default: ITEMS[item]); a refusal
+    quotes a few items and their count, whatever the length of the list (lists.shown)."""
     what = what or ITEMS.get(item, "values")
-    parts = [p.strip() for p in (text if isinstance(text, list) else str(text).split(","))]
+    parts = [p.strip() for p in text] if isinstance(text, list) else lists.split_items(str(text), paths)
     if isinstance(text, list):  # (a repeated option's values, shown as given)
         text = " ".join(f"{key}={value}" for value in text)
+    given = lists.shown(text, parts)
     choose = "" if allowed is None else f" (choose from {', '.join(map(str, allowed))})"
-    require(parts and all(parts), f"{key} must be {what} separated by commas{choose}, got {text!r}")
+    require(parts and all(parts), f"{key} must be {what} separated by commas{choose}, got {given}")
     values, written = [], {}  # (written: each item as given, by what it parses to)
     for part in parts:
         name, sep, value = part.rpartition(":") if pairs else ("", "", part)
         try:
             parsed = item(value.strip())
         except (ValueError, TypeError, OverflowError):
-            raise ConfigError(f"{key} must be {what} separated by commas: {part!r} is not one, got {text!r}") from None
+            raise ConfigError(f"{key} must be {what} separated by commas: {lists.quoted([part])} is not one, got "
+                              f"{given}") from None
         values.append((name.strip() if sep else None, parsed) if pairs else parsed)
         written.setdefault(values[-1][0] if pairs else parsed, (name.strip() if sep else "all") if pairs else part)
     ids = [v[0] for v in values] if pairs else values
-    twice = [written[v] for v in dict.fromkeys(v for v in ids if ids.count(v) > 1)]
-    require(not twice, f"{key} names {', '.join(twice)} more than once: name each once, got {text!r}")
+    counts = collections.Counter(ids)  # (each item once: counted, not compared with every other)
+    twice = [written[v] for v, n in counts.items() if n > 1]
+    require(not twice, f"{key} names {lists.few(twice)} more than once: name each once, got {given}")
     unknown = [v for v in ids if allowed is not None and v is not None and v not in allowed]
     if unknown:
-        raise ConfigError(f"{key}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(map(str, allowed))}")
+        raise ConfigError(f"{key}: unknown {lists.quoted(unknown)}; choose from {', '.join(map(str, allowed))}")
     return values
 
 
-def name_list(key, text, allowed=None):
+def name_list(key, text, allowed=None, paths=False):
     """A comma-separated list of names ("op,decode"), each once, each one of `allowed` where given
-    (parse_list)."""
-    return parse_list(key, text, allowed=allowed)
+    (parse_list; paths: names of files, "my,task.yaml" one where it exists)."""
+    return parse_list(key, text, allowed=allowed, paths=paths)
 
 
 def seed_list(key, text):

@@ -1,15 +1,18 @@
 """
 The machine a script runs on: its device and dtype ("auto" everywhere: CUDA, else Apple's MPS,
-else the CPU), the CPU cores this process may use, and whether the Hugging Face Hub answers
+else the CPU), the CPU cores this process may use (and the threads a reader runs where nothing
+names a number: suggested_threads), and whether the Hugging Face Hub answers
 (offline, the Hub's libraries fail at once instead of after their retries).
 """
 
+import math
 import os
 import socket
 import sys
 
 import torch
 
+from nanotost import portable
 from nanotost.cli import UserError, require
 
 
@@ -24,8 +27,9 @@ def mps_available():
 def choose_device_dtype(device, dtype):
     """device: "auto" (CUDA, else Apple's MPS, else the CPU), "cpu", "cuda", "cuda:N", "mps";
     dtype: "auto" (bfloat16 on CUDA GPUs that have it, float16 on older ones, float32 on the
-    CPU and on MPS, which runs it on every macOS) or one of DTYPES. float16 on CPU becomes
-    bfloat16. Returns (device, dtype) as strings."""
+    CPU and on MPS, which runs it on every macOS) or one of DTYPES. float16 on the CPU is
+    refused in one line (a setting given is used or refused, never swapped for another).
+    Returns (device, dtype) as strings."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
     require(device in ("cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit()),
@@ -43,8 +47,8 @@ def choose_device_dtype(device, dtype):
         dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     elif dtype == "auto":  # the CPU, MPS
         dtype = "float32"
-    if device == "cpu" and dtype == "float16":
-        dtype = "bfloat16"  # CPU autocast has no float16 with a GradScaler
+    require(not (device == "cpu" and dtype == "float16"), "dtype=float16 does not run on the CPU (its autocast with a "
+            "GradScaler has no float16): give --dtype=bfloat16 (float32's range, half its memory) or float32")
     return device, dtype
 
 
@@ -55,6 +59,15 @@ def cpu_cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def suggested_threads():
+    """The CPU threads a reader runs where neither its setting nor the model's run names a number:
+    torch's default, less the cores other processes keep busy (the 1-minute load), at least one.
+    A small model on a busy CPU runs many times faster on one thread than on contending ones."""
+    load = portable.load_average()[0]
+    busy = 0 if math.isnan(load) else round(load)
+    return max(1, min(torch.get_num_threads(), cpu_cores() - busy))
 
 
 def hub_reachable(timeout=3.0):

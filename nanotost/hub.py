@@ -37,10 +37,11 @@ import torch
 
 import kernels
 from model import GPT, GPTConfig, ToSTViT, ViTConfig
-from nanotost import REPO, atomic, checkpoints, cli, devices, ranks
+from nanotost import REPO, atomic, checkpoints, cli, devices, ranks, schema
 
 FILES = ("model.safetensors", "config.json", "README.md")  # a model's folder: these, nothing else
 FORMAT, FORMAT_VERSION = "nanotost", 1  # config.json's "format"; a later version's is refused
+READS = (1,)  # the format versions this code reads (schema.version_problem: 0, -1 or 1.5 are none of them)
 KINDS = {"language": (GPT, GPTConfig, "tokenizer"), "vit": (ToSTViT, ViTConfig, "image")}  # class, config, section
 READERS = {"language": "sample.py, evaluate.py or lm_inspect.py", "vit": "vit_inspect.py"}
 WHAT = {"language": "a language model", "vit": "an image classifier"}
@@ -178,7 +179,8 @@ def describe(model, ckpt, kind, dtype, run_folder):
     seen = ckpt["iter_num"] * run.get("gradient_accumulation_steps", 1) * run.get("batch_size", 0)
     training = {"script": checkpoints.KIND_MAKER[kind], "dataset": run.get("dataset"), "iterations": ckpt["iter_num"],
                 **({"tokens": seen * c.block_size} if kind == "language" else {"images": seen}),
-                "seed": run.get("seed"), **last_val(run_folder, ckpt["iter_num"])}
+                "seed": run.get("seed"), "num_threads": run.get("num_threads", 0),  # (a reader's threads: 0, its own)
+                **last_val(run_folder, ckpt["iter_num"])}
     config = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "architecture": architecture(c, kind),
               "model_args": dataclasses.asdict(c)}
     if kind == "language":
@@ -198,6 +200,10 @@ def weights_bytes(model, dtype):
     from safetensors.torch import save_model
 
     model.to(torch.device("cpu")).to(devices.DTYPES[dtype])
+    found = schema.non_finite(model.state_dict())
+    if found:  # (the checkpoint's were finite: a weight beyond what dtype holds, e.g. float16's 65504)
+        raise cli.UserError(f"{found[0]} holds {found[1]:,} value{'s' * (found[1] > 1)} that {dtype} cannot hold "
+                            "(infinite once cast): export it as float32 or bfloat16 (--dtype)")
     written_for = json.dumps(dataclasses.asdict(model.config), sort_keys=True)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.safetensors")
@@ -336,11 +342,13 @@ def read_config(folder, source, kind=None):
                             + (f"; it describes {other!r}" if other else "") + "): it is another library's model, "
                             f"which nanoToST does not run; give a folder that {HOW} wrote")
     with atomic.reading(path, fix):
-        version = atomic.json_number(config["format_version"], "format_version")
-        found = config["kind"]
-        if version > FORMAT_VERSION or found not in KINDS:
-            raise cli.UserError(f"{path} was written by a later version of nanoToST (format_version {version}, kind "
-                                f"{found!r}): load it with that version")
+        version, found = config["format_version"], config["kind"]
+        if (schema.whole(version) and version > max(READS)) or found not in KINDS:
+            raise cli.UserError(f"{path} was written by a later version of nanoToST (format_version {version!r}, "
+                                f"kind {found!r}): load it with that version")
+        problem = schema.version_problem(version, READS)
+        if problem:  # (0, -1, 1.5, "1": never read as version 1)
+            raise cli.UserError(f"{path}: {problem}: {fix}")
         if kind and found != kind:
             raise cli.UserError(f"{source} is {WHAT[found]} ({config.get('architecture', found)}), and this "
                                 f"reads {WHAT[kind][2:]}s: give it to {READERS[found]} --init_from={source}")
@@ -359,29 +367,34 @@ def read_config(folder, source, kind=None):
                                 f"fields here (a fork's or another version's model{exported_at(config)}): load it "
                                 "with the code that exported it")
         model_config = checkpoints.model_config(config_cls, {"model_args": args}, path)
-        check_section(found, own, model_config)
+        check_section(found, own, model_config, path, fix)
         atomic.json_number(config["training"]["iterations"], "training.iterations")
+        threads = config["training"].get("num_threads", 0)  # (an earlier export's: none recorded)
+        if not schema.whole(threads, 0, cli.MAX_WORKERS):
+            raise cli.UserError(f"{path}: training.num_threads is {threads!r}, not a number of threads in "
+                                f"0..{cli.MAX_WORKERS}: {fix}")
         if not isinstance(config["training"]["dataset"], str):
             raise TypeError("training.dataset must be the name of the data the model was trained on")
     return config, model_config
 
 
-def check_section(kind, own, c):
+def check_section(kind, own, c, path, fix):
     """What a reader takes from config.json besides the model's arguments, checked against them
-    (inside atomic.reading: a field missing or of another type is one line): the tokenizer's
-    vocabulary fits the model's (a character tokenizer has a character per id); the classes are
-    the head's, the data named and its evaluation crop a fraction."""
+    (inside atomic.reading: a field missing or of another type is one line): the tokenizer by the
+    rules a checkpoint's is held to (schema.tokenizer_problem: a whole vocab_size that fits the
+    model's, a character tokenizer's characters one per id), the refusal saying which failed; the
+    classes are the head's, the data named and its evaluation crop a fraction."""
     if kind == "language":
-        n = atomic.json_number(own["vocab_size"], "tokenizer.vocab_size", positive=True)
-        if n > c.vocab_size or own.get("tokenizer") == "char" and len(own["chars"]) != n:
-            raise ValueError(f"tokenizer.vocab_size is {n}, for {len(own.get('chars') or '')} characters and a model "
-                             f"of {c.vocab_size} ids")
+        problem = schema.tokenizer_problem(own, c.vocab_size)
+        if problem:
+            raise cli.UserError(f"{path}: {problem}: {fix}")
     else:
         atomic.json_number(own["eval_crop_pct"], "image.eval_crop_pct", positive=True)
-        if not isinstance(own["dataset"], str) or not isinstance(own["classes"], list) or \
-                len(own["classes"]) != c.num_classes:
-            raise ValueError(f"image.dataset must be a name and image.classes a list of the model's "
-                             f"{c.num_classes} classes")
+        if not isinstance(own["dataset"], str):
+            raise TypeError("image.dataset must be the name of the data the model was trained on")
+        problem = schema.classes_problem(own["classes"], c.num_classes)
+        if problem:
+            raise cli.UserError(f"{path}: image.classes: {problem}: {fix}")
 
 
 def exported_at(config):
@@ -447,6 +460,10 @@ def load_weights(module, folder, source, config=None):
         load_model(module, path, strict=True)
     except (SafetensorError, RuntimeError) as e:
         raise cli.UserError(f"{path} could not be read whole ({str(e)[:120]}): {redo}") from None
+    found = schema.non_finite(module.state_dict())
+    if found:
+        raise cli.UserError(f"{path} holds {found[1]:,} NaN or infinite value{'s' * (found[1] > 1)} in {found[0]}: "
+                            f"these weights cannot score or sample; {redo}")
 
 
 def from_pretrained(source, device="cpu", tssa_impl="torch", kind=None):
@@ -466,18 +483,38 @@ def from_pretrained(source, device="cpu", tssa_impl="torch", kind=None):
     training = config["training"]
     info = {"kind": config["kind"], "iter_num": training["iterations"], "folder": folder, "hub_config": config}
     if config["kind"] == "language":
-        info.update(tokenizer=config["tokenizer"], config={"dataset": training["dataset"]})
+        info.update(tokenizer=config["tokenizer"], config={"dataset": training["dataset"],
+                                                           "num_threads": training.get("num_threads", 0)})
     else:
         image = config["image"]
-        info.update(classes=image["classes"], config={**image, "seed": training.get("seed") or 0})
+        info.update(classes=image["classes"], config={**image, "seed": training.get("seed") or 0,
+                                                      "num_threads": training.get("num_threads", 0)})
     return model.to(device).eval(), info
 
 
 def beside(source, name):
     """Where a reader writes what it makes of a model given by --init_from (`name`: "inspect",
-    "eval.jsonl"): beside its folder, <folder>-<name>; for a Hub id, <repository name>-<name>
+    "eval.jsonl"): beside its folder, <folder>-<name>, the folder as resolved (--init_from=. in
+    the model's folder is that folder: ../<folder>-<name>); for a Hub id, <repository name>-<name>
     in the working folder. Never inside the model's folder (it is uploaded as it is) or the
-    Hugging Face cache."""
-    if os.path.isdir(source):
-        return os.path.normpath(source) + "-" + name
-    return source.rstrip("/").split("/")[-1] + "-" + name
+    Hugging Face cache: a folder with nothing beside it (the root) is one line."""
+    if not os.path.isdir(source):
+        return source.rstrip("/").split("/")[-1] + "-" + name
+    folder = os.path.abspath(source)
+    if os.path.dirname(folder) == folder:
+        raise cli.UserError(f"--init_from={source} is the root folder, so nothing can be written beside it: give the "
+                            "output's path")
+    path = folder + "-" + name
+    return path if os.path.isabs(source) else os.path.relpath(path)
+
+
+def check_outside(path, source, option, name):
+    """Refuse, in one line, an output `path` of a reader that lies inside the model's folder
+    `source` (--init_from, where it is a folder here): the folder is shared as it is exported
+    (hf upload would ship it), so no reader writes in it (`name`: the output's, for the advice)."""
+    if not os.path.isdir(source):
+        return
+    folder, out = os.path.realpath(source), os.path.realpath(path)
+    if out == folder or out.startswith(folder.rstrip(os.sep) + os.sep):
+        raise cli.UserError(f"{option}={path} lies inside the model's folder {source}, which is shared as it was "
+                            f"exported: write it outside, e.g. {option}={beside(source, name)}")

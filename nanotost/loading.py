@@ -18,7 +18,7 @@ import torch
 
 import kernels
 from model import GPT, GPTConfig, ToSTViT, ViTConfig
-from nanotost import checkpoints, cli, hub, textdata
+from nanotost import checkpoints, cli, devices, hub, textdata
 
 
 def load_reader_model(cfg, device, given=()):
@@ -40,11 +40,12 @@ def load_reader_model(cfg, device, given=()):
 
 def reader_threads(given, ckpt):
     """torch's CPU threads for a reader: `given` (its --num_threads) where not 0, else the training
-    run's own setting, else torch's default: a small model on a busy CPU runs far faster on one
-    thread than on contending ones."""
-    threads = given or ckpt.get("config", {}).get("num_threads", 0)
-    if threads > 0:
-        torch.set_num_threads(threads)
+    run's own setting (a checkpoint's, or the one an export recorded), else what the machine
+    suggests (devices.suggested_threads: its free cores): a small model on a busy CPU runs far
+    faster on one thread than on contending ones."""
+    threads = given or ckpt.get("config", {}).get("num_threads", 0) or devices.suggested_threads()
+    torch.set_num_threads(threads)
+    return threads
 
 
 def load_language_model(path, device, tssa_impl="torch", exported=False):

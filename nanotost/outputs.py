@@ -7,17 +7,19 @@ only what its manifest says it wrote, never the user's files.
   claim_set     a tool's folder of outputs (an inspection's page, a prepared dataset), claimed
                 before any work, with every precondition of its writing known then (OutputSet:
                 one swap of folders, or in place where no swap can be made); the tool replaces
-                only what its manifest lists
+                only what it recognises by content as its own: the files its manifest lists
+                whose size and sha256 still match what it wrote
   swap_folders  two folders exchanged in one step where the OS can (portable.exchange)
 """
 
 import errno
+import hashlib
 import json
 import os
 import shutil
 from contextlib import contextmanager, suppress
 
-from nanotost import atomic, cli, portable
+from nanotost import atomic, cli, lists, portable
 from nanotost.cli import UserError
 
 
@@ -102,7 +104,36 @@ def _remove_empty(folders):
             os.rmdir(folder)
 
 
-MANIFEST = ".manifest.json"  # what an OutputSet wrote: {"tool": who, "files": [names]}, in the folder with them
+MANIFEST = ".manifest.json"  # what an OutputSet wrote, in the folder with it: {"tool", "files": {name: its digest}}
+
+
+def digest_of(path):
+    """{"bytes", "sha256"} of the file at path: how a manifest knows the file it wrote."""
+    with open(path, "rb") as f:
+        return {"bytes": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+class Digesting:
+    """An open binary file of a new set that keeps the digest of what is written to it (write,
+    tell, flush, fileno, close, as the file's): the manifest records it without reading the
+    file again. A writer that moved in the file (seek) has it read again at the end."""
+
+    def __init__(self, f):
+        self.file, self.sha256, self.bytes = f, hashlib.sha256(), 0
+
+    def write(self, data):
+        self.sha256.update(data)
+        self.bytes += memoryview(data).nbytes
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def digest(self):
+        if self.bytes != self.file.tell():
+            self.file.flush()
+            return digest_of(self.file.name)
+        return {"bytes": self.bytes, "sha256": self.sha256.hexdigest()}
 
 
 class OutputSet:
@@ -118,9 +149,10 @@ class OutputSet:
         new file written beside its old one, then all renamed in a row, the earlier set's other
         files removed with them; a reader during those milliseconds may see a mix.
 
-    Either way the set's manifest (MANIFEST: who wrote it, its files) goes with it: the next
-    claim replaces only what it lists. An error or an interrupt before the last step leaves the
-    earlier set as it was, and says so; that step is not cut by an interrupt (signals wait)."""
+    Either way the set's manifest (MANIFEST: who wrote it, each file's size and sha256) goes with
+    it: the next claim replaces only the files it lists that still match. An error or an
+    interrupt before the last step leaves the earlier set as it was, and says so; that step is
+    not cut by an interrupt (signals wait)."""
 
     def __init__(self, path, real, tool, owned, in_place, manifest=True):
         self.path, self.real, self.tool, self.owned, self.in_place = path, real, tool, owned, in_place
@@ -156,7 +188,7 @@ class OutputSet:
                 os.mkdir(self.staging)
             yield create
             if self.manifest:
-                files = sorted(opened)
+                files = {name: opened[name][0].digest() for name in sorted(opened)}
                 opened[MANIFEST] = self._open(MANIFEST)
                 opened[MANIFEST][0].write((json.dumps({"tool": self.tool, "files": files}, indent=1) + "\n").encode())
             for name, (f, tmp) in opened.items():
@@ -183,7 +215,7 @@ class OutputSet:
             tmp = os.path.join(self.real, atomic.temp_name(self.real, name, "tmp") + str(os.getpid()))
         else:
             tmp = os.path.join(self.staging, name)
-        return open(tmp, "wb"), tmp
+        return Digesting(open(tmp, "wb")), tmp
 
     def _abandon(self, opened):
         """The new set's files ({name: (open file or None, path)}), closed and removed: nothing
@@ -208,11 +240,15 @@ class OutputSet:
     def _commit(self, temps):
         """The new set ({name: its temporary path}, all on disk) takes the earlier one's place."""
         if not self.in_place:
-            with atomic.signals_held():  # (an interrupt now is delivered once all is done)
-                swapped = self._swap()
+            swapped = False
+            try:
+                with atomic.signals_held():  # (an interrupt now is delivered once all is done)
+                    swapped = self._swap()
+            finally:  # (an interrupt held over the swap is raised at its end: the earlier set still goes)
+                if swapped:
+                    shutil.rmtree(self.staging, ignore_errors=True)  # the earlier set, now under the temporary name
+                    self._written()
             if swapped:
-                shutil.rmtree(self.staging, ignore_errors=True)  # the earlier set, now under the temporary name
-                self._written()
                 return
             temps = self._copy_in(temps)  # a mount point the claim could not see: in place after all
         stale = [os.path.join(self.real, n) for n in self.owned if n not in temps]
@@ -357,13 +393,19 @@ def _check_writable(path, real):
         raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from None
 
 
+STAGING_TAGS = ("tmp", "new")  # a set's folder beside it being written (.<name>.<tag><pid>): this version's, issue 40's
+
+
 def _undo_killed(real):
-    """Undo what killed runs left (kill -9, a power cut): a new set's folder beside the folder
-    goes; an earlier set a swap by two renames had set aside (.<name>.old<pid>) comes back if
-    the new one had not taken its place, and goes if it had; temporary files in the folder go."""
+    """Undo what killed runs left (kill -9, a power cut), of this version or an earlier one (what
+    a run that was alive is never touched: the pid in each name says whose it is): a new set's
+    folder beside the folder goes; an earlier set a swap by two renames had set aside
+    (.<name>.old<pid>) comes back if the new one had not taken its place, and goes if it had;
+    temporary files in the folder go."""
     parent, name = os.path.split(real)
     with suppress(OSError):  # (a parent that cannot be listed: nothing of ours to clean there)
-        atomic.remove_dead_temps(parent, atomic.temp_name(parent, name, "tmp"))
+        for tag in STAGING_TAGS:
+            atomic.remove_dead_temps(parent, atomic.temp_name(parent, name, tag))
         for aside in list(atomic.dead_temps(parent, atomic.temp_name(parent, name, "old"))):
             if os.path.lexists(real):
                 shutil.rmtree(aside, ignore_errors=True)
@@ -379,16 +421,30 @@ def _undo_killed(real):
 
 def _owned(path, real, tool, legacy, elsewhere):
     """The names in the folder that are this tool's earlier set, or one line refusing a folder
-    that holds anything else (claim_set)."""
+    that holds anything else (claim_set). Recognised by content: the files the tool's manifest
+    lists that still have the size and sha256 it recorded (a file the user put in their place,
+    or a manifest that lists a file of the user's, is not the tool's). A manifest that is
+    damaged, or of an earlier version (names alone), is the tool's own file, and the set's
+    other files are then known as a set written before manifests is (legacy)."""
     if not os.path.isdir(real):
         return set()
     entries = set(os.listdir(real)) - {FOLDER_LOCK}
     manifest = _manifest(real)
-    if manifest and manifest["tool"] != tool:
+    if isinstance(manifest, dict) and manifest["tool"] != tool:
         raise UserError(f"{path} holds the outputs of {manifest['tool']}, which {tool} does not replace: write "
                         f"elsewhere with {elsewhere}")
-    listed = set(manifest["files"]) | {MANIFEST} if manifest else set(legacy)
-    owned = {n for n in entries & listed if os.path.isfile(os.path.join(real, n))}
+    if isinstance(manifest, dict) and isinstance(manifest["files"], dict):
+        owned = {n for n, recorded in manifest["files"].items() if n in entries and _matches(real, n, recorded)}
+        changed = sorted(entries & set(manifest["files"]) - owned)
+    else:
+        owned, changed = {n for n in entries & set(legacy) if _plain_file(real, n)}, []
+    if manifest is not None and _plain_file(real, MANIFEST):
+        owned.add(MANIFEST)
+    if changed:  # (the tool's names, not the tool's files: damaged, or the user's in their place)
+        it = "it" if len(changed) == 1 else "them"
+        raise UserError(f"{path} holds {lists.few(changed)}, changed since {tool} wrote {it} (damaged, or another "
+                        f"file in its place), and its outputs replace the whole folder: nothing was replaced; move "
+                        f"or delete {it} to write the set again, or write elsewhere with {elsewhere}")
     others = sorted(entries - owned)
     if others:
         raise UserError(f"{path} holds files {tool} did not write ({', '.join(others[:3])}"
@@ -397,16 +453,38 @@ def _owned(path, real, tool, legacy, elsewhere):
     return owned
 
 
+def _plain_file(real, name):
+    """Whether the entry `name` of the folder is a file itself (not a folder, not a link)."""
+    full = os.path.join(real, name)
+    return os.path.isfile(full) and not os.path.islink(full)
+
+
+def _matches(real, name, recorded):
+    """Whether the file `name` of the folder is still the one a manifest recorded (its size, then
+    its sha256: a file of the same name the user put there is not)."""
+    if not _plain_file(real, name) or not isinstance(recorded, dict):
+        return False
+    if os.path.getsize(os.path.join(real, name)) != recorded.get("bytes"):
+        return False
+    return digest_of(os.path.join(real, name)) == recorded
+
+
 def _manifest(real):
-    """The folder's manifest ({"tool", "files"}), or None: none, or one this code did not write."""
+    """The folder's manifest: {"tool", "files"} where it is one this code reads (files: {name:
+    digest}, or an earlier version's [names]), "damaged" where the file is there but is none,
+    None where there is none."""
+    path = os.path.join(real, MANIFEST)
+    if not os.path.lexists(path):
+        return None
     try:
-        with open(os.path.join(real, MANIFEST), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
         tool, files = manifest["tool"], manifest["files"]
     except (OSError, ValueError, TypeError, KeyError):
-        return None
-    if not isinstance(tool, str) or not isinstance(files, list) or not all(isinstance(n, str) for n in files):
-        return None
+        return "damaged"
+    names = list(files) if isinstance(files, (dict, list)) else None
+    if not isinstance(tool, str) or names is None or not all(isinstance(n, str) for n in names):
+        return "damaged"
     return manifest
 
 

@@ -36,7 +36,7 @@ import tempfile
 import numpy as np
 import torch
 
-from nanotost import cli, outputs
+from nanotost import atomic, cli, outputs
 
 # the corpora prepare_openwebtext.py fetches by name: where each lives on the Hugging Face Hub.
 # join "eot": rows are documents; a string: rows are pieces of one text, joined with it
@@ -263,14 +263,23 @@ def earlier_preparation(folder):
 _streams = {}  # the temp copy of a pipe -> the pipe's path as given (input_copy)
 
 
+INPUT_COPIES = "nanotost-input"  # the temp dir's folder of a run's copies of pipes: <this><pid>
+
+
 def input_copy(path):
     """`path`, or for a pipe or device (--input=<(zcat book.gz), /dev/stdin) a temp copy of what
-    it gives, which a preparation can read more than once (removed when the script ends)."""
+    it gives, which a preparation can read more than once: in a folder of the temp dir named by
+    this run's pid, removed when the script ends (and, where a kill left one, by the next run)."""
     if not is_pipe(path):
         return path
-    fd, copy = tempfile.mkstemp(prefix="nanotost-input-", suffix=os.path.splitext(path)[1] or ".txt")
-    cli.at_end(lambda: os.path.exists(copy) and os.remove(copy))
-    with os.fdopen(fd, "wb") as out, open(path, "rb") as stream:
+    root = tempfile.gettempdir()
+    atomic.remove_dead_temps(root, INPUT_COPIES)
+    folder = os.path.join(root, f"{INPUT_COPIES}{os.getpid()}")
+    if not os.path.isdir(folder):
+        os.makedirs(folder)
+        cli.at_end(lambda: shutil.rmtree(folder, ignore_errors=True))
+    copy = os.path.join(folder, f"{len(_streams)}{os.path.splitext(path)[1] or '.txt'}")
+    with open(copy, "wb") as out, open(path, "rb") as stream:
         shutil.copyfileobj(stream, out, 1 << 20)
     _streams[copy] = path
     return copy

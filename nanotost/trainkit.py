@@ -77,7 +77,8 @@ class JsonlLogger:
 
     def __init__(self, path, enabled=True, fresh=False, resume_at=None):
         self.path, self.enabled = path, enabled
-        if enabled and fresh and os.path.exists(path):
+        if enabled and fresh and os.path.lexists(path):
+            check_own_log(path)  # (a file of the user's of that name is never removed)
             os.remove(path)
         if enabled and resume_at is not None and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
@@ -91,6 +92,21 @@ class JsonlLogger:
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+def check_own_log(path):
+    """Refuse, in one line, a file at `path` that is not a log a run wrote (each line a JSON record
+    of an iteration; the last may be cut short by a kill): a scratch run replaces only its own."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            whole = f.read().split("\n")[:-1]  # the lines written whole (after the last newline: cut short)
+        records = [json.loads(line) for line in whole]
+        own = bool(records) and not os.path.islink(path) and all(isinstance(r, dict) and "iter" in r for r in records)
+    except (OSError, UnicodeDecodeError, ValueError):
+        own = False
+    if not own:
+        raise UserError(f"{path} is not a log a run wrote, and a new run starts its log afresh: move it, or write "
+                        "the run elsewhere with --out_dir=<new folder>")
 
 
 def _logged_before(line, it):

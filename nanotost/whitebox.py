@@ -8,11 +8,12 @@ library: no script here.
 import io
 import json
 import os
+import re
 
 import torch
 
 from model import compression_objective, split_heads
-from nanotost import cli, outputs, plots
+from nanotost import atomic, cli, outputs, plots
 
 plt = plots.pyplot()  # (files only; a `$` in a title is a dollar sign)
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # noqa: E402
@@ -68,21 +69,33 @@ def claim_outputs(out, elsewhere, tool):
     """The inspection folder, claimed before any work (outputs.claim_set): one run at a time, a folder
     of this tool's earlier inspection or a new one (never one of the user's files), and a place
     where the new set can replace the old."""
-    return outputs.claim_set(out, elsewhere, tool, legacy=earlier_inspection)
+    return outputs.claim_set(out, elsewhere, tool, legacy=lambda folder: earlier_inspection(folder, tool))
 
 
-def earlier_inspection(folder):
-    """The files of an inspection written before sets had manifests: those its inspect.json
-    lists, and inspect.json itself (nothing when there is no such inspect.json)."""
+# the names each tool gives (and ever gave) the files of an inspection: its page, its pictures
+INSPECTION_FILES = {"lm_inspect.py": re.compile(r"index\.html|inspect\.json|pi_tokens\.png|rvar\.png"),
+                    "vit_inspect.py": re.compile(r"inspect\.json|rvar\.png|(pi|cls_attn)_\d+\.png")}
+
+
+def earlier_inspection(folder, tool):
+    """The files of an inspection written before sets had manifests with digests: those its
+    inspect.json lists, and inspect.json itself (nothing when there is no such inspect.json),
+    each of a name `tool` gives its files (INSPECTION_FILES: a list naming a file of the user's
+    does not make it the tool's)."""
     try:
         with open(os.path.join(folder, "inspect.json"), encoding="utf-8") as f:
             files = json.load(f)["files"]
     except (OSError, ValueError, TypeError, KeyError):
         return set()
-    return {"inspect.json", *files} if isinstance(files, list) and all(isinstance(n, str) for n in files) else set()
+    if not isinstance(files, list) or not all(isinstance(n, str) for n in files):
+        return set()
+    return {n for n in {"inspect.json", *files} if INSPECTION_FILES[tool].fullmatch(n)}
 
 
 def write_outputs(out_set, files, report):
     """files ({name: bytes}) and the report as inspect.json: the folder's whole new content, swapped
-    in as one unit (outputs.OutputSet). Returns whether it replaced an earlier inspection."""
+    in as one unit (outputs.OutputSet), never with a NaN or infinite figure (one line: nothing is
+    written). Returns whether it replaced an earlier inspection."""
+    atomic.check_finite_result(report, "the inspection", "the model's weights or the text make NaN; inspect a "
+                                                         "checkpoint from before its run broke")
     return out_set.replace({**files, "inspect.json": json.dumps(report, indent=1) + "\n"})

@@ -88,7 +88,7 @@ def test_only_a_main_job_left_nothing_after_its_warm_up_is_refused(iters, quick)
 WORK = os.path.join(background.SCRATCH, "bench-kill")
 SCRIPT = r"""
 import ctypes, json, os, signal, subprocess, sys, threading, time
-repo, work = sys.argv[1], sys.argv[2]
+repo, work, GONE_S = sys.argv[1], sys.argv[2], float(sys.argv[3])
 sys.path.insert(0, repo)
 from results.benchkit.keeper import is_running
 
@@ -137,14 +137,14 @@ def member(dies, results):
     section, seen = part(out, "main_job")["pid"], [c for _, c in ours(dies)]
     os.kill(p.pid if dies == "report" else section, signal.SIGKILL)
     left = lambda: [c for pid, c in ours(dies) if pid == section or "train.py" in c]  # noqa: E731
-    gone_s = wait(lambda: not left(), 30)
+    gone_s = wait(lambda: not left(), GONE_S)
     got = dict(seen=seen, gone_s=gone_s, left=left(), main_job=part(out, "main_job"))
     if dies == "section":  # the report goes on to the next section (hung), then is killed too
-        got["next"] = wait(lambda: part(out, "train_tost_triton").get("pid"), 60) is not None
+        got["next"] = wait(lambda: part(out, "train_tost_triton").get("pid"), GONE_S) is not None
         got["main_job"] = part(out, "main_job")
         os.kill(p.pid, signal.SIGKILL)
     got["code"] = p.wait(timeout=60)
-    got["all_gone_s"] = wait(lambda: not ours(dies), 30)  # the report and all it started
+    got["all_gone_s"] = wait(lambda: not ours(dies), GONE_S)  # the report and all it started
     got["after"] = [c for _, c in ours(dies)]
     results[dies] = got
 
@@ -159,13 +159,14 @@ with open(os.path.join(work, "results.json"), "w") as f:
     json.dump(results, f)
 """
 USES_JOB = {"test_a_section_and_its_children_end_whichever_process_is_killed"}
+GONE_S = 240  # what the job waits, from the kill, for every process to be gone (a loaded machine's time, not a bound)
 
 
 def start_job():
     os.makedirs(WORK, exist_ok=True)
     env = dict(os.environ)
     env.pop("NANOTOST_BENCH_HANG", None)
-    background.start("bench kill -9", [sys.executable, "-c", SCRIPT, REPO, WORK], env=env, cwd=REPO)
+    background.start("bench kill -9", [sys.executable, "-c", SCRIPT, REPO, WORK, str(GONE_S)], env=env, cwd=REPO)
 
 
 start_in_background = background.when_chosen(USES_JOB, start_job)  # (with the session, beside the other tests)
@@ -174,12 +175,9 @@ start_in_background = background.when_chosen(USES_JOB, start_job)  # (with the s
 @pytest.fixture(scope="module")
 def killed():
     start_job()  # a no-op where the session started it already
-    background.succeeded("bench kill -9", timeout=600)
+    background.succeeded("bench kill -9", timeout=900)  # (two waits of GONE_S at most, beyond the runs)
     with open(os.path.join(WORK, "results.json")) as f:
         return json.load(f)
-
-
-GONE_S = 25  # the job waits 30 s at most
 
 
 @pytest.mark.parametrize("dies", ["report", "section"])
@@ -187,12 +185,12 @@ def test_a_section_and_its_children_end_whichever_process_is_killed(dies, killed
     got = killed[dies]
     for what in ("train.py", "from results.benchkit.keeper import keep", "multiprocessing.forkserver"):
         assert any(what in c for c in got["seen"]), (what, got["seen"])  # (all there when it was killed)
-    # within seconds (0.2 s seen alone; up to ~9 s as the suite's last, busiest minute starves this nice-10 job,
-    # whose /proc scans are what take the time); unfixed, never: train.py runs for ever
-    assert got["gone_s"] is not None and got["gone_s"] < GONE_S, (got["gone_s"], got["left"])  # section, train.py
+    # gone, counted from the kill (0.2 s seen alone; much longer at load 10 on two cores, which starves this nice-10
+    # job, whose /proc scans take the time: GONE_S allows that); unfixed, never: train.py runs for ever
+    assert got["gone_s"] is not None, (got["gone_s"], got["left"])  # section, train.py
     if dies == "section":  # the report went on: the section recorded as failed, the next one started
         assert got["main_job"]["status"] == "failed" and "exit code -9" in got["main_job"]["reason"], got
         assert got["next"], got
     else:
         assert got["main_job"]["status"] == "running", got  # (nothing written after the kill)
-    assert got["code"] == -9 and got["all_gone_s"] is not None and got["all_gone_s"] < GONE_S, got["after"]
+    assert got["code"] == -9 and got["all_gone_s"] is not None, got["after"]

@@ -151,6 +151,11 @@ def field(name, value):
     return change
 
 
+def first_float(m):
+    """The name of the first floating weight of a model's weights."""
+    return next(k for k, v in m.items() if v.is_floating_point())
+
+
 def weights(edit):
     def change(ckpt, kind):
         ckpt["model"] = edit(dict(ckpt["model"]))
@@ -189,12 +194,27 @@ FIELD_MEMBERS = {
     "a weight as a list": (weights(lambda m: {k: v.tolist() if i == 0 else v for i, (k, v) in enumerate(m.items())}),
                            "not a dict of weights (names -> tensors)"),
     "num_threads as text": (lambda c, k: c["config"].update(num_threads="4"), "holds config['num_threads'] = '4'"),
+    # issue 54, class 3: every weight finite, one line naming the tensor
+    "a NaN weight": (weights(lambda m: {k: v.clone().fill_(float("nan")) if k == first_float(m) else v
+                                       for k, v in m.items()}), "NaN or infinite values in "),
+    "an infinite weight": (weights(lambda m: {k: v.clone().view(-1).index_fill_(0, torch.tensor([0]), float("inf"))
+                                             .view(v.shape) if k == first_float(m) else v for k, v in m.items()}),
+                           "holds 1 NaN or infinite value in "),
 }
 KIND_MEMBERS = {  # kind -> member -> (change, words)
     "language": {
         "a tokenizer without vocab_size": (lambda c, k: c["tokenizer"].pop("vocab_size"), "holds tokenizer = "),
         "a tokenizer larger than its model": (lambda c, k: c["tokenizer"].update(vocab_size=10**6), "holds tokenizer"),
         "a tokenizer as text": (field("tokenizer", lambda c, k: "char"), "holds tokenizer = 'char' (str)"),
+        # issue 54, class 2: the rules an export's config.json is held to, the refusal naming the one broken
+        "a vocab_size that is not whole": (lambda c, k: c["tokenizer"].update(vocab_size=float(c["tokenizer"]
+                                                                                               ["vocab_size"])),
+                                           "not a whole number)"),
+        "a character twice": (lambda c, k: c["tokenizer"].update(chars=c["tokenizer"]["chars"][:-1] +
+                                                                 c["tokenizer"]["chars"][0]),
+                              "more than once (one id per character"),
+        "fewer characters than ids": (lambda c, k: c["tokenizer"].update(chars=c["tokenizer"]["chars"][:-1]),
+                                      "characters for a vocab_size of"),
     },
     "vit": {
         "classes of another number": (field("classes", lambda c, k: c["classes"][:-1]), "holds classes = "),
@@ -219,6 +239,10 @@ RESUME_MEMBERS = {  # what a resume alone reads
                                           "holds an optimizer state that does not fit its model"),
     "best_val_loss as text": (field("best_val_loss", lambda c, k: "low"), "holds best_val_loss = 'low' (str)"),
     "scaler malformed": (field("scaler", lambda c, k: {"scale": "big"}), "holds scaler = {'scale': 'big'}"),
+    # issue 54, class 7: a field this version does not write would be dropped by the resume's next save
+    "a later version's field": (field("ema", lambda c, k: {"decay": 0.999}), "holds ema, which this version of "),
+    "a NaN in the optimizer's state": (lambda c, k: next(iter(c["optimizer"]["state"].values()))["exp_avg"].fill_(
+        float("nan")), "NaN or infinite values in optimizer state "),
 }
 TAKEN_MEMBERS = {  # the run's settings a trainer takes from the checkpoint (resume, fine-tune, --eval_only)
     "a setting as text": (lambda c, k: c["config"].update(layer_scale_init="0"),

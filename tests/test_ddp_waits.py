@@ -3,7 +3,8 @@ Issue 40, class 6: a distributed run always ends. Under DDP (ranks.distributed, 
 train.py, vit_train.py, lra/train.py and evaluate.py) no rank waits for ever: a collective gives
 up after the process group's timeout (the setting ddp_timeout_s) with one line naming the rank
 and what it waited in, a rank whose peers ended says so at once, and SIGTERM or Ctrl-C end a
-rank within seconds even while it waits in C code (ranks.interrupts_reach_c). Each member of the
+rank before its timeout even while it waits in C code (ranks.interrupts_reach_c): each checked
+as an order of events, which holds on a loaded machine (issue 54, class 10). Each member of the
 class is a case of tests/helpers_ranks.py (two gloo ranks), all run at once in the background;
 tests/test_train.py stops a rank of train.py itself under torchrun. And what the interrupt's
 helper thread must leave alone: an interrupt the main thread takes, a forked child's signal.
@@ -38,8 +39,6 @@ NAMED = {"init": "init_process_group (ranks.distributed)", "loss mean": "all_red
          "DDP start": "DistributedDataParallel at", "DDP gradients": "backward (DDP's gradient all-reduce)",
          "script all_reduce": "all_reduce at", "broadcast": "broadcast at",
          "disagree": "all_reduce (ranks.all_reduce_mean)"}
-SLACK_S = 15.0  # beyond its timeout, the time a rank may take to end on a loaded machine (unfixed: never)
-INTERRUPT_S = 10.0  # the time an interrupted rank may take (ranks.INTERRUPT_GRACE_S, 2 s, and the machine's load)
 USES_RANKS = {"test_a_rank_that_stops_ends_the_rank_that_waits", "test_an_interrupt_ends_a_rank_held_in_a_collective"}
 
 
@@ -55,7 +54,7 @@ start_in_background = background.when_chosen(USES_RANKS, start_ranks_job)  # (wi
 @pytest.fixture(scope="module")
 def ranks():
     start_ranks_job()  # a no-op where the session started it already
-    background.succeeded("ddp waits", timeout=180)
+    background.succeeded("ddp waits", timeout=400)  # (helpers_ranks.DEADLINE_S, and a loaded machine's start)
     with open(RESULTS, encoding="utf-8") as f:
         return json.load(f)
 
@@ -70,7 +69,10 @@ def the_line(rank):
 @pytest.mark.parametrize("name", list(helpers_ranks.STOPS))
 def test_a_rank_that_stops_ends_the_rank_that_waits(ranks, name):
     """One rank stops (asleep, or ended by an error) before a collective: the rank waiting in it
-    ends with one line, exit status 1, within the timeout (asleep) or at once (ended)."""
+    ends with one line, exit status 1, at its timeout (asleep) or at the other's end (ended). The
+    order of events is checked, not seconds (a loaded machine stretches those): the waiter ends
+    while the sleeper still sleeps (unfixed: both are killed at the job's deadline); a waiter
+    whose peer ended says it lost it, before its own timeout (at which it would say waited)."""
     case, waiter = helpers_ranks.CASES[name], ranks[name]["waiter"]
     line = the_line(waiter)
     assert waiter["code"] == 1, waiter
@@ -83,21 +85,28 @@ def test_a_rank_that_stops_ends_the_rank_that_waits(ranks, name):
         assert "another rank ended" in line, line
         assert ranks[name]["stopper"]["stderr"].strip().endswith("(the test's error)")  # its own line says why
     assert line.endswith("; nothing was saved"), line  # and what the run leaves (cli.on_interrupt)
-    assert waiter["seconds"] < case.timeout_s + SLACK_S, waiter
+    stopper = ranks[name]["stopper"]
+    assert waiter["ended"] is not None and stopper["ended"] is not None, ranks[name]
+    if case.stop == "sleep" and case.collective != "disagree":  # the sleeper ends only when the job kills it
+        assert waiter["ended"] <= stopper["ended"] and stopper["code"] == -9, ranks[name]
+    elif case.stop == "error":  # (its line says lost: it ended before its own timeout, at the other's error)
+        assert stopper["code"] == 1, ranks[name]
 
 
 @pytest.mark.parametrize("name", list(helpers_ranks.INTERRUPTS))
 def test_an_interrupt_ends_a_rank_held_in_a_collective(ranks, name):
     """SIGTERM (a launcher's, a scheduler's) or SIGINT to a rank waiting in a collective for a
-    rank that sleeps: it ends within seconds, long before the process group's timeout (60 s),
-    with run_cli's status and one line naming the signal, the rank and the wait."""
+    rank that sleeps: it ends before the process group's timeout would have ended it (checked
+    as that order, however loaded the machine), with run_cli's status and one line naming the
+    signal, the rank and the wait; the sleeper still sleeps."""
     case, waiter = helpers_ranks.CASES[name], ranks[name]["waiter"]
     line = the_line(waiter)
     assert waiter["code"] == 130, waiter
     assert line.startswith(f"interrupted ({case.signal}) while rank {waiter['rank']} waited for the other ranks in "
                            f"{NAMED[case.collective]}"), line
     assert line.endswith("; nothing was saved"), line
-    assert waiter["seconds"] < INTERRUPT_S < case.timeout_s, waiter
+    assert waiter["seconds"] is not None and waiter["seconds"] < case.timeout_s - helpers_ranks.SETTLE_S, waiter
+    assert waiter["ended"] <= ranks[name]["stopper"]["ended"], ranks[name]
 
 
 @pytest.mark.parametrize("script", ["train.py", "vit_train.py", "lra/train.py", "evaluate.py"])

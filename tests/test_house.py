@@ -26,10 +26,10 @@ TOP_LEVEL = {"README.md", "MATH.md", "SPEED.md", "model.py", "train.py", "sample
 FLOORS = (
     ("model.py",),  # the maths: imports nothing of the project
     ("nanotost/__init__.py", "nanotost/portable.py"),
-    ("nanotost/cli.py",),
+    ("nanotost/cli.py", "nanotost/lists.py"),
     ("nanotost/atomic.py", "nanotost/plots.py"),
     ("nanotost/outputs.py", "nanotost/ranks.py", "nanotost/devices.py", "nanotost/model_settings.py",
-     "nanotost/forks.py"),
+     "nanotost/forks.py", "nanotost/schema.py"),
     ("kernels/*.py",),
     ("nanotost/checkpoints.py", "nanotost/textdata.py", "nanotost/vit_data.py"),
     ("nanotost/hub.py",),
@@ -151,4 +151,4 @@ def test_the_house_finds_what_it_looks_for():
     assert floor_of("somewhere/new.py") is None
     names = modules()
     assert "nanotost/cli.py" in imports("train.py", names) and "model.py" in imports("train.py", names)
-    assert imports("nanotost/cli.py", names) <= {"nanotost/__init__.py", "nanotost/portable.py"}
+    assert imports("nanotost/cli.py", names) <= {"nanotost/__init__.py", "nanotost/portable.py", "nanotost/lists.py"}

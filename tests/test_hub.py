@@ -106,7 +106,7 @@ def test_export_writes_the_weights_a_config_and_a_card_and_nothing_else(made):
     val_loss = next(r["val_loss"] for r in logged if r.get("iter") == 4 and "val_loss" in r)
     tokens = 4 * 1 * 4 * 16  # iterations x accumulation x batch x block (TINY)
     assert config["training"] == dict(script="train.py", dataset="tiny_char", iterations=4, tokens=tokens, seed=1337,
-                                      val_loss=val_loss)
+                                      num_threads=ckpt["config"]["num_threads"], val_loss=val_loss)
     assert not {"optimizer", "rng", "config", "scaler"} & set(config)
 
     card = (model_dir / "README.md").read_text()
@@ -263,6 +263,15 @@ def integer_weights(folder):
     save_file(weights, path, metadata={"format": "pt"})
 
 
+def nan_weight(folder):
+    from safetensors.torch import load_file, save_file
+
+    path = str(folder / "model.safetensors")
+    weights = load_file(path)
+    weights["ln_f.weight"][0] = float("nan")
+    save_file(weights, path, metadata={"format": "pt"})
+
+
 def gpt2_config(folder):  # what a transformers GPT-2 folder's config.json holds
     (folder / "config.json").write_text(json.dumps(dict(model_type="gpt2", architectures=["GPT2LMHeadModel"],
                                                         n_layer=12, n_head=12, n_embd=768, vocab_size=50257)))
@@ -300,8 +309,27 @@ BROKEN = {  # what is done to a copy of the exported folder -> what the one line
     "an unknown tokenizer": (edit_config(lambda c: c["tokenizer"].update(tokenizer="sentencepiece")),
                              ["'sentencepiece'"]),
     "a vocabulary the model lacks": (edit_config(lambda c: c["tokenizer"].update(vocab_size=99)),
-                                     ["tokenizer.vocab_size"]),
+                                     ["tokenizer.vocab_size is 99, outside 1..64"]),  # (a range, not "another type")
     "integer weights": (integer_weights, ["ln_f.weight as I64"]),
+    # issue 54, class 2: the values, by the rules a checkpoint's are held to, each refusal naming the rule
+    "a vocab_size that is not whole": (edit_config(lambda c: c["tokenizer"].update(vocab_size=20.0)),
+                                       ["tokenizer.vocab_size is 20.0, not a whole number"]),
+    "format_version 0": (edit_config(lambda c: c.update(format_version=0)),
+                         ["format_version is 0, not a version this code reads (1)"]),
+    "format_version -1": (edit_config(lambda c: c.update(format_version=-1)), ["format_version is -1, not a version"]),
+    "format_version 1.0": (edit_config(lambda c: c.update(format_version=1.0)),
+                           ["format_version is 1.0, not a version"]),
+    "format_version as text": (edit_config(lambda c: c.update(format_version="1")), ["format_version is '1', not a"]),
+    "a character twice": (edit_config(lambda c: c["tokenizer"].update(chars="abcdefghijklmnopqrsa")),
+                          ["tokenizer.chars holds 'a' more than once (one id per character"]),
+    "fewer characters than ids": (edit_config(lambda c: c["tokenizer"].update(chars="abc")),
+                                  ["tokenizer.chars holds 3 characters for a vocab_size of 20"]),
+    "a vocab_size of 0": (edit_config(lambda c: c["tokenizer"].update(vocab_size=0)),
+                          ["tokenizer.vocab_size is 0, outside 1..64 (the model's vocab_size)"]),
+    "threads that are no number of threads": (edit_config(lambda c: c["training"].update(num_threads=-2)),
+                                              ["training.num_threads is -2, not a number of threads"]),
+    # class 3: every tensor finite
+    "a NaN weight": (nan_weight, ["model.safetensors holds 1 NaN or infinite value in ln_f.weight"]),
     "no training record": (edit_config(lambda c: c.pop("training")), ["lacks the field 'training'"]),
 }
 
@@ -312,7 +340,8 @@ def test_a_folder_that_cannot_be_loaded_is_one_line(case, made, tmp_path, monkey
     edit, words = BROKEN[case]
     model_dir = copy_model(made, tmp_path)
     (vit_weights(made) if edit == "vit" else edit)(model_dir)
-    refused("sample.py", "--init_from=model", "--max_new_tokens=2", root=tmp_path, contains=words)
+    message = refused("sample.py", "--init_from=model", "--max_new_tokens=2", root=tmp_path, contains=words)
+    assert "another type" not in message or "of another type" in case, message  # (a value's rule is named)
 
 
 WRONG = {  # a reader given what it does not read -> its arguments, what the one line says

@@ -509,14 +509,16 @@ BUILD_SCRIPT = "from kernels import cpu; print(cpu.c_library()._name)"
 @needs_c
 def test_c_build_concurrent_and_cache_folder_fallback(tmp_path):
     """Two processes building at once into an empty cache (as torchrun ranks do) both load a
-    whole library and leave one file; an unusable $NANOTOST_CACHE (here under a plain file)
-    falls back to a per-user folder in the temp dir."""
+    whole library and leave one file; an unusable default cache folder (a read-only home: here
+    $XDG_CACHE_HOME under a plain file) falls back to a per-user folder in the temp dir. (A
+    $NANOTOST_CACHE the user gave is never passed over: tests/test_hostile.py, class 5.)"""
     (tmp_path / "file").write_text("")
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    env = dict(os.environ, NANOTOST_CACHE=str(tmp_path / "file" / "cache"), TMPDIR=str(tmpdir),
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "file" / "cache"), TMPDIR=str(tmpdir),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     env.pop("NANOTOST_NO_C", None)
+    env.pop("NANOTOST_CACHE", None)
     procs = [subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [proc.communicate(timeout=300) for proc in procs]

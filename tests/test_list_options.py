@@ -139,8 +139,9 @@ OPTIONS = list_options()
 
 
 def test_no_code_but_cli_splits_a_setting_at_commas():
-    """Each comma-separated list goes through cli.parse_list (and its rule)."""
-    splits = [(path, node.lineno) for path, tree in TREES.items() if path != "nanotost/cli.py" for node in ast.walk(tree)
+    """Each comma-separated list goes through cli.parse_list (and its rule, whose splitting is nanotost/lists.py's)."""
+    rule = ("nanotost/cli.py", "nanotost/lists.py")
+    splits = [(path, node.lineno) for path, tree in TREES.items() if path not in rule for node in ast.walk(tree)
               if called(node) == "split" and node.args and isinstance(node.args[0], ast.Constant)
               and node.args[0].value == ","]
     assert splits == []
@@ -187,3 +188,115 @@ def test_an_item_given_twice_is_one_line_before_any_work(script, option, tmp_pat
     key = item.split(":")[0]
     assert isinstance(code, str) and err.count("\n") == 0 and f" names {key} more than once" in err, (code, err)
     assert os.listdir(tmp_path) == ["book.txt"]  # nothing written
+
+
+# -----------------------------------------------------------------------------
+# issue 54, class 9: a list of any length is refused in one short line, a path with commas is one
+# item, and the rule's checks take time in proportion to the list
+
+
+def many(item, n):
+    """n distinct items of an option's kind, made from its example item (a number, key:value, a name)."""
+    key, sep, value = item.rpartition(":")
+    if sep:
+        return [f"{key}{i}:{value}" for i in range(n)]
+    try:
+        return [str(int(item) + i) for i in range(n)]
+    except ValueError:
+        pass
+    try:
+        return [repr(float(item) + i) for i in range(n)]
+    except ValueError:
+        return [f"{item}{i}" for i in range(n)]
+
+
+@pytest.mark.parametrize("script, option", OPTIONS, ids=[f"{s}--{o}" for s, o in OPTIONS])
+def test_a_list_of_thousands_is_refused_in_one_short_line(script, option, tmp_path, monkeypatch, capsys):
+    """5,000 items and the first again: the line names the item given twice, quotes a few items
+    and says how many, in a few hundred characters (it echoed the whole list: 24 KB)."""
+    monkeypatch.chdir(tmp_path)
+    item, others = item_of(script, option)
+    items = many(item, 5000)
+    items.append(items[0])
+    repeated = isinstance(settings_of(script)[option], (list, type(None))) and option == "input"
+    given = [f"--{option}={i}" for i in items] if repeated else [f"--{option}={','.join(items)}"]
+    module = importlib.import_module(script[:-3].replace("/", "."))
+    monkeypatch.setattr(sys, "argv", [script, *others])
+    with pytest.raises(SystemExit) as e:
+        cli.run_cli(module.main, [*others, *given])
+    err = capsys.readouterr().err + (e.value.code if isinstance(e.value.code, str) else "")
+    assert err.count("\n") == 0 and len(err) < 400, err[:600]
+    assert f" names {items[0].split(':')[0]} more than once" in err and "(5,001 in all)" in err, err
+
+
+def test_a_file_whose_name_holds_commas_is_one_item_of_a_list_of_files(tmp_path, monkeypatch):
+    """Where the items are files (lm-eval's task files, prepare_openwebtext.py's inputs), commas
+    inside a name that exists stay in it, alone, among others, in a folder's name too; a name
+    that does not exist splits as before."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my,task.yaml").write_text("task: mine\n")
+    (tmp_path / "d,1").mkdir()
+    (tmp_path / "d,1" / "t,2,3.yaml").write_text("task: deep\n")
+    (tmp_path / "my").write_text("a file named my\n")  # (the longer name that exists wins)
+    cases = {"my,task.yaml": ["my,task.yaml"],
+             "lambada,my,task.yaml,wikitext": ["lambada", "my,task.yaml", "wikitext"],
+             " d,1/t,2,3.yaml ,my": ["d,1/t,2,3.yaml", "my"],
+             "no,such.yaml": ["no", "such.yaml"],
+             "my,other": ["my", "other"]}
+    for text, items in cases.items():
+        assert cli.parse_list("harness", text, paths=True) == items, text
+        assert cli.parse_list("harness", text) == [p.strip() for p in text.split(",")], text  # (names alone: commas)
+    with pytest.raises(cli.ConfigError, match="names my,task.yaml more than once"):
+        cli.parse_list("harness", "my,task.yaml,./x,my,task.yaml", paths=True)
+
+
+def test_evaluate_and_prepare_openwebtext_take_a_file_with_commas_alone(tmp_path, monkeypatch):
+    """The two scripts whose lists name files, as a user runs them: the file is one task, one input."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+    import evaluate
+    import prepare_openwebtext
+    from nanotost import lm_eval_adapter
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my,task.yaml").write_text("task: mine\n")
+    (tmp_path / "a,book.txt").write_text("a book\n")
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def run_tasks(lm, specs, limit):  # (what lm-eval would be asked to run; nothing runs)
+        asked.append(specs)
+        raise Stop()
+    monkeypatch.setattr(lm_eval_adapter, "NanoToSTLM", lambda **kwargs: None)
+    monkeypatch.setattr(lm_eval_adapter, "run_tasks", run_tasks)
+    with pytest.raises(Stop):
+        evaluate.main(["--harness=my,task.yaml", "--device=cpu"])
+    assert asked == [["my,task.yaml"]]
+    assert prepare_openwebtext.input_files("a,book.txt")[0] == ["a,book.txt"]
+
+
+def test_the_rules_checks_grow_with_the_list_not_with_its_square(monkeypatch):
+    """Each item is compared a bounded number of times (counted, not timed): items given twice are
+    counted once each, the folders of path items listed once."""
+    comparisons = [0]
+
+    class Item(str):
+        def __eq__(self, other):
+            comparisons[0] += 1
+            return str.__eq__(self, other)
+
+        __hash__ = str.__hash__
+
+    for n in (1000, 4000):
+        comparisons[0] = 0
+        cli.parse_list("names", ",".join(f"n{i}" for i in range(n)), item=Item)
+        assert comparisons[0] <= 4 * n, (n, comparisons[0])  # (each with every other: n * n / 2)
+    listed = []
+    real = os.listdir
+
+    def listdir(folder="."):
+        listed.append(folder)
+        return real(folder)
+    monkeypatch.setattr(os, "listdir", listdir)
+    cli.parse_list("files", ",".join(f"f{i}.txt" for i in range(2000)), paths=True)
+    assert len(listed) == 1, listed

@@ -19,6 +19,7 @@ Mount points and folders that cannot be written are made by failing the calls th
 """
 
 import errno
+import hashlib
 import json
 import os
 import sys
@@ -104,17 +105,26 @@ def contents(folder):
             if os.path.isfile(os.path.join(folder, n))}
 
 
+def recorded(folder, names):
+    """What a manifest records of the files `names` of folder: each one's size and sha256, computed here."""
+    def digest(name):
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {n: digest(n) for n in sorted(names)}
+
+
 def written_by(tool, folder):
-    """The names of the set in folder, after checking that its manifest lists exactly them."""
+    """The names of the set in folder, after checking that its manifest records exactly them, as they are."""
     files = sorted(os.listdir(folder))
     manifest = json.loads(open(os.path.join(folder, outputs.MANIFEST), encoding="utf-8").read())
-    assert manifest == {"tool": TOOL_OF[tool], "files": [n for n in files if n != outputs.MANIFEST]}
+    assert manifest == {"tool": TOOL_OF[tool], "files": recorded(folder, [n for n in files if n != outputs.MANIFEST])}
     return files
 
 
-EARLIER = {"lm_inspect.py": ["index.html", "inspect.json", "pi_tokens.png", "rvar.png", "stale.png"],
+EARLIER = {"lm_inspect.py": ["index.html", "inspect.json", "pi_tokens.png", "rvar.png"],
            "vit_inspect.py": ["cls_attn_00.png", "cls_attn_01.png", "inspect.json", "pi_00.png", "rvar.png"],
-           "prepare_char.py": ["meta.json", "test.bin", "train.bin", "val.bin"]}  # (one file each the new set lacks)
+           "prepare_char.py": ["meta.json", "test.bin", "train.bin", "val.bin"]}  # (vit, prepare: one the new lacks)
 
 
 def earlier_set(tool, folder, manifest=True):
@@ -130,7 +140,7 @@ def earlier_set(tool, folder, manifest=True):
     for name, data in own.items():
         (folder / name).write_text(json.dumps(data))
     if manifest:
-        (folder / outputs.MANIFEST).write_text(json.dumps({"tool": TOOL_OF[tool], "files": names}))
+        (folder / outputs.MANIFEST).write_text(json.dumps({"tool": TOOL_OF[tool], "files": recorded(folder, names)}))
 
 
 def no_work(monkeypatch, tool):
@@ -184,7 +194,7 @@ def test_a_folder_no_swap_can_move_is_written_in_place(tool, case, runs, tmp_pat
     PRECONDITIONS[case](monkeypatch, folder)
     code, err = call(tool, argv_of(tool, runs, folder), capsys)
     assert code == 0, err
-    assert not set(written_by(tool, folder)) & {"stale.png", "cls_attn_01.png", "test.bin"}
+    assert not set(written_by(tool, folder)) & {"cls_attn_01.png", "test.bin"}
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
@@ -240,20 +250,45 @@ def another_tools_set(folder, tool):
     (folder / outputs.MANIFEST).write_text(json.dumps(dict(manifest, tool="export.py")))
 
 
-def a_damaged_manifest(folder, tool):
-    (folder / outputs.MANIFEST).write_text('{"tool": "lm_insp')
-
-
 def an_old_set_and_a_users_file(folder, tool):
     (folder / outputs.MANIFEST).unlink()  # (a set written before manifests)
     (folder / "holiday.png").write_bytes(b"\x89PNG the user's")
 
 
+def a_manifest_listing_a_users_file(folder, tool):
+    """A manifest (planted, or edited) that lists a file the tool never wrote, as it lists its own."""
+    (folder / "holiday.png").write_bytes(b"\x89PNG the user's")
+    manifest = json.loads((folder / outputs.MANIFEST).read_text())
+    manifest["files"]["holiday.png"] = {"bytes": 9, "sha256": "0" * 64}
+    (folder / outputs.MANIFEST).write_text(json.dumps(manifest))
+
+
+def an_old_manifest_listing_a_users_file(folder, tool):
+    """An earlier version's manifest (names alone) listing a file of the user's."""
+    (folder / "holiday.png").write_bytes(b"\x89PNG the user's")
+    names = EARLIER[tool] + ["holiday.png"]
+    (folder / outputs.MANIFEST).write_text(json.dumps({"tool": TOOL_OF[tool], "files": names}))
+
+
+def a_file_of_the_set_the_user_replaced(folder, tool):
+    """A file of the set's name that is no longer the one the tool wrote (the user's own, in its place)."""
+    (folder / EARLIER[tool][0]).write_bytes(b"the user's own, of the same name")
+
+
+def a_folder_where_a_file_of_the_set_was(folder, tool):
+    (folder / EARLIER[tool][0]).unlink()
+    (folder / EARLIER[tool][0]).mkdir()
+    (folder / EARLIER[tool][0] / "mine.txt").write_text("mine")
+
+
 REFUSED = {"the user's own files": (users_files, "holiday.png, notes.json"),
            "a user's file beside an earlier set": (beside_an_earlier_set, "notes.json"),
            "another tool's set": (another_tools_set, "holds the outputs of export.py"),
-           "a damaged manifest": (a_damaged_manifest, outputs.MANIFEST),
-           "a set of an earlier version and a user's file": (an_old_set_and_a_users_file, "holiday.png")}
+           "a set of an earlier version and a user's file": (an_old_set_and_a_users_file, "holiday.png"),
+           "a manifest listing a user's file": (a_manifest_listing_a_users_file, "holiday.png"),
+           "an earlier version's manifest listing a user's file": (an_old_manifest_listing_a_users_file, "holiday.png"),
+           "a file of the set the user replaced": (a_file_of_the_set_the_user_replaced, None),
+           "a folder where a file of the set was": (a_folder_where_a_file_of_the_set_was, None)}
 
 
 @pytest.mark.parametrize("case", REFUSED)
@@ -268,9 +303,34 @@ def test_a_folder_holding_what_the_tool_did_not_write_is_refused_before_any_work
     before = contents(folder)
     no_work(monkeypatch, tool)
     code, err = call(tool, argv_of(tool, runs, folder), capsys)
+    words = words or EARLIER[tool][0]  # (the file of the set's name)
     assert code == 1 and err.count("\n") <= 1 and err.startswith(f"{tool}: ") and words in err, err
     assert "write elsewhere with --" in err or "new or empty folder with --" in err, err
     assert contents(folder) == before and sorted(os.listdir(tmp_path)) == ["out"]
+    assert sorted(os.listdir(folder)) == sorted(set(before) | ({EARLIER[tool][0]} if make is
+                                                                a_folder_where_a_file_of_the_set_was else set()))
+
+
+def a_damaged_manifest(folder, tool):
+    (folder / outputs.MANIFEST).write_text('{"tool": "lm_insp')
+
+
+def an_earlier_versions_manifest(folder, tool):
+    (folder / outputs.MANIFEST).write_text(json.dumps({"tool": TOOL_OF[tool], "files": EARLIER[tool]}))
+
+
+@pytest.mark.parametrize("make", [a_damaged_manifest, an_earlier_versions_manifest])
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_damaged_or_earlier_manifest_is_the_tools_own_and_its_set_is_replaced(tool, make, runs, tmp_path, capsys):
+    """The manifest's name is the tool's: damaged (cut short) or of an earlier version (names,
+    no digests), it is replaced with the set, whose other files are known as a set written
+    before manifests is (its own JSON)."""
+    folder = tmp_path / "out"
+    earlier_set(tool, folder)
+    make(folder, tool)
+    code, err = call(tool, argv_of(tool, runs, folder), capsys)
+    assert code == 0, err
+    assert not set(written_by(tool, folder)) & {"cls_attn_01.png", "test.bin"}
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -282,7 +342,7 @@ def test_a_set_an_earlier_version_wrote_is_recognised_by_its_own_json(tool, runs
     earlier_set(tool, folder, manifest=False)
     code, err = call(tool, argv_of(tool, runs, folder), capsys)
     assert code == 0, err
-    assert not set(written_by(tool, folder)) & {"stale.png", "cls_attn_01.png", "test.bin"}
+    assert not set(written_by(tool, folder)) & {"cls_attn_01.png", "test.bin"}
 
 
 @pytest.mark.parametrize("tool", TOOLS)

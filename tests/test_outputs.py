@@ -17,6 +17,7 @@ The faults a root user cannot meet (permissions) are made by failing the call th
 """
 
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -37,7 +38,15 @@ from helpers_signals import default_signals  # noqa: E402
 
 TOOL = "inspect.py"  # who writes the sets of these tests (an OutputSet's manifest names it)
 EARLIER = {"a.png": b"earlier a", "b.png": b"earlier b", "inspect.json": b'{"earlier": 1}\n'}
-MANIFEST = {outputs.MANIFEST: (json.dumps({"tool": TOOL, "files": sorted(EARLIER)}, indent=1) + "\n").encode()}
+
+
+def recorded(files):
+    """What a manifest records of files ({name: bytes}): each one's size and sha256, computed here."""
+    return {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            for name, data in sorted(files.items())}
+
+
+MANIFEST = {outputs.MANIFEST: (json.dumps({"tool": TOOL, "files": recorded(EARLIER)}, indent=1) + "\n").encode()}
 
 
 def contents(folder):
@@ -60,7 +69,7 @@ def new_set(folder):
     exactly its other files."""
     files = contents(folder)
     manifest = json.loads(files.pop(outputs.MANIFEST))
-    assert manifest == {"tool": TOOL, "files": sorted(files)}
+    assert manifest == {"tool": TOOL, "files": recorded(files)}
     return files
 
 
@@ -136,6 +145,7 @@ def test_the_swap_cannot_be_cut_by_an_interrupt(tmp_path, monkeypatch):
     finally:
         signal.signal(signal.SIGINT, old)
     assert new_set(out) == {"a.png": b"new a", "inspect.json": b"{}\n"}
+    assert sorted(os.listdir(tmp_path)) == ["inspect"]  # the earlier set, set aside by the swap, went too
 
 
 HOLDER = ("import sys; from nanotost import cli, outputs; cli.run_cli(lambda: (outputs.claim_set(sys.argv[1], 'x', sys.argv[2]), print('held', "

@@ -104,7 +104,7 @@ watch["ended_by_itself"] = p.poll() is not None
 p.kill()  # as a device ends a command at its limit: nothing written after
 p.wait()
 t0 = time.time()
-while part.get("pid") and is_running(part["pid"]) and time.time() - t0 < 60:
+while part.get("pid") and is_running(part["pid"]) and time.time() - t0 < 240:  # (a loaded machine's time)
     time.sleep(0.2)
 watch["section_gone_s"] = None if part.get("pid") and is_running(part["pid"]) else round(time.time() - t0, 1)
 watch["files"] = sorted(os.listdir(out))
@@ -240,7 +240,7 @@ def test_every_row_is_in_the_json_as_it_is_measured_and_a_killed_command_leaves_
     watch = job["watch.json"]
     assert not watch["ended_by_itself"]
     assert ["main_job", 1] in [x for seen in watch["in_flight"] for x in seen]  # a row of the section in flight
-    assert watch["section_gone_s"] is not None and watch["section_gone_s"] < 30  # the hung section ended itself
+    assert watch["section_gone_s"] is not None  # the hung section ended itself, after the kill (unfixed: never)
     assert watch["files"] == [".cpu-headline.json.lock", "cpu-headline.json"]  # (a device returns at most 8)
 
 
@@ -387,6 +387,40 @@ def test_the_plan_from_the_h200_report_fits_every_target_row_in_the_window(tmp_p
     assert {r[0] for r in extra} == {"op", "train", "decode", "main_job"}
     assert any(r[2].get("impl") == "auto" for r in extra) and any(r[2].get("impl") == "compiled" for r in extra)
     assert sum(r[3] for r in target) < headline.BUDGET_S - plan.MARGIN_S
+
+
+def without_rows(tmp_path, prefixes):
+    """The committed H200 report with no rows (now or in its history) in the sections whose names
+    begin with one of `prefixes` ("" for every section): what a run knows nothing of."""
+    with open(H200, encoding="utf-8") as f:
+        data = json.load(f)
+    for name, part in data["sections"].items():
+        if name.startswith(prefixes):
+            part["rows"] = []
+    data["history"] = [h for h in data.get("history") or [] if not str(h.get("section")).startswith(prefixes)]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("prefixes", [("",), ("op",), ("train", "decode"), ("main_job",)])
+def test_a_row_of_unknown_cost_is_named_and_never_counted_as_fitting(prefixes, tmp_path, monkeypatch):
+    """A report that lacks rows (no report of this GPU yet, a section never measured): the rows
+    nothing prices are marked '?', never counted in `fits: N of M target rows`, and named on that
+    line (it said "fits: 29 of 29" with 28 unknown)."""
+    report = without_rows(tmp_path, prefixes)
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        got = cli.run_cli(bench.main, ["--headline", f"--plan_from={report}"])
+    target = [r for r in got["rows"] if r[1] == order.TARGET]
+    unknown = [r for r in target if r[3] is None]
+    assert unknown and all(r[0].startswith(prefixes) for r in unknown), [r[0] for r in unknown]
+    assert got["fit"] == sum(1 for r in target if r[3] is not None and r[5]) <= len(target) - len(unknown)
+    last = out.getvalue().rstrip().splitlines()[-1]
+    assert last.startswith(f"fits: {got['fit']} of {len(target)} target rows; {len(unknown)} of unknown cost, not "
+                           "counted: "), last
+    assert f"{unknown[0][0]} {plan.describe(unknown[0][2])}" in last and len(last) < 400, last
 
 
 def test_each_row_is_judged_by_its_own_cost_not_by_the_longest_before_it(tmp_path, monkeypatch):

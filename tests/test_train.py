@@ -387,14 +387,14 @@ def test_torchrun_run_whose_rank_stops_ends(tiny_run, tmp_path):
                                 preexec_fn=default_signals)  # (torchrun's SIGTERM must reach rank 1's handler)
     ranks = {}
     try:
-        wait_for_text(out, "iter 3:", timeout=120)  # (rank 0 prints; both ranks train)
+        wait_for_text(out, "iter 3:", timeout=600)  # (rank 0 prints; both ranks train: minutes at load 10)
         ranks = torchrun_ranks(proc.pid)
         os.kill(ranks[1], signal.SIGSTOP)
-        stopped = time.time()
-        wait_for_text(err, "train.py: rank 0 ", timeout=2 + 30)
-        gave_up = time.time() - stopped
+        # rank 0 gives up while rank 1 is still stopped (the order of events; a loaded machine stretches the
+        # seconds, so the wait allows minutes: unfixed, gloo waits 30)
+        wait_for_text(err, "train.py: rank 0 ", timeout=240)
         os.kill(ranks[1], signal.SIGCONT)
-        assert proc.wait(timeout=60) != 0
+        assert proc.wait(timeout=300) != 0  # (torchrun ends the job: seconds, more on a loaded machine)
         with pytest.raises(ProcessLookupError):  # no rank left behind in the job's process group
             os.killpg(proc.pid, 0)
     finally:
@@ -408,7 +408,6 @@ def test_torchrun_run_whose_rank_stops_ends(tiny_run, tmp_path):
         lines = [line for line in f.read().splitlines() if line.startswith("train.py: rank 0 ")]
     assert len(lines) == 1 and lines[0].startswith("train.py: rank 0 waited 2 s for the other ranks in "), lines
     assert " at train.py:" in lines[0] and "--ddp_timeout_s" in lines[0], lines  # the script's line, the setting
-    assert gave_up < 2 + 15  # the timeout, and the machine's load (unfixed: gloo's 30 minutes)
 
 
 # -----------------------------------------------------------------------------
@@ -481,12 +480,13 @@ def test_prepare_text_file_at_character_level(tmp_path):
 
 
 def test_prepare_fails_fast_offline(tmp_path):
-    # the hub, offline and not cached: one line that suggests local files, within seconds
-    t0 = time.time()
+    # the hub, offline and not cached: one line that suggests local files, at once: the Hub's
+    # libraries were put offline (no retries) and the line says so (an order of events, not a
+    # time a loaded machine stretches: retried, the line would name a connection's timeout)
     p = run("prepare_openwebtext.py", "--dataset=wikitext2", f"--data_dir={tmp_path}", check=False,
             extra_env={"HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HOME": str(tmp_path / "hfhome")})
     assert p.returncode != 0 and "--input" in p.stderr and "Traceback" not in p.stderr, p.stderr
-    assert time.time() - t0 < 60
+    assert "offline: the Hub was not reached" in p.stderr, p.stderr
 
 
 # -----------------------------------------------------------------------------

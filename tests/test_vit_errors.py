@@ -183,7 +183,7 @@ def test_vit_train_refuses_bad_settings(setting, words, tmp_path, capsys):
     ("--batch_size=0", "batch_size must be at least 1"),
     ("--num_threads=-1", "num_threads must be in 0.."),
     ("--layers=1;2", "layers must be layer numbers (like '1,6,12') separated by commas: '1;2' is not one"),
-    ("--layers=9", "layers [9] out of range: this model has layers 1..2"),
+    ("--layers=9", "layers 9 out of range: this model has layers 1..2"),
     ("--device=gpu", "device must be auto, cpu, cuda, cuda:N or mps"),
     ("--images=FILE", "is not a folder: give --images="),
     ("--images=EMPTY", "no image files"),

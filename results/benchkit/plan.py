@@ -9,7 +9,8 @@ when its estimate fits in what is left (the same rule the sections' processes ap
 
 The plan prints each row, its estimated seconds and how the estimate was made, whether it fits
 in --budget_s (540 s by default, less MARGIN_S for the end of the command), and ends with the
-line `fits: N of M target rows`. A run takes its estimates from the rows it measured itself,
+line `fits: N of M target rows`: a row of unknown cost (nothing recorded to estimate it from)
+is never counted as fitting, and that line names those rows. A run takes its estimates from the rows it measured itself,
 then the report at its --out, then results/<gpu>.json, then (a GPU without its own report) the
 newest other GPU's report in results/ (said in its first lines).
 """
@@ -17,7 +18,7 @@ newest other GPU's report in results/ (said in its first lines).
 import glob
 import os
 
-from nanotost import REPO, cli
+from nanotost import REPO, cli, lists
 from results.benchkit.costs import Costs, compile_seconds, kind
 from results.benchkit.order import TARGET, in_stage, stages_of
 from results.benchkit.part import ROW_KEYS, row_key
@@ -115,12 +116,16 @@ def show(cfg, sections):
     print(f"  #  {'tier':<6} {'section':<18} {'row':<48} {'est s':>7}  {'fits':<4} {'left s':>6}  how")
     for i, (name, stage, key, seconds, how, ok, left) in enumerate(rows, 1):
         est = f"{seconds:7.1f}" if seconds is not None else "      ?"
-        print(f"{i:>3}  {stage:<6} {name:<18} {describe(key):<48} {est}  {'yes' if ok else 'NO':<4} {left:6.0f}  "
+        verdict = "?" if seconds is None else "yes" if ok else "NO"
+        print(f"{i:>3}  {stage:<6} {name:<18} {describe(key):<48} {est}  {verdict:<4} {left:6.0f}  "
               f"{how if seconds is not None else 'unknown (' + how + '): starts if any time is left'}")
     target = [r for r in rows if r[1] == TARGET]
-    spent = sum(r[3] or 0.0 for r in target if r[5])
-    print(f"fits: {sum(r[5] for r in target)} of {len(target)} target rows")
-    return dict(rows=rows, target=len(target), fit=sum(r[5] for r in target), target_s=spent)
+    priced = [r for r in target if r[3] is not None]  # (a row of unknown cost is never counted as fitting)
+    unknown = [f"{r[0]} {describe(r[2])}" for r in target if r[3] is None]
+    fit = sum(r[5] for r in priced)
+    print(f"fits: {fit} of {len(target)} target rows" + (f"; {len(unknown)} of unknown cost, not counted: "
+                                                         f"{lists.few(unknown)}" if unknown else ""))
+    return dict(rows=rows, target=len(target), fit=fit, unknown=unknown, target_s=sum(r[3] for r in priced if r[5]))
 
 
 def compile_record(merged, ran, sources):

@@ -343,7 +343,7 @@ def execute(cfg, sections, stages, schedule, fresh, keep_done, saved=None):
     else:
         ctx = multiprocessing.get_context("spawn")
     t_start = time.time()
-    tmp = tempfile.mkdtemp(prefix="nanotost-report-")
+    tmp = report_temp()
     try:
         meta_part = run_child(ctx, "meta", sections["meta"].fn, cfg, tmp, schedule("meta", None, t_start, {}, {})[0])
         if meta_part["status"] == "interrupted":
@@ -451,6 +451,20 @@ def execute(cfg, sections, stages, schedule, fresh, keep_done, saved=None):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return merged, out, run, meta_part
+
+
+TEMP_PREFIX = "nanotost-report-"  # the report's temporary folder in the temp dir: <prefix><pid>
+
+
+def report_temp():
+    """This run's temporary folder (its sections' parts, compile artifacts), named by its pid in the
+    temp dir: what a killed run (-9, a device's time limit) left there is removed first."""
+    root = tempfile.gettempdir()
+    atomic.remove_dead_temps(root, TEMP_PREFIX)
+    path = os.path.join(root, f"{TEMP_PREFIX}{os.getpid()}")
+    shutil.rmtree(path, ignore_errors=True)  # (this process's own, from a call that did not end)
+    os.makedirs(path)
+    return path
 
 
 def describe_cache(info):

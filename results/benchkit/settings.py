@@ -9,7 +9,7 @@ training shape.
 import os
 
 import kernels
-from nanotost import cli
+from nanotost import cli, lists
 
 SUITES = ("op", "decode", "model", "model_decode", "vit")
 IMPLS = tuple(i for i in kernels.IMPLS if i != "auto") + ("sdpa", "compiled")  # (--impls=auto: the default set)
@@ -27,7 +27,8 @@ PRESETS = {"tost": "tost-base", "gpt2": "gpt2"}
 def lengths(key, text):
     """A comma-separated list of positive integers ("4096", "1024,4096"), each once (cli.parse_list)."""
     values = cli.parse_list(key, text, int, what="positive integers")
-    cli.require(min(values) >= 1, f"{key} must be positive integers separated by commas, got {text!r}")
+    below = [str(v) for v in values if v < 1]
+    cli.require(not below, f"{key} must be positive integers separated by commas: {lists.few(below)} is not")
     return values
 
 
@@ -95,21 +96,43 @@ def check_measurable(cfg, sections):
                                           f"than {least:g} s")
 
 
-# The settings one mode reads and the other does not (bench.py's settings, by the code that
-# reads them): a setting given must do something, so giving one to the other mode is refused.
-SUITES_ONLY = ("suites", "impls", "modes", "causal", "max_case_s")
-REPORTS_ONLY = ("sections", "section_s", "budget_s", "remeasure", "train_tokens", "main_iters", "main_tssa_impl",
-                "plan_from", "compile_cache")
+# The settings each mode reads, by the code that reads them (tests/test_bench_settings.py holds each
+# list to it): a setting given must do something, so one the chosen mode does not read is one line
+SHARED = ("device", "dtype", "T", "model_T", "decode_T", "B", "H", "p", "threads", "repeats", "warmup", "decode_steps",
+          "quick", "out")  # every measuring mode's
+MEASURED = ("sections", "section_s", "budget_s", "remeasure", "train_tokens", "main_iters", "main_tssa_impl",
+            "compile_cache")  # the report's and the headline's
+READS = {
+    "suites": SHARED + ("suites", "impls", "modes", "causal", "max_case_s"),
+    "report": SHARED + MEASURED,
+    "headline": SHARED + MEASURED,
+    "plan": ("plan_from", "budget_s", "sections", "section_s", "quick", "B", "T", "model_T", "decode_T", "repeats",
+             "warmup", "decode_steps", "train_tokens", "main_iters", "main_tssa_impl"),  # (it measures, writes nothing)
+}
+SWITCHES = ("report", "headline")  # which mode (check_settings refuses the two together)
+WHO = {("suites",): "the suites (bench.py without --report or --headline)", ("report", "headline"): "--report and "
+       "--headline", ("suites", "report", "headline"): "a command that measures", ("plan",): "the headline's plan "
+       "(--headline --plan_from=<report>)"}  # the modes that read a setting, in words
+INSTEAD = {"suites": "drop it, or add --report or --headline", "report": "drop it", "headline": "drop it",
+           "plan": "drop it (the plan measures and writes nothing), or drop --plan_from to measure"}
+
+
+def mode_of(cfg):
+    """The mode the settings choose: "plan" (--headline --plan_from), "headline", "report" or "suites"."""
+    if cfg.headline:
+        return "plan" if cfg.plan_from else "headline"
+    return "report" if cfg.report else "suites"
 
 
 def check_mode_settings(cfg, given):
-    """Refuse, in one line, the settings given that the chosen mode never reads."""
-    if cfg.report or cfg.headline:
-        cli.unread(given, SUITES_ONLY, "a setting of the suites (bench.py without --report or --headline), which "
-                                       "this command does not run: drop it")
-    else:
-        cli.unread(given, REPORTS_ONLY, "a setting of --report and --headline, which this command does not run: "
-                                        "drop it, or add --report or --headline")
+    """Refuse, in one line, the settings given that the chosen mode never reads (READS)."""
+    mode = mode_of(cfg)
+    ignored = [k for k in given if k not in READS[mode] + SWITCHES]
+    if ignored:
+        readers = tuple(m for m in READS if ignored[0] in READS[m] and m != "plan") or ("plan",)
+        instead = "drop it, or add --headline" if readers == ("plan",) else INSTEAD[mode]
+        cli.unread(given, ignored, f"a setting of {WHO.get(readers, 'another mode')}, which this command does not "
+                                   f"run: {instead}")
 
 
 def check_settings(cfg, sections=None, given=()):
@@ -172,5 +195,6 @@ def section_seconds(cfg, sections=None):
     pairs = cli.parse_list("section_s", cfg.section_s, float, allowed=None if sections is None else tuple(sections),
                            pairs=True, what="seconds ('300') or section:seconds pairs ('op:200,decode:100')")
     cli.require(all(0 < seconds < 10 ** 7 for _, seconds in pairs), f"section_s must be seconds ('300') or "
-                f"section:seconds pairs ('op:200,decode:100'), each in (0, 10**7), got {cfg.section_s!r}")
+                f"section:seconds pairs ('op:200,decode:100'), each in (0, 10**7), got "
+                f"{lists.shown(cfg.section_s, lists.split_items(cfg.section_s))}")
     return pairs

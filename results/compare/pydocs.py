@@ -27,6 +27,7 @@ out_root. Finished runs are kept in out_root/results.json: the same command cont
 stopped, and the JSON named by --out (with a figure beside it) is written only when named.
 """
 
+import contextlib
 import hashlib
 import io
 import json
@@ -238,8 +239,8 @@ def calibrate_models(names, cfg):
     for r in range(cfg.calib_rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             run_dir = os.path.join(cfg.out_root, "calibration", f"{name}_r{r}")
-            if os.path.isdir(run_dir):  # our own scratch folder from an earlier calibration
-                for f in os.listdir(run_dir):
+            for f in ("ckpt.pt", "log.jsonl"):  # what train.py wrote there in an earlier calibration, alone
+                with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(run_dir, f))
             args = ["train.py", *recipe(name, cfg), *length_args(cfg.calib_iters), "--log_interval=1",
                     f"--out_dir={run_dir}", "--init_from=scratch"]

@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from model import GPT, GPTConfig, KVCache
-from nanotost import atomic, cli, outputs, portable
+from nanotost import atomic, cli, lists, outputs, portable
 
 # -----------------------------------------------------------------------------
 T = "128,1024,4096"  # prompt lengths (the decoding context)
@@ -93,7 +93,7 @@ def main(argv):
     cfg, _ = cli.configure(SETTINGS, argv)
     cli.check(cfg, at_least_1=("steps", "repeats", "batch_size"), non_negative=("num_threads",))
     lengths = cli.parse_list("T", cfg.T, int)
-    cli.require(min(lengths) >= 1, f"T must be positive lengths, got {cfg.T!r}")
+    cli.require(min(lengths) >= 1, f"T must be positive lengths: {lists.few(str(n) for n in lengths if n < 1)} is not")
     cli.require(not os.path.isdir(cfg.out), f"out is a folder ({cfg.out}); give a file name (\"\" for none)")
     if cfg.out:  # one writer at a time, and a place that can be written, before anything is measured
         outputs.claim_output(cfg.out, "--out=<another file>")
