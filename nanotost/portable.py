@@ -1,6 +1,6 @@
 """
 What differs between Linux, macOS and Windows, one call each, so that every script starts and
-works on the three (cli.py's claims, swaps and signals, benchkit's process groups, the tools'
+works on the three (outputs.py's claims and swaps, ranks.py's signals, benchkit's process groups, the tools'
 load averages). Nothing else in the project calls the OS's own ways for these. Standard
 library only (results/benchkit/keeper.py imports it in a process that must start in milliseconds).
 

@@ -531,31 +531,36 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
     B, H, T, p = 2, 3, 20, 16
     w = torch.randn(B, T, H * p, generator=g).view(B, T, H, p).transpose(1, 2)
     temp, bias, gout = 0.5 + torch.rand(H, generator=g), torch.randn(H, T + 3, generator=g) / p, torch.randn_like(w)
-    worst = 0.0
+    worst = [0.0, 0.0]  # relative RMS from float64's answer: outputs (out, Pi), gradients
     for impl in ("triton", "triton_retiled"):
         leaves = [t.clone().requires_grad_() for t in (w, temp, bias)]
         with warnings.catch_warnings():
             warnings.filterwarnings("error", "tssa_impl")
             out, pi = fused.fused_ops(impl).causal_tssa(*leaves, return_pi=True)
             got = [out, pi, *torch.autograd.grad(out, leaves, gout)]
-        ref = [t.clone().requires_grad_() for t in (w, temp, bias)]
+        ref = [t.double().requires_grad_() for t in (w, temp, bias)]  # the reference in float64: the exact answer
         out_r, pi_r = model.causal_tssa(*ref, return_pi=True)
-        want = [out_r, pi_r, *torch.autograd.grad(out_r, ref, gout)]
-        for a, b in zip(got, want):
-            worst = max(worst, ((a - b).norm() / b.norm()).item())
+        want = [out_r, pi_r, *torch.autograd.grad(out_r, ref, gout.double())]
+        for i, (a, b) in enumerate(zip(got, want)):
+            worst[i > 1] = max(worst[i > 1], ((a.double() - b).norm() / b.norm()).item())
     assert triton_tssa.call_plan.cache_info().hits >= 1 and triton_retiled.call_plan.cache_info().hits >= 1  # backwards
-    print(len(triton_launch._kept), triton_launch._off, worst)
+    print(len(triton_launch._kept), triton_launch._off, *worst)
 """)
 
 
 def test_under_the_interpreter_every_launch_is_the_normal_one_and_the_results_hold():
     """TRITON_INTERPRET=1 (a subprocess): a causal forward and backward through fused_ops("triton") and
     ("triton_retiled") (each backward on the forward's memoised plan) matches model.py's reference in
-    every output and gradient (relative RMS 2e-5, fp32, as tests/test_kernels.py's), and keeps nothing
+    every output and gradient (relative RMS from float64's answer: 2e-5 for the outputs, 1e-4 for the
+    gradients, whose fp32 rounding is larger), and keeps nothing
     for direct launches (the interpreter's kernels are not Triton's JITFunctions)."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT, ROOT], env=env, capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    kept, off, worst = proc.stdout.split()
-    assert kept == "0" and off == "None" and float(worst) < 2e-5, proc.stdout
+    kept, off, outputs, gradients = proc.stdout.split()
+    assert kept == "0" and off == "None", proc.stdout
+    # fp32 against float64: the outputs within 2e-5; dL/dw sums over every later token and head, and
+    # its rounding here reaches 1.3e-5 (with the interpreter's threads: torch's own fp32 reference is
+    # off by as much), so 1e-4: a wrong gradient term is O(1) relative
+    assert float(outputs) < 2e-5 and float(gradients) < 1e-4, proc.stdout
