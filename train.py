@@ -274,13 +274,14 @@ def main(argv):
                 if (losses["val"] < best_val_loss or cfg.always_save_checkpoint) and iter_num > 0:
                     best_val_loss = min(best_val_loss, losses["val"])
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
-                    if d.is_master:
+                    left = f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}"  # an interrupt's line
+                    if d.is_master:  # (what an interrupt then says changes with the file's rename)
                         checkpoints.save_checkpoint(dict(
                             kind="language", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
-                            config=vars(cfg), rng=rng, tokenizer=td.tokenizer_info(meta)), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}")
+                            config=vars(cfg), rng=rng, tokenizer=td.tokenizer_info(meta)), ckpt_path, saved=left)
+                    cli.on_interrupt(left)  # (the other ranks' too)
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break

@@ -309,13 +309,15 @@ def main(argv):
                 best_val_loss, best_val_acc = min(best_val_loss, val_loss), max(best_val_acc, val_acc)
                 if cfg.always_save_checkpoint or improved or iter_num == stop_at:
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
-                    if d.is_master:
+                    left = f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}"  # an interrupt's line
+                    if d.is_master:  # (what an interrupt then says changes with the file's rename)
                         checkpoints.save_checkpoint(dict(
                             kind="vit", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
-                            config=vars(cfg), rng=rng, best_val_acc=best_val_acc, classes=train_src.classes), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {iter_num}; continue with {resume_cmd}")
+                            config=vars(cfg), rng=rng, best_val_acc=best_val_acc, classes=train_src.classes), ckpt_path,
+                            saved=left)
+                    cli.on_interrupt(left)  # (the other ranks' too)
                     say(f"saved {ckpt_path}")
             if iter_num >= stop_at:
                 break

@@ -490,6 +490,22 @@ def test_invsqrt_schedule_and_layer_scale_zero_means_none():
     assert train.count_params(scaled) > train.count_params(base)  # the layer scales exist only when asked for
 
 
+@pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
+def test_an_interrupt_at_the_checkpoints_rename_names_the_iteration_the_file_holds(listops, tmp_path, monkeypatch,
+                                                                                    capsys, before):
+    """Ctrl-C just before or just after the second checkpoint's rename: the line names the
+    iteration ckpt.pt holds (the file and what an interrupt says change in one step)."""
+    from helpers_signals import interrupt_at_rename
+    out = str(tmp_path / "out")
+    interrupt_at_rename(monkeypatch, "ckpt.pt", 2, before)
+    code, _ = run(train, [*TINY, f"--data_dir={listops}", f"--out_dir={out}", "--cache_dir=", "--eval_interval=1",
+                          "--max_iters=100"], monkeypatch)
+    err = capsys.readouterr().err.strip()
+    said = re.fullmatch(r"lra/train\.py: interrupted; \S+ holds iter (\d+); continue with .*", err)
+    assert code == 130 and said, err
+    assert int(said.group(1)) == checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "lra")["iter_num"] == 2
+
+
 def test_a_held_out_dir_refuses_and_an_interrupt_says_what_was_saved(listops, tmp_path, monkeypatch, capsys):
     """While out_dir is claimed (trainkit's flock, taken by another process as a live run takes
     it) a second run refuses in one line. Ctrl-C (KeyboardInterrupt, which run_cli also makes of SIGTERM)

@@ -332,13 +332,14 @@ def main(argv):
                 result.update(record)
                 if it > 0:
                     rng = tk.gather_rng_states(d)  # a collective: every rank takes part
-                    if d.is_master:
+                    left = f"{ckpt_path} holds iter {it}; continue with {resume_cmd}"  # an interrupt's line
+                    if d.is_master:  # (what an interrupt then says changes with the file's rename)
                         checkpoints.save_checkpoint(dict(
                             kind="lra", model=raw_model.state_dict(),
                             optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), model_args=asdict(mconf),
                             iter_num=it, best_val_loss=best_val_loss, best_val_acc=best_val,
-                            test_acc_at_best_val=test_at_best, config=vars(cfg), rng=rng), ckpt_path)
-                    cli.on_interrupt(f"{ckpt_path} holds iter {it}; continue with {resume_cmd}")
+                            test_acc_at_best_val=test_at_best, config=vars(cfg), rng=rng), ckpt_path, saved=left)
+                    cli.on_interrupt(left)  # (the other ranks' too)
                     say(f"saved {ckpt_path}")
             if it == cfg.max_iters:
                 say(f"max_iters={cfg.max_iters} reached: best val acc {best_val:.4f}, test acc at best val "

@@ -22,14 +22,14 @@ import shutil
 import signal
 import stat
 import threading
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 
 from nanotost import cli, portable
 from nanotost.cli import UserError
 
 
 @contextmanager
-def atomic_write(path, mode="wb", own=None):
+def atomic_write(path, mode="wb", own=None, saved=None):
     """with atomic_write(path) as f: ... -- written to .<name>.tmp<pid> beside path, flushed to
     disk and renamed over path only if the block ends normally; otherwise the temp file goes
     and path is untouched. Temp files of dead processes (kill -9) are removed first. What the
@@ -38,12 +38,17 @@ def atomic_write(path, mode="wb", own=None):
     ("w") is UTF-8 on every OS (not the locale's code page). own(path) -> bool: how a writer
     that judges what it finds (a cache) recognises its own file; where given, a symlink is
     written through only to a file it judges its own, else the link itself is replaced
-    (through_link)."""
+    (through_link). saved: what an interrupt then leaves behind (cli.on_interrupt), said in the
+    same step as the rename (an interrupt waits for both), so that it never names the file's
+    earlier content."""
     with staged(path, own) as (tmp, real):
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             settle(f, real)
-        os.replace(tmp, real)
+        with signals_held() if saved else nullcontext():
+            os.replace(tmp, real)
+            if saved:
+                cli.on_interrupt(saved)
 
 
 @contextmanager
@@ -191,13 +196,11 @@ def write_together(files, then=None):
 
 
 def write_json(path, obj, saved=None):
-    """obj as JSON at path, whole or not at all (atomic_write); then `saved`, if given, becomes
-    what an interrupt leaves behind (on_interrupt): said only once it is true."""
-    with atomic_write(path, "w") as f:
+    """obj as JSON at path, whole or not at all (atomic_write); `saved`, if given, becomes what an
+    interrupt leaves behind (on_interrupt) with the rename: said once it is true, and from then on."""
+    with atomic_write(path, "w", saved=saved) as f:
         json.dump(obj, f, indent=1)
         f.write("\n")
-    if saved:
-        cli.on_interrupt(saved)
 
 
 def read_json(path, fix, kind=dict, finite=False):

@@ -503,8 +503,9 @@ def weights_alone(obj):
     return len(obj) if tensors and obj else None
 
 
-def save_checkpoint(obj, path):
-    """torch.save through atomic_write: a crash at any moment leaves the old checkpoint or the new.
+def save_checkpoint(obj, path, saved=None):
+    """torch.save through atomic_write: a crash at any moment leaves the old checkpoint or the new;
+    saved: what an interrupt then leaves behind, said with the rename (atomic_write's).
     A full disk is an OSError naming path: seen before writing (free space against the tensors'
     bytes), or while writing (torch's zip writer reports it as a RuntimeError, "unexpected pos").
     Only plain data is written (not_plain): what load_checkpoint reads back, from anyone, unrun."""
@@ -519,7 +520,7 @@ def save_checkpoint(obj, path):
         raise OSError(errno.ENOSPC, f"No space left on device (the checkpoint needs {need:,} bytes, {free:,} are "
                                     "free)", path)
     try:
-        with atomic_write(path) as f:
+        with atomic_write(path, saved=saved) as f:
             torch.save(obj, f)
     except RuntimeError as e:
         cause = e.__context__

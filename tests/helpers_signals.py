@@ -15,3 +15,22 @@ def default_signals():
     into KeyboardInterrupt, and run_cli SIGTERM too), whatever the parent inherited."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def interrupt_at_rename(monkeypatch, name, nth, before):
+    """Ctrl-C raised (signal.raise_signal, as the OS delivers it) at the nth rename onto a file
+    called `name`, just before the rename (before=True) or just after it: the two moments at which
+    what an interrupt names and what the file holds may part (the trainers' checkpoint)."""
+    import os
+    replace, seen = os.replace, []
+
+    def replacing(src, dst, *a, **k):
+        seen.append(os.path.basename(dst) == name)
+        at = seen[-1] and seen.count(True) == nth
+        if at and before:
+            signal.raise_signal(signal.SIGINT)
+        replace(src, dst, *a, **k)
+        if at and not before:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replacing)

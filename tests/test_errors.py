@@ -15,6 +15,7 @@ import inspect
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from nanotost import checkpoints, cli  # noqa: E402
 from helpers_advice import assert_advice_exists  # noqa: E402
-from helpers_signals import default_signals  # noqa: E402
+from helpers_signals import default_signals, interrupt_at_rename  # noqa: E402
 
 CONFIGURED = ["train.py", "sample.py", "evaluate.py", "vit_train.py", "vit_inspect.py", "lm_inspect.py", "bench.py",
               "lra/train.py", "lra/generate.py"]  # the scripts that read config files
@@ -251,6 +252,18 @@ def test_an_interrupt_says_what_was_saved_and_a_live_out_dir_is_locked(sig, data
     assert call("train.py", *TINY, "--out_dir=out", f"--max_iters={ckpt['iter_num'] + 2}", "--eval_interval=2",
                 "--init_from=resume")[0] == 0
     assert checkpoints.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == ckpt["iter_num"] + 2
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
+def test_an_interrupt_at_the_checkpoints_rename_names_the_iteration_the_file_holds(data, monkeypatch, capsys, before):
+    """What the interrupt's line says is left behind and what ckpt.pt holds change in one step:
+    Ctrl-C just before or just after the second checkpoint's rename names the file's iteration."""
+    interrupt_at_rename(monkeypatch, "ckpt.pt", 2, before)
+    code, _ = call("train.py", *TINY, "--out_dir=out", "--max_iters=100", "--eval_interval=2")
+    err = capsys.readouterr().err.strip()
+    said = re.fullmatch(r"train\.py: interrupted; \S+ holds iter (\d+); continue with .*", err)
+    assert code == 130 and said, err
+    assert int(said.group(1)) == checkpoints.load_checkpoint("out/ckpt.pt", "language")["iter_num"] == 4
 
 
 # -----------------------------------------------------------------------------

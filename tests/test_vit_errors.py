@@ -426,6 +426,21 @@ def test_interrupt_names_the_checkpoint_and_a_second_run_refuses_the_locked_out_
     assert checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == saved + 1
 
 
+@pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
+def test_an_interrupt_at_the_checkpoints_rename_names_the_iteration_the_file_holds(tmp_path, monkeypatch, capsys,
+                                                                                    before):
+    """Ctrl-C just before or just after the second checkpoint's rename: the line names the
+    iteration ckpt.pt holds (the file and what an interrupt says change in one step)."""
+    from helpers_signals import interrupt_at_rename
+    out = str(tmp_path / "out")
+    interrupt_at_rename(monkeypatch, "ckpt.pt", 2, before)
+    code, _, err = call("vit_train.py", TINY + [f"--out_dir={out}", "--eval_interval=2", "--max_iters=100",
+                                               "--always_save_checkpoint=True"], capsys)
+    said = re.fullmatch(r"vit_train\.py: interrupted; \S+ holds iter (\d+); continue with .*", err.strip())
+    assert code == 130 and said, err
+    assert int(said.group(1)) == checkpoints.load_checkpoint(os.path.join(out, "ckpt.pt"), "vit")["iter_num"] == 2
+
+
 ONE_SET = [outputs.MANIFEST, "cls_attn_00.png", "inspect.json", "pi_00.png", "rvar.png"]  # an inspection of one image
 
 
