@@ -493,7 +493,7 @@ def test_invsqrt_schedule_and_layer_scale_zero_means_none():
 @pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
 def test_an_interrupt_at_the_checkpoints_rename_names_the_iteration_the_file_holds(listops, tmp_path, monkeypatch,
                                                                                     capsys, before):
-    """Ctrl-C just before or just after the second checkpoint's rename: the line names the
+    """SIGTERM (Ctrl-C's interrupt) just before or just after the second checkpoint's rename: the line names the
     iteration ckpt.pt holds (the file and what an interrupt says change in one step)."""
     from helpers_signals import interrupt_at_rename
     out = str(tmp_path / "out")

@@ -18,9 +18,10 @@ def default_signals():
 
 
 def interrupt_at_rename(monkeypatch, name, nth, before):
-    """Ctrl-C raised (signal.raise_signal, as the OS delivers it) at the nth rename onto a file
-    called `name`, just before the rename (before=True) or just after it: the two moments at which
-    what an interrupt names and what the file holds may part (the trainers' checkpoint)."""
+    """SIGTERM raised (signal.raise_signal, as the OS delivers it; run_cli makes it Ctrl-C's
+    interrupt, and unlike SIGINT a shell's background job does not ignore it) at the nth rename
+    onto a file called `name`, just before the rename (before=True) or just after it: the two
+    moments at which what an interrupt names and what the file holds may part (a checkpoint)."""
     import os
     replace, seen = os.replace, []
 
@@ -28,9 +29,9 @@ def interrupt_at_rename(monkeypatch, name, nth, before):
         seen.append(os.path.basename(dst) == name)
         at = seen[-1] and seen.count(True) == nth
         if at and before:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
         replace(src, dst, *a, **k)
         if at and not before:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
 
     monkeypatch.setattr(os, "replace", replacing)

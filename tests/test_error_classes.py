@@ -554,10 +554,10 @@ def test_a_resumed_run_logs_each_iteration_once_and_says_the_command_that_contin
     argv = TRAINERS[script](str(data)) + ["--out_dir=out", "--eval_interval=2", "--max_iters=6", "--init_from=auto"]
     real = checkpoints.save_checkpoint
 
-    def ctrl_c_while_iter_4_is_saved(obj, path):
+    def ctrl_c_while_iter_4_is_saved(obj, path, **kw):
         if obj["iter_num"] == 4:
             raise KeyboardInterrupt
-        real(obj, path)
+        real(obj, path, **kw)
 
     monkeypatch.setattr(checkpoints, "save_checkpoint", ctrl_c_while_iter_4_is_saved)
     assert call(script, *argv)[0] == 130

@@ -257,7 +257,7 @@ def test_an_interrupt_says_what_was_saved_and_a_live_out_dir_is_locked(sig, data
 @pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
 def test_an_interrupt_at_the_checkpoints_rename_names_the_iteration_the_file_holds(data, monkeypatch, capsys, before):
     """What the interrupt's line says is left behind and what ckpt.pt holds change in one step:
-    Ctrl-C just before or just after the second checkpoint's rename names the file's iteration."""
+    SIGTERM (Ctrl-C's interrupt) just before or just after the second checkpoint's rename names the file's iteration."""
     interrupt_at_rename(monkeypatch, "ckpt.pt", 2, before)
     code, _ = call("train.py", *TINY, "--out_dir=out", "--max_iters=100", "--eval_interval=2")
     err = capsys.readouterr().err.strip()
