@@ -24,14 +24,15 @@ metadata/<k>.npy with one line per image: "imgs/<k> sample_<i>.png <i> <label> .
 
 Progress bars show the work as it goes; Pathfinder's images are drawn by --workers processes
 (0, the default: one per core this process may use). Every count and size is checked before
-anything is written; every file is written atomically
-(atomic.atomic_write), ListOps's three splits together (all or none: atomic.write_together) and Pathfinder's
-metadata after all its images, so a failed or killed run leaves no partial file and no set
+anything is written; every file is written atomically (atomic.atomic_write), ListOps's three
+splits together (all or none: atomic.write_together), and Pathfinder's set is drawn in a folder
+that takes its name at the end, so a failed or killed run leaves no partial file and no set
 that looks whole. An out_dir that already holds the task's set is refused, never overwritten.
 """
 
 import os
 import random
+import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -335,11 +336,35 @@ def _write_pathfinder_images(args):
 
 def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, workers=1):
     """Write pathfinder{size}/curv_contour_length_14/{imgs,metadata} under out_dir. Each image
-    depends only on (seed, its index), so the result does not depend on `workers`. The
-    metadata files (what the loaders read) are written last, once every image is there."""
+    depends only on (seed, its index), so the result does not depend on `workers`. The set is
+    drawn in a folder beside it (.curv_contour_length_14.tmp<pid>) that takes its name once every
+    image and the metadata (what the loaders read) are there: a failed or interrupted run leaves
+    no image behind, and a killed run's folder goes with the next run."""
     if size not in PATHFINDER_STYLES:
         raise ValueError(f"size must be one of {sorted(PATHFINDER_STYLES)}, got {size}")
     root = os.path.join(out_dir, f"pathfinder{size}", "curv_contour_length_14")
+    parent, name = os.path.split(root)
+    os.makedirs(parent, exist_ok=True)
+    if os.path.exists(root):  # (never a set: main refuses one; a file, or a folder not ours)
+        raise cli.UserError(f"{root} already exists: delete it, or write this set elsewhere with "
+                            "--out_dir=<new folder>")
+    prefix = atomic.temp_name(parent, name, "tmp")
+    atomic.remove_dead_temps(parent, prefix)  # a killed run's drawing
+    staging = os.path.join(parent, prefix + str(os.getpid()))
+    try:
+        _draw_pathfinder(staging, size, n_images, seed, per_folder, workers)
+        with atomic.signals_held():  # (an interrupt now waits for the name)
+            os.rename(staging, root)
+    except BaseException as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and str(e.filename or "").startswith(staging):  # (the set meant, not its drawing)
+            raise OSError(e.errno, e.strerror, root) from e
+        raise
+    return root
+
+
+def _draw_pathfinder(root, size, n_images, seed, per_folder, workers):
+    """Every image and metadata file of write_pathfinder's set, under root."""
     labels = _pathfinder_labels(n_images, seed)
     style = PATHFINDER_STYLES[size]
     jobs, metadata = [], {}
@@ -363,7 +388,6 @@ def write_pathfinder(out_dir, size=32, n_images=1000, seed=0, per_folder=1000, w
             for job in jobs:
                 bar.update(_write_pathfinder_images(job))
     atomic.write_together({path: "".join(lines) for path, lines in metadata.items()})  # all metadata files or none
-    return root
 
 
 # -----------------------------------------------------------------------------
