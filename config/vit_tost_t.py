@@ -3,7 +3,7 @@
 # AdamW, 400 epochs at batch 2048, weight decay 0.05, cosine decay, 5 warmup epochs,
 # RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25, repeated augmentation x3, mixup 0.8,
 # cutmix 1.0, label smoothing 0.1, bicubic; 224x224 images, 16x16 patches (196 tokens).
-# Data: Hugging Face "ILSVRC/imagenet-1k" (gated: accept its terms, `huggingface-cli login`),
+# Data: Hugging Face "ILSVRC/imagenet-1k" (gated: accept its terms, `hf auth login`),
 # or an image tree: --dataset=folder --data_dir=/path/to/imagenet (train/ and val/ of class folders).
 #   torchrun --standalone --nproc_per_node=8 vit_train.py config/vit_tost_t.py
 # 2048 images per step = batch_size 256 x gradient_accumulation_steps 8 (1 per GPU on 8).

@@ -240,7 +240,7 @@ def build_sources(cfg):
         raise cli.UserError(
             f"could not load {hub_id!r} through Hugging Face datasets ({type(e).__name__}: {why}); "
             "it needs the network the first time, into the Hugging Face cache (HF_HOME) (imagenet-1k: accept its "
-            "terms, `huggingface-cli login`). Without it: --dataset=folder --data_dir=<image tree>, or "
+            "terms, `hf auth login`). Without it: --dataset=folder --data_dir=<image tree>, or "
             "--dataset=shapes") from None
     classes = splits[0].features[label_key].names
     if cfg.dataset == "imagenet-1k":
