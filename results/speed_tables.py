@@ -303,7 +303,9 @@ def table_gpu_main_job(data):
         return section_line(data, ["main_job"]).strip() or "No rows."
     commands = [r["command"] for r in rows if r.get("command")] or [s.get("command")]  # each row ran its own
     others = " (the other rows: the same with their config and `--tssa_impl`)" if len(set(commands)) > 1 else ""
-    head = section_line(data, ["main_job"]) + f"`{commands[0]}` on {s.get('data')}{others}.\n\n"
+    head = section_line(data, ["main_job"]) + (f"train.py as `python bench.py --headline --sections=main_job` runs it, "
+                                               f"with a data folder of its own: `{commands[0]}` on "
+                                               f"{s.get('data')}{others}.\n\n")
     foot = ("\n\nProfile: GPU busy ms of one compiled micro-step (12 x 1,024 tokens, forward and backward) and "
             "the share of each kind of kernel, told by name (results/benchkit/main_job.py's KERNEL_KINDS).") if any(
         r.get("profile") for r in rows) else ""
