@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nanotost import checkpoints, cli
 from nanotost import trainkit as tk  # noqa: E402
 from test_error_classes import lra_args, shapes_args  # noqa: E402
-from test_errors import TINY, call, refused  # noqa: E402
+from test_errors import TINY, call, refused, write_tiny_char  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on a shared machine
 
@@ -46,13 +46,7 @@ def written(tmp_path_factory):
     """A checkpoint written by each trainer (2 iterations, tiny): kind -> its ckpt.pt; and the
     root, whose data/tiny_char is the language run's dataset."""
     root = tmp_path_factory.mktemp("written")
-    folder = root / "data" / "tiny_char"
-    folder.mkdir(parents=True)
-    splits = {"train": 2000, "val": 500}
-    for split, n in splits.items():
-        np.random.default_rng(0).integers(0, 20, n).astype(np.uint16).tofile(folder / f"{split}.bin")
-    (folder / "meta.json").write_text(json.dumps(dict(dataset="tiny_char", tokenizer="char", vocab_size=20,
-                                                      chars="abcdefghijklmnopqrst", splits=splits, command="-")))
+    write_tiny_char(root, {"train": 2000, "val": 500})
     trainers = {"language": ("train.py", TINY + [f"--data_dir={root}/data"]), "vit": ("vit_train.py", shapes_args()),
                 "lra": ("lra/train.py", lra_args(str(root)))}
     paths = {"root": root}

@@ -78,19 +78,22 @@ def refused(script, *argv, root, monkeypatch=None, contains=()):
     return message
 
 
+def write_tiny_char(root, splits, command="-"):
+    """root/data/tiny_char: a character-level dataset as prepare_char.py writes it, 20 characters,
+    splits ({split: tokens}) of random ids (each split its own seed)."""
+    folder = root / "data" / "tiny_char"
+    folder.mkdir(parents=True)
+    for i, (split, n) in enumerate(splits.items()):
+        np.random.default_rng(i).integers(0, 20, n).astype(np.uint16).tofile(folder / f"{split}.bin")
+    (folder / "meta.json").write_text(json.dumps(dict(dataset="tiny_char", tokenizer="char", vocab_size=20,
+                                                      chars="abcdefghijklmnopqrst", splits=splits, command=command)))
+
+
 @pytest.fixture
 def data(tmp_path, monkeypatch):
     """A tiny character-level dataset (as prepare_char.py writes it), the cwd in tmp_path."""
     monkeypatch.chdir(tmp_path)
-    folder = tmp_path / "data" / "tiny_char"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    counts = {"train": 4000, "val": 1000}
-    for split, n in counts.items():
-        rng.integers(0, 20, n).astype(np.uint16).tofile(folder / f"{split}.bin")
-    meta = dict(dataset="tiny_char", tokenizer="char", vocab_size=20, chars="abcdefghijklmnopqrst", splits=counts,
-                command="python prepare_char.py --input=tiny.txt --name=tiny_char")
-    (folder / "meta.json").write_text(json.dumps(meta))
+    write_tiny_char(tmp_path, {"train": 4000, "val": 1000}, "python prepare_char.py --input=tiny.txt --name=tiny_char")
     return tmp_path
 
 

@@ -43,27 +43,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import evaluate  # noqa: E402
 import lm_inspect  # noqa: E402
 import model  # noqa: E402
-import prepare_char  # noqa: E402
 from kernels import auto_cache, cpu, fused  # noqa: E402
-from nanotost import atomic, checkpoints, cli, devices, outputs, portable  # noqa: E402
+from nanotost import checkpoints, cli, devices, outputs, portable  # noqa: E402
 from results.benchkit import report  # noqa: E402
-from test_errors import TINY, call, listing, refused  # noqa: E402
+from test_errors import TINY, call, refused, write_tiny_char  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on a shared machine
-CHARS = "abcdefghijklmnopqrst"
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     """A tiny language run and its export: root/lm, root/model; root/data its dataset."""
     root = tmp_path_factory.mktemp("hostile")
-    folder = root / "data" / "tiny_char"
-    folder.mkdir(parents=True)
-    splits = {"train": 3000, "val": 600}
-    for i, (split, n) in enumerate(splits.items()):
-        np.random.default_rng(i).integers(0, 20, n).astype(np.uint16).tofile(folder / f"{split}.bin")
-    (folder / "meta.json").write_text(json.dumps(dict(dataset="tiny_char", tokenizer="char", vocab_size=20,
-                                                      chars=CHARS, splits=splits, command="-")))
+    write_tiny_char(root, {"train": 3000, "val": 600})
     assert call("train.py", *TINY, f"--data_dir={root}/data", f"--out_dir={root}/lm", "--max_iters=2",
                 "--eval_interval=2")[0] == 0
     assert call("export.py", f"--out_dir={root}/lm", f"--to={root}/model") == (0, "")

@@ -27,7 +27,6 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -37,9 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sample  # noqa: E402
 from nanotost import checkpoints, cli, devices, hub, loading  # noqa: E402
-from nanotost import trainkit as tk  # noqa: E402
 from test_error_classes import shapes_args  # noqa: E402
-from test_errors import TINY, call, listing, refused  # noqa: E402
+from test_errors import TINY, call, refused, write_tiny_char  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on a shared machine
 LM_ARGS = TINY + ["--short_conv=2"]  # a variant, so that the card and config.json must say so
@@ -51,13 +49,7 @@ def made(tmp_path_factory):
     """A tiny language run (4 iterations) and a tiny ViT run (2), each exported in float32:
     root/{lm,vit} and root/{lm,vit}-model; root/data holds the language run's dataset."""
     root = tmp_path_factory.mktemp("hub")
-    folder = root / "data" / "tiny_char"
-    folder.mkdir(parents=True)
-    splits = {"train": 3000, "val": 600}
-    for i, (split, n) in enumerate(splits.items()):
-        np.random.default_rng(i).integers(0, 20, n).astype(np.uint16).tofile(folder / f"{split}.bin")
-    (folder / "meta.json").write_text(json.dumps(dict(dataset="tiny_char", tokenizer="char", vocab_size=20,
-                                                      chars="abcdefghijklmnopqrst", splits=splits, command="-")))
+    write_tiny_char(root, {"train": 3000, "val": 600})
     assert call("train.py", *LM_ARGS, f"--data_dir={root}/data", f"--out_dir={root}/lm", "--max_iters=4",
                 "--eval_interval=2")[0] == 0
     assert call("vit_train.py", *shapes_args(), f"--out_dir={root}/vit", "--max_iters=2", "--eval_interval=2")[0] == 0
